@@ -1,0 +1,10 @@
+"""prefixstudy: how much vLLM's automatic prefix caching buys at each load, and why."""
+
+__version__ = "0.1.0"
+
+
+def load(results_dir):
+    """Load a study's results for a notebook (see prefixstudy.results.load)."""
+    from prefixstudy.results import load as _load
+
+    return _load(results_dir)

@@ -1,0 +1,186 @@
+"""The one validated study config: parsed once, resolved, saved beside the results."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from prefixstudy.errors import UserError
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+class EngineConfig(BaseModel):
+    """Engine args for vLLM.  Anything not named here goes through ``extra_args``."""
+
+    model_config = _STRICT
+    dtype: str = "bfloat16"
+    load_format: str = "dummy"
+    skip_tokenizer_init: bool = True
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_num_batched_tokens: int = Field(8192, gt=0)
+    max_num_seqs: int = Field(256, gt=0)
+    max_model_len: int = Field(2048, gt=0)
+    block_size: int | None = Field(None, gt=0)
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    enforce_eager: bool = False
+    seed: int = 0
+    extra_args: dict[str, Any] = Field(default_factory=dict)
+
+
+class DatasetConfig(BaseModel):
+    """A synthetic fixed-prompt dataset, or a file to replay (``path``)."""
+
+    model_config = _STRICT
+    path: Path | None = None
+    num_requests: int | None = Field(None, gt=0)  # None: as many as the largest point needs
+    prefix_len: int = Field(1198, ge=0)
+    suffix_len: int = Field(16, ge=0)
+    output_len: int = Field(143, gt=0)
+    groups: int = Field(1, gt=0)
+    seed: int = 0
+    token_low: int = Field(100, ge=0)
+    token_high: int | None = Field(None, gt=0)  # exclusive; None: the model's vocab size
+
+    @model_validator(mode="after")
+    def _nonempty_prompt(self) -> "DatasetConfig":
+        if self.path is None and self.prefix_len + self.suffix_len == 0:
+            raise ValueError("prefix_len + suffix_len must be > 0")
+        return self
+
+
+class ArrivalConfig(BaseModel):
+    model_config = _STRICT
+    process: Literal["poisson", "gamma", "constant"] = "poisson"
+    burstiness: float = Field(1.0, gt=0)  # gamma shape; 1.0 is Poisson
+    seed: int = 0
+
+
+class SweepConfig(BaseModel):
+    model_config = _STRICT
+    rates: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1)
+    modes: list[Literal["on", "off"]] = Field(default_factory=lambda: ["on", "off"], min_length=1)
+    num_requests: int = Field(40, gt=0)  # per point, at least
+    min_duration_s: float = Field(0.0, ge=0)  # per point, at least this many seconds of arrivals
+    warmup_requests: int = Field(2, ge=0)
+    prime_prefixes: bool = True
+    max_point_duration_s: float = Field(900.0, gt=0)  # after this, open requests are cancelled
+    request_timeout_s: float = Field(300.0, gt=0)  # per-request deadline from its send time
+
+    @field_validator("rates")
+    @classmethod
+    def _positive_rates(cls, v: list[float]) -> list[float]:
+        for r in v:
+            if not (r > 0 and math.isfinite(r)):
+                raise ValueError(f"every rate must be a finite number > 0 req/s, got {r}")
+        return sorted(set(v))
+
+    @field_validator("modes")
+    @classmethod
+    def _unique_modes(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    def requests_for(self, rate: float) -> int:
+        return max(self.num_requests, math.ceil(rate * self.min_duration_s))
+
+
+class CheckConfig(BaseModel):
+    model_config = _STRICT
+    hit_rate_tolerance: float = Field(0.05, ge=0, le=1)
+    fail_on_hit_rate_mismatch: bool = False
+
+
+class RayConfig(BaseModel):
+    model_config = _STRICT
+    address: str = "local"  # "local" | "auto" | "ray://host:port"
+    parallel: Literal["auto", "on", "off"] = "auto"
+    num_cpus_per_engine: int = Field(1, ge=1)
+
+
+class StudyConfig(BaseModel):
+    model_config = _STRICT
+    study: str = Field("default", pattern=r"^[A-Za-z0-9._-]+$")
+    model: str = "experiments/models/tiny-llama"  # a folder with config.json, or a HF id
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    out: Path = Path("results")
+    executor: Literal["auto", "local", "ray"] = "local"
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    arrivals: ArrivalConfig = Field(default_factory=ArrivalConfig)
+    sweep: SweepConfig = Field(default_factory=SweepConfig)
+    checks: CheckConfig = Field(default_factory=CheckConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+    def model_dir(self) -> Path | None:
+        p = Path(self.model)
+        return p if p.is_dir() else None
+
+
+def _fmt_error(err: ValidationError, source: str) -> str:
+    e = err.errors()[0]
+    field = ".".join(str(x) for x in e["loc"]) or "(top level)"
+    msg = e["msg"]
+    if e["type"] == "extra_forbidden":
+        msg = "unknown key"
+    return f"{source}: field '{field}': {msg}"
+
+
+def parse_config(data: Any, source: str) -> StudyConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
+    try:
+        return StudyConfig.model_validate(data)
+    except ValidationError as err:
+        raise UserError(_fmt_error(err, source)) from None
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a YAML config file") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}:{where} invalid YAML: {getattr(e, 'problem', e)}") from None
+
+
+def set_dotted(data: dict, dotted: str, value: Any) -> None:
+    """Apply one ``--set a.b=c`` override onto raw config data."""
+    keys = dotted.split(".")
+    cur = data
+    for k in keys[:-1]:
+        nxt = cur.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise UserError(f"--set {dotted}: '{k}' is not a section")
+        cur = nxt
+    cur[keys[-1]] = value
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> StudyConfig:
+    """Read a YAML config (or the defaults), apply dotted overrides, validate once."""
+    source = str(path) if path else "(defaults)"
+    data = read_yaml(path) if path else {}
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
+    for k, v in (overrides or {}).items():
+        set_dotted(data, k, v)
+    return parse_config(data, source)
+
+
+def dump_config(cfg: StudyConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

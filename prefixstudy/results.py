@@ -1,0 +1,1 @@
+"""Stage: results.  Fixed paths, atomic per-point writes, and loading back for analysis."""

@@ -119,6 +119,39 @@ class StudyConfig(BaseModel):
         p = Path(self.model)
         return p if p.is_dir() else None
 
+    def model_config_json(self) -> dict:
+        """The model's config.json, read from its folder; a clear error when missing or bad."""
+        import json
+
+        d = self.model_dir()
+        if d is None:
+            raise UserError(f"field 'model': folder '{self.model}' not found (it needs a config.json)")
+        f = d / "config.json"
+        try:
+            cfg = json.loads(f.read_text())
+        except FileNotFoundError:
+            raise UserError(f"{f}: model config not found") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{f}: not valid JSON ({e})") from None
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("vocab_size"), int):
+            raise UserError(f"{f}: field 'vocab_size' missing or not an integer")
+        return cfg
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def resolve_model_path(model: str, base: Path | None = None) -> str:
+    """A relative model folder is looked up from the cwd, the config's folder, then the repo root,
+    and made absolute, so the saved config works from anywhere (vLLM would take it for a hub id)."""
+    p = Path(model)
+    if p.is_absolute():
+        return model
+    for root in (Path.cwd(), base, REPO_ROOT):
+        if root is not None and (root / p).is_dir():
+            return str((root / p).resolve())
+    return model
+
 
 def _fmt_error(err: ValidationError, source: str) -> str:
     e = err.errors()[0]
@@ -179,7 +212,13 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> S
         raise UserError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
     for k, v in (overrides or {}).items():
         set_dotted(data, k, v)
-    return parse_config(data, source)
+    cfg = parse_config(data, source)
+    base = path.parent if path else None
+    cfg.model = resolve_model_path(cfg.model, base)
+    if cfg.dataset.path is not None and not cfg.dataset.path.is_absolute() and base is not None \
+            and not cfg.dataset.path.exists() and (base / cfg.dataset.path).exists():
+        cfg.dataset.path = (base / cfg.dataset.path).resolve()
+    return cfg
 
 
 def dump_config(cfg: StudyConfig) -> str:

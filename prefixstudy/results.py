@@ -50,13 +50,16 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+_DEFAULTS = {"str": "", "bool": False, "int64": 0, "float64": float("nan")}
+
+
 def _typed(df: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
-    """Columns in schema order and dtype; an empty frame still has every column."""
-    out = pd.DataFrame({c: df[c] if c in df else pd.Series(dtype=t if t != "str" else object)
-                        for c, t in columns.items()})
+    """Columns in schema order and dtype; a missing column gets its default; empty frames keep every column."""
+    out = pd.DataFrame(index=df.index)
     for c, t in columns.items():
-        out[c] = out[c].fillna("").astype(str) if t == "str" else out[c].astype(t)
-    return out
+        col = df[c] if c in df else pd.Series(_DEFAULTS[t], index=df.index)
+        out[c] = col.fillna("").astype(str) if t == "str" else col.astype(t)
+    return out.reset_index(drop=True)
 
 
 def typed_requests(df: pd.DataFrame) -> pd.DataFrame:

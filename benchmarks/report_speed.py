@@ -79,8 +79,13 @@ def synthetic_point(mode: str, rate: float, n: int, rng: np.random.Generator, wa
 
 
 def write_synthetic_study(root: Path, rates=(1.0, 2.0, 4.0, 8.0), n_requests: int = 40, seed: int = 0,
-                          study: str = "synthetic", device: str = "cpu", tp: int = 1) -> Path:
-    """A results folder ``root/<study>/run-0`` that follows prefixstudy.schema."""
+                          study: str = "synthetic", device: str = "cpu", tp: int = 1,
+                          failed: tuple = ()) -> Path:
+    """A results folder ``root/<study>/run-0`` that follows prefixstudy.schema.
+
+    ``failed``: (mode, rate, error) points the manifest and summary record as failed,
+    with no requests.
+    """
     rng = np.random.default_rng(seed)
     run = Path(root) / study / "run-0"
     reqs, its = [], []
@@ -93,6 +98,7 @@ def write_synthetic_study(root: Path, rates=(1.0, 2.0, 4.0, 8.0), n_requests: in
     it = typed_iterations(pd.concat(its, ignore_index=True))
     points = [{"mode": m, "rate": float(r), "status": "ok", "error": "", "n_sent": n_requests}
               for m in ("on", "off") for r in rates]
+    points += [{"mode": m, "rate": float(r), "status": "failed", "error": e, "n_sent": 0} for m, r, e in failed]
     summ = summarize(req, points)
     atomic_write_parquet(run / REQUESTS, req)
     atomic_write_parquet(run / ITERATIONS, it)

@@ -125,10 +125,10 @@ def merge_points(study: StudyResults) -> tuple[pd.DataFrame, list[str]]:
         notes.append("summary.csv is empty or missing: every statistic is recomputed from requests.parquet.")
     if "status" not in own:
         own["status"] = "ok"
-    own["status"] = own["status"].fillna("ok").astype(str)
+    own["status"] = own["status"].astype(object).where(own["status"].notna(), "ok").astype(str)
     if "error" not in own:
         own["error"] = ""
-    own["error"] = own["error"].fillna("").astype(str)
+    own["error"] = own["error"].astype(object).where(own["error"].notna(), "").astype(str)
     sat = stats.saturation(req, it, achieved=own[KEY + ["achieved_rate"]])
     own = own.merge(sat.drop(columns=["achieved_rate"]), on=KEY, how="left")
     own["saturated_stats"] = own["saturated"].fillna(False).astype(bool)

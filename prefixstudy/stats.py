@@ -80,7 +80,7 @@ def bootstrap_ci(values, stat: Callable[[np.ndarray], np.ndarray] | None = None,
     """
     a = np.asarray(values, dtype=float)
     a = a[np.isfinite(a)]
-    if a.size == 0:
+    if a.size == 0 or n_boot <= 0:
         return (math.nan, math.nan)
     stat = stat or (lambda x: x.mean(axis=1))
     rng = np.random.default_rng(seed)
@@ -109,7 +109,7 @@ def bootstrap_gain_ci(on_values, off_values, *, n_boot: int = 1000, ci: float = 
     on = np.asarray(on_values, dtype=float)
     off = np.asarray(off_values, dtype=float)
     on, off = on[np.isfinite(on)], off[np.isfinite(off)]
-    if not on.size or not off.size:
+    if not on.size or not off.size or n_boot <= 0:
         return (math.nan, math.nan)
     rng = np.random.default_rng(seed)
     m_on = on[rng.integers(0, on.size, size=(n_boot, on.size))].mean(axis=1)

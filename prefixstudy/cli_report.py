@@ -1,0 +1,86 @@
+"""CLI: ``prefixstudy report``, ``compare`` and ``export-bench``.  Parse, then call the library.
+
+Registered by prefixstudy.cli with ``add_command``.  Nothing heavy is imported at
+module load (pandas/matplotlib load inside the commands).  Bad input raises
+UserError; the main CLI prints it as one line and exits 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from prefixstudy.errors import UserError
+
+_SLO_HELP = "Service-level objectives in ms, e.g. ttft=200,e2e=2000 (keys: ttft, e2e, tpot)."
+
+
+def _slo(text: str | None) -> dict[str, float]:
+    from prefixstudy.stats import parse_slo
+
+    return parse_slo(text)
+
+
+@click.command()
+@click.argument("results_dir", type=click.Path(path_type=Path))
+@click.option("--slo", default=None, help=_SLO_HELP)
+@click.option("--threshold", "threshold_ms", type=float, default=None,
+              help="p90 E2E threshold (ms) of the headline; default: the e2e SLO, else 2x OFF's p90 E2E at the lowest rate.")
+@click.option("--peer", "peers", multiple=True, type=click.Path(path_type=Path),
+              help="A vllm bench serve result JSON to overlay on the latency figures (repeatable).")
+@click.option("--point", default=None, metavar="[MODE] RATE",
+              help="Point of the engine time series, e.g. 8 or 'on 8'; default: highest rate where both modes are unsaturated.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+def report(results_dir: Path, slo, threshold_ms, peers, point, seed):
+    """Write report.md, report.html and plots/ (PNG + SVG) into RESULTS_DIR."""
+    from prefixstudy.report import build_report, parse_point
+
+    if threshold_ms is not None and not threshold_ms > 0:
+        raise UserError(f"--threshold {threshold_ms}: must be > 0 ms")
+    parsed_slo = _slo(slo)
+    parsed_point = parse_point(point)
+    for p in peers:
+        if not p.is_file():
+            raise UserError(f"--peer {p}: file not found")
+    out = build_report(results_dir, parsed_slo, threshold_ms, peers, parsed_point, seed=seed)
+    click.echo(f"report: {out}")
+    click.echo(f"report: {out.with_name('report.md')}")
+
+
+@click.command()
+@click.argument("results_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("compare"), show_default=True,
+              help="Folder for the combined report.")
+@click.option("--slo", default=None, help=_SLO_HELP)
+@click.option("--threshold", "threshold_ms", type=float, default=None, help="p90 E2E threshold (ms) of the headlines.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+def compare(results_dirs, out_dir, slo, threshold_ms, seed):
+    """Overlay several studies (labelled study / device / TP) in one report."""
+    from prefixstudy.report import build_compare
+
+    if len(results_dirs) < 2:
+        raise UserError("compare needs at least two results folders")
+    out = build_compare(results_dirs, out_dir, _slo(slo), threshold_ms, seed=seed)
+    click.echo(f"report: {out}")
+
+
+@click.command(name="export-bench")
+@click.argument("results_dir", type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Folder for the JSON files; default RESULTS_DIR/bench.")
+@click.option("--slo", default=None, help=_SLO_HELP + " Fills request_goodput.")
+def export_bench(results_dir, out_dir, slo):
+    """Write every point as a `vllm bench serve` result JSON."""
+    from prefixstudy.exchange import export_bench as _export
+    from prefixstudy.report import analyze
+    from prefixstudy.results import load
+
+    parsed = _slo(slo)
+    study = load(results_dir)
+    if study.requests.empty:
+        raise UserError(f"{study.path}: no requests recorded yet; nothing to export")
+    points = analyze(study, parsed, n_boot=0).points
+    points = points[points["status"] != "failed"]
+    paths = _export(study, out_dir, points, parsed)
+    click.echo(f"wrote {len(paths)} files to {paths[0].parent if paths else out_dir}")

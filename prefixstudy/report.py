@@ -215,6 +215,16 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     it = _norm_rate(study.iterations)
     fit = pd.concat([stats.fit_step_cost(it), stats.fit_step_cost(it, by="mode")], ignore_index=True) \
         if len(it) else pd.DataFrame()
+    if len(fit):
+        pooled = fit.iloc[0]
+        coef = pooled[["a_ms", "b_ms_per_prompt_token", "c_ms_per_gen_token"]].astype(float)
+        if not np.isfinite(coef).all():
+            notes.append("The step-time fit is undetermined (too few busy iterations, or prompt and generated "
+                         "token counts that do not vary independently); no engine-level prefill share.")
+        elif pooled["r2"] < 0.5 or (coef < 0).any():
+            notes.append(f"The pooled step-time fit is poor (R² = {pooled['r2']:.2f}"
+                         + (", a negative coefficient" if (coef < 0).any() else "")
+                         + "); read the engine-level prefill share as rough.")
     curves = {
         "p90 E2E": stats.max_rate_curve(done, "p90_e2e_ms", _thresholds(done["p90_e2e_ms"])),
         "p90 TTFT": stats.max_rate_curve(done, "p90_ttft_ms", _thresholds(done["p90_ttft_ms"])),

@@ -172,8 +172,9 @@ def test_export_bench_matches_summary_and_round_trips(run_dir, tmp_path):
     peers = exchange.peer_points(files, label="peer")
     assert len(peers) == 2 * len(RATES)
     assert sorted(peers["rate"].unique()) == list(RATES)
-    build_report(run_dir, peers=[files[0]], n_boot=20)
-    assert "Peer measurements overlaid" in (run_dir / "report.md").read_text()
+    run = Path(shutil.copytree(run_dir, tmp_path / "run"))  # leave the shared report as it was
+    build_report(run, peers=[files[0]], n_boot=20)
+    assert "Peer measurements overlaid" in (run / "report.md").read_text()
 
 
 def test_load_bench_accepts_append_result_lines(tmp_path):
@@ -212,9 +213,10 @@ def test_report_cli_point_and_peer(run_dir, tmp_path):
     peer = tmp_path / "peer.json"
     peer.write_text(json.dumps({"request_rate": 4.0, "mean_e2el_ms": 150.0, "p99_e2el_ms": 300.0,
                                 "mean_ttft_ms": 20.0, "p99_ttft_ms": 40.0, "label": "other-lab"}))
-    res = CliRunner().invoke(cli_main, ["report", str(run_dir), "--point", "on 2", "--peer", str(peer)])
+    run = Path(shutil.copytree(run_dir, tmp_path / "run"))  # leave the shared report as it was
+    res = CliRunner().invoke(cli_main, ["report", str(run), "--point", "on 2", "--peer", str(peer)])
     assert res.exit_code == 0, res.output
-    assert "Figure 6. Engine state over time at 2 req/s (chosen with --point)" in (run_dir / "report.md").read_text()
+    assert "Figure 6. Engine state over time at 2 req/s (chosen with --point)" in (run / "report.md").read_text()
 
 
 def test_compare_overlays_studies(tmp_path):

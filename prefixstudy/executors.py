@@ -1,4 +1,5 @@
-"""Where the engines live.  ``local``: in this process, one mode after the other."""
+"""Where the engines live.  ``local``: in this process, one mode after the other.
+``ray``: in Ray actors (prefixstudy.ray_executor).  ``auto``: ray when it can be imported, else local."""
 
 from __future__ import annotations
 
@@ -37,8 +38,19 @@ class LocalExecutor:
             bar.close()
 
 
+def resolve_executor(requested: str) -> str:
+    """``auto`` becomes ``ray`` when ray imports, else ``local``; the others stay what they are."""
+    if requested != "auto":
+        return requested
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "local"
+    return "ray"
+
+
 def pick_executor(cfg: StudyConfig):
-    if cfg.executor == "ray":
+    if resolve_executor(cfg.executor) == "ray":
         from prefixstudy.ray_executor import RayExecutor
 
         return RayExecutor()

@@ -145,13 +145,13 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
-    from prefixstudy.study import Terminated, load_rows, run_study
+    cfg = load_config(config, overrides) if resume is None else None  # a bad config fails before pandas loads
+    from prefixstudy.study import StudyFailed, Terminated, load_rows, run_study
 
     try:
         if resume is not None:
             run_dir = run_study(None, progress=not quiet, resume=resume, resume_config=config)
         else:
-            cfg = load_config(config, overrides)
             rows = load_rows(cfg)  # validate the dataset before anything starts
             if dry_run:
                 from prefixstudy.executors import resolve_executor
@@ -161,6 +161,9 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
                            f"executor {resolve_executor(cfg.executor)}; nothing run (--dry-run)")
                 return
             run_dir = run_study(cfg, progress=not quiet)
+    except StudyFailed as e:
+        click.echo(f"error: {e}; finished points are saved", err=True)
+        sys.exit(1)
     except KeyboardInterrupt as e:
         where = getattr(e, "run_dir", "<run dir>")
         click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}",

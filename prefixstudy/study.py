@@ -91,6 +91,10 @@ def preflight_out(run_dir: Path) -> None:
         raise UserError(f"{run_dir}: only {free / 2**20:.0f} MiB free, need at least {MIN_FREE_BYTES / 2**20:.0f} MiB")
 
 
+class StudyFailed(Exception):
+    """The run stopped on purpose (a check the config made fatal); its points so far are saved."""
+
+
 class ResultsWriter:
     """Holds a run's rows and rewrites every results file atomically after each point."""
 
@@ -121,8 +125,16 @@ class ResultsWriter:
         self.points = [p for p in self.points if (p["mode"], p["rate"]) != (res.mode, res.rate)] + [point]
         self.requests.append(res.requests)
         self.iterations.append(res.iterations)
-        self.flush()
-        return self.summary().set_index(["mode", "rate"]).loc[(res.mode, res.rate)].to_dict()
+        row = self.flush().set_index(["mode", "rate"]).loc[(res.mode, res.rate)].to_dict()
+        if not row["hit_rate_ok"]:
+            msg = (f"cache {res.mode.upper()} @ {res.rate:g} req/s: prefix hit rate {row['hit_rate_measured']:.3f}, "
+                   f"expected {row['hit_rate_expected']:.3f}")
+            if self.cfg.checks.fail_on_hit_rate_mismatch:
+                point.update(status="failed", error=f"hit-rate check: {msg}")
+                self.flush()
+                raise StudyFailed(f"{msg} (checks.fail_on_hit_rate_mismatch is set)")
+            log.warning("warning: %s", msg)
+        return row
 
     def _frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         req = [f for f in self.requests if len(f)]
@@ -134,7 +146,7 @@ class ResultsWriter:
         req, _ = self._frames()
         return summarize(req, self.points, self.cfg.checks.hit_rate_tolerance)
 
-    def flush(self, status: str | None = None) -> None:
+    def flush(self, status: str | None = None) -> pd.DataFrame:
         req, it = self._frames()
         summ = self.summary()
         atomic_write_parquet(self.dir / REQUESTS, req)
@@ -151,6 +163,7 @@ class ResultsWriter:
             self.manifest["status"] = status
             self.manifest["ended_at"] = _now()
         write_json(self.dir / MANIFEST, self.manifest)
+        return summ
 
 
 def new_run_dir(cfg: StudyConfig, out: Path | None = None) -> Path:
@@ -235,6 +248,9 @@ def run_study(cfg: StudyConfig, run_dir: Path | None = None, progress: bool = Tr
         rows = load_rows(cfg)
         run_dir = run_dir or new_run_dir(cfg)
         manifest, old = None, None
+    from prefixstudy.engine import check_engine_args
+
+    check_engine_args(cfg)  # every input check comes before the results folder is made
     preflight_out(run_dir)
     executor = pick_executor(cfg)
     if manifest is None:
@@ -299,4 +315,5 @@ def fmt_point(s: dict) -> str:
 
     return (f"ok {s.get('n_ok')}/{s.get('n_sent')}  e2e {ms(s.get('mean_e2e_ms'))} ms  "
             f"prefill {ms(s.get('mean_prefill_ms'))} ms  hit {s.get('hit_rate_measured', float('nan')):.3f}"
-            + ("  SATURATED" if s.get("saturated") else ""))
+            + ("  SATURATED" if s.get("saturated") else "")
+            + ("" if s.get("hit_rate_ok", True) else "  HIT-RATE MISMATCH"))

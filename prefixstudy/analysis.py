@@ -78,12 +78,23 @@ def summarize_point(req: pd.DataFrame, meta: dict, tolerance: float = 0.05) -> d
     return row
 
 
-def summarize(requests: pd.DataFrame, points: list[dict], tolerance: float = 0.05) -> pd.DataFrame:
-    """Summary of every point in ``points`` (dicts with mode, rate, status, error, n_sent)."""
+def summarize(requests: pd.DataFrame, points: list[dict], tolerance: float = 0.05,
+              iterations: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Summary of every point in ``points`` (dicts with mode, rate, status, error, n_sent).
+
+    With ``iterations``, a waiting queue that grows through the arrival window also marks a point
+    saturated (stats.queue_growth), so summary.csv and the report share one definition.
+    """
     rows = []
     for p in points:
         sel = requests[(requests["mode"] == p["mode"]) & (requests["rate"] == p["rate"])]
         rows.append(summarize_point(sel, p, tolerance))
     df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    if iterations is not None and len(iterations) and len(df):
+        from prefixstudy import stats
+
+        q = stats.queue_growth(iterations, stats.arrival_end(requests))
+        growing = {(m, r) for m, r, g in zip(q["mode"], q["rate"], q["queue_growing"]) if g}
+        df["saturated"] = [bool(s or (m, r) in growing) for m, r, s in zip(df["mode"], df["rate"], df["saturated"])]
     return df.sort_values(["mode", "rate"], key=lambda s: s.map({"on": 0, "off": 1}) if s.name == "mode" else s,
                           ignore_index=True)

@@ -76,3 +76,17 @@ def test_expected_cached_is_block_aligned_shared_prefix():
     # Primed: every request hits; not primed: the first request of the group misses.
     assert expected_cached(rows, prefixes, 128, warm_groups={0}) == [1152, 1152, 1152]
     assert expected_cached(rows, prefixes, 16, warm_groups=set()) == [0, 1184, 1184]
+
+
+def test_growing_waiting_queue_marks_the_point_saturated():
+    from prefixstudy.analysis import summarize
+    from prefixstudy.results import typed_iterations
+
+    n = 6
+    req = _req(sent_s=[0.2 * i for i in range(n)], scheduled_s=[0.2 * i for i in range(n)], e2e_ms=[100.0] * n)
+    points = [{"mode": "on", "rate": 2.0, "n_sent": n}]
+    assert summarize(req, points)["saturated"].tolist() == [False]
+    # Waiting requests climb from 0 to 10 across the arrival window (0 .. 1.0 s).
+    it = typed_iterations(pd.DataFrame({"mode": ["on"] * 11, "rate": [2.0] * 11, "t_s": [0.1 * i for i in range(11)],
+                                        "num_waiting": list(range(11))}))
+    assert summarize(req, points, iterations=it)["saturated"].tolist() == [True]

@@ -50,6 +50,8 @@ class DatasetConfig(BaseModel):
     def _nonempty_prompt(self) -> "DatasetConfig":
         if self.path is None and self.prefix_len + self.suffix_len == 0:
             raise ValueError("prefix_len + suffix_len must be > 0")
+        if self.token_high is not None and self.token_low >= self.token_high:
+            raise ValueError(f"token_low {self.token_low} must be < token_high {self.token_high}")
         return self
 
 
@@ -79,6 +81,14 @@ class SweepConfig(BaseModel):
                 raise ValueError(f"every rate must be a finite number > 0 req/s, got {r}")
         return sorted(set(v))
 
+    @field_validator("modes", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v):
+        # YAML 1.1 reads a bare `on` / `off` as true / false; the user meant the mode.
+        if isinstance(v, list):
+            return [{True: "on", False: "off"}.get(m, m) if isinstance(m, bool) else m for m in v]
+        return v
+
     @field_validator("modes")
     @classmethod
     def _unique_modes(cls, v: list[str]) -> list[str]:
@@ -99,6 +109,7 @@ class RayConfig(BaseModel):
     address: str = "local"  # "local" | "auto" | "ray://host:port"
     parallel: Literal["auto", "on", "off"] = "auto"
     num_cpus_per_engine: int = Field(1, ge=1)
+    num_cpus: int | None = Field(None, ge=1)  # of the cluster address "local" starts; None: all cores
 
 
 class StudyConfig(BaseModel):
@@ -115,6 +126,13 @@ class StudyConfig(BaseModel):
     checks: CheckConfig = Field(default_factory=CheckConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
+    @field_validator("study")
+    @classmethod
+    def _not_dot(cls, v: str) -> str:
+        if v in (".", ".."):  # the pattern allows them, but they would place runs outside `out`
+            raise ValueError("must be a folder name, not '.' or '..'")
+        return v
+
     def model_dir(self) -> Path | None:
         p = Path(self.model)
         return p if p.is_dir() else None
@@ -128,13 +146,18 @@ class StudyConfig(BaseModel):
             raise UserError(f"field 'model': folder '{self.model}' not found (it needs a config.json)")
         f = d / "config.json"
         try:
-            cfg = json.loads(f.read_text())
+            cfg = json.loads(f.read_bytes().decode("utf-8"))
         except FileNotFoundError:
             raise UserError(f"{f}: model config not found") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"{f}: not valid JSON ({e})") from None
-        if not isinstance(cfg, dict) or not isinstance(cfg.get("vocab_size"), int):
-            raise UserError(f"{f}: field 'vocab_size' missing or not an integer")
+        except IsADirectoryError:
+            raise UserError(f"{f}: is a directory, expected the model's config.json") from None
+        except UnicodeDecodeError as e:
+            raise UserError(f"{f}: not UTF-8 text (byte {e.start})") from None
+        except json.JSONDecodeError as e:
+            raise UserError(f"{f}: line {e.lineno}: not valid JSON ({e.msg})") from None
+        vocab = cfg.get("vocab_size") if isinstance(cfg, dict) else None
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab <= 0:
+            raise UserError(f"{f}: field 'vocab_size' missing or not an integer > 0")
         return cfg
 
 
@@ -153,16 +176,20 @@ def resolve_model_path(model: str, base: Path | None = None) -> str:
     return model
 
 
-def _fmt_error(err: ValidationError, source: str) -> str:
+def _fmt_error(err: ValidationError, source: str, overrides: dict | None = None) -> str:
     e = err.errors()[0]
     field = ".".join(str(x) for x in e["loc"]) or "(top level)"
+    # A bad value that came from the command line is named by its flag, not by the file.
+    for k in overrides or ():
+        if field == k or field.startswith(f"{k}."):
+            source = f"--set {k}"
     msg = e["msg"]
     if e["type"] == "extra_forbidden":
         msg = "unknown key"
     return f"{source}: field '{field}': {msg}"
 
 
-def parse_config(data: Any, source: str) -> StudyConfig:
+def parse_config(data: Any, source: str, overrides: dict | None = None) -> StudyConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -170,7 +197,7 @@ def parse_config(data: Any, source: str) -> StudyConfig:
     try:
         return StudyConfig.model_validate(data)
     except ValidationError as err:
-        raise UserError(_fmt_error(err, source)) from None
+        raise UserError(_fmt_error(err, source, overrides)) from None
 
 
 def read_yaml(path: Path) -> Any:
@@ -186,8 +213,9 @@ def read_yaml(path: Path) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}:{where} invalid YAML: {getattr(e, 'problem', e)}") from None
+        where = f" line {mark.line + 1}:" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+        raise UserError(f"{path}:{where} invalid YAML: {problem}") from None
 
 
 def set_dotted(data: dict, dotted: str, value: Any) -> None:
@@ -212,7 +240,7 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> S
         raise UserError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
     for k, v in (overrides or {}).items():
         set_dotted(data, k, v)
-    cfg = parse_config(data, source)
+    cfg = parse_config(data, source, overrides)
     base = path.parent if path else None
     cfg.model = resolve_model_path(cfg.model, base)
     if cfg.dataset.path is not None and not cfg.dataset.path.is_absolute() and base is not None \

@@ -152,7 +152,7 @@ def import_trtllm(path: Path) -> list[DatasetRow]:
     else:
         items = [(f"{path}:{n}", o) for n, o in _json_lines(path)]
         out_key = "output_tokens"
-    rows, groups = [], {}
+    rows, groups, seen = [], {}, set()
     for where, s in items:
         if not isinstance(s, dict):
             raise UserError(f"{where}: expected a JSON object")
@@ -162,6 +162,9 @@ def import_trtllm(path: Path) -> list[DatasetRow]:
         ids = _int_list(s["input_ids"], f"{where}: field 'input_ids'")
         g = groups.setdefault(tuple(ids[:64]), len(groups))
         rid = str(s.get("task_id", len(rows)))
+        if rid in seen:  # the engine refuses a repeated request id
+            raise UserError(f"{where}: duplicate task_id '{rid}'")
+        seen.add(rid)
         rows.append(DatasetRow(f"t{rid}", ids, _pos_int(s[out_key], f"{where}: field '{out_key}'"), g))
     if not rows:
         raise UserError(f"{path}: dataset is empty")

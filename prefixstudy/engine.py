@@ -184,3 +184,51 @@ class Engine:
                 self.llm.shutdown()
             finally:
                 self.llm = None
+
+
+def check_engine_args(cfg: StudyConfig) -> None:
+    """Refuse engine arguments vLLM does not know, before any results folder exists.
+
+    vLLM only complains when an engine starts; building its args object imports vllm (5-10 s)
+    and starts nothing."""
+    import dataclasses
+
+    from prefixstudy.errors import UserError
+
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    # vLLM's import-time platform notes ("Triton ... Disabling Triton") are not about the input;
+    # they would break the one-line error.  -v (root logger at INFO) still shows them.
+    vlog = logging.getLogger("vllm")
+    level = vlog.level
+    if not logging.getLogger().isEnabledFor(logging.INFO):
+        vlog.setLevel(logging.ERROR)
+    try:
+        from vllm import AsyncEngineArgs
+    finally:
+        if vlog.level == logging.ERROR:  # unless vLLM configured its own logging meanwhile
+            vlog.setLevel(level)
+
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    for mode in cfg.sweep.modes:
+        args = engine_args(cfg, mode)
+        try:
+            AsyncEngineArgs(**args)
+        except TypeError as e:
+            unknown = sorted(set(args) - known)
+            if unknown:
+                raise UserError(f"field 'engine.extra_args.{unknown[0]}': unknown vLLM engine argument") from None
+            raise UserError(f"field 'engine': vLLM refuses the engine arguments ({_first_line(e)})") from None
+        except ValueError as e:  # a nested vLLM config (pydantic) refusing a value
+            raise UserError(f"field 'engine': vLLM refuses the engine arguments ({_first_line(e)})") from None
+
+
+def _first_line(e: Exception) -> str:
+    errors = getattr(e, "errors", None)
+    if callable(errors):  # pydantic: name the first bad field, not the error count
+        try:
+            first = errors()[0]
+            return f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}"
+        except Exception:
+            pass
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__

@@ -74,6 +74,17 @@ def load_rows(cfg: StudyConfig) -> list[ds.DatasetRow]:
     return rows
 
 
+def check_device(cfg: StudyConfig) -> None:
+    """A study that asks for GPUs must not silently run on the CPU (and the reverse)."""
+    if cfg.device == "auto":
+        return
+    have = device_name()
+    if cfg.device == "cuda" and have == "cpu":
+        raise UserError("field 'device': cuda asked for, but torch sees no CUDA GPU here")
+    if cfg.device == "cpu" and have != "cpu":
+        log.warning("device: cpu asked for on a machine with %s; vLLM picks its platform from its build", have)
+
+
 def preflight_out(run_dir: Path) -> None:
     """Refuse an unwritable or full results folder before any engine starts."""
     probe_root = run_dir
@@ -143,12 +154,12 @@ class ResultsWriter:
                 typed_iterations(pd.concat(it, ignore_index=True) if it else pd.DataFrame()))
 
     def summary(self) -> pd.DataFrame:
-        req, _ = self._frames()
-        return summarize(req, self.points, self.cfg.checks.hit_rate_tolerance)
+        req, it = self._frames()
+        return summarize(req, self.points, self.cfg.checks.hit_rate_tolerance, it)
 
     def flush(self, status: str | None = None) -> pd.DataFrame:
         req, it = self._frames()
-        summ = self.summary()
+        summ = summarize(req, self.points, self.cfg.checks.hit_rate_tolerance, it)
         atomic_write_parquet(self.dir / REQUESTS, req)
         atomic_write_parquet(self.dir / ITERATIONS, it)
         atomic_write_csv(self.dir / SUMMARY, summ)
@@ -250,6 +261,7 @@ def run_study(cfg: StudyConfig, run_dir: Path | None = None, progress: bool = Tr
         manifest, old = None, None
     from prefixstudy.engine import check_engine_args
 
+    check_device(cfg)
     check_engine_args(cfg)  # every input check comes before the results folder is made
     preflight_out(run_dir)
     executor = pick_executor(cfg)

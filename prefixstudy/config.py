@@ -110,6 +110,7 @@ class RayConfig(BaseModel):
     parallel: Literal["auto", "on", "off"] = "auto"
     num_cpus_per_engine: int = Field(1, ge=1)
     num_cpus: int | None = Field(None, ge=1)  # of the cluster address "local" starts; None: all cores
+    num_cpus: int | None = Field(None, ge=1)  # of the cluster address "local" starts; None: all cores
 
 
 class StudyConfig(BaseModel):

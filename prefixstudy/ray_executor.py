@@ -212,7 +212,7 @@ class EngineActor:
 
 # --------------------------------------------------------------------------- the driver
 
-def connect(address: str) -> bool:
+def connect(address: str, num_cpus: int | None = None) -> bool:
     """Join (or, for ``local``, start) the Ray cluster.  True when this call did so, and
     ``ray.shutdown()`` should undo it; False when Ray was already initialized here.
 
@@ -228,7 +228,7 @@ def connect(address: str) -> bool:
     if address == "local":
         # Engine processes that a killed actor leaves behind are reaped by the raylet.
         os.environ.setdefault("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "true")
-        ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, namespace=NAMESPACE,
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, namespace=NAMESPACE,
                  logging_level=logging.WARNING)
     else:
         try:
@@ -346,7 +346,7 @@ class RayExecutor:
         self.cfg, self.writer = cfg, writer
         self.actors: list = []
         self.pgs: list = []
-        owned = connect(cfg.ray.address)
+        owned = connect(cfg.ray.address, cfg.ray.num_cpus)
         try:
             asyncio.run(self._run(rows, progress))
         finally:

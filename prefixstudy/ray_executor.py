@@ -256,6 +256,13 @@ class _ModeRunner:
         self.live_requests = 0  # of the point running now, as the actor last reported
 
     async def _start_actor(self) -> None:
+        # Engines start one at a time: vLLM 0.26's Ray executor picks its TCPStore port by probing
+        # from a fixed start (data_parallel_master_port + 100), so two engines initialising at once
+        # on one node both take the same port and both fail; started in turn, the second skips it.
+        async with self.ex.start_lock:
+            await self._start_actor_now()
+
+    async def _start_actor_now(self) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -301,6 +308,11 @@ class _ModeRunner:
         ex = self.ex
         ex.bar.set_description(f"starting engine (cache {self.mode.upper()})")
         await self._start_actor()
+        # Side by side, no point is measured while the other engine still compiles and warms up.
+        ex.engines_up += 1
+        if ex.engines_up == len(ex.runners) or not ex.parallel:
+            ex.all_up.set()
+        await ex.all_up.wait()
         for rate in ex.cfg.sweep.rates:
             ex.bar.set_description(f"cache {self.mode.upper()} @ {rate:g} req/s")
             dead = False
@@ -438,6 +450,7 @@ class RayExecutor:
 
         self._plan()
         self.rows_ref = ray.put(rows)
+        self.start_lock, self.all_up, self.engines_up = asyncio.Lock(), asyncio.Event(), 0
         self.runners = [_ModeRunner(self, m) for m in self.cfg.sweep.modes]
         self.bar = tqdm(total=total_requests(self.cfg), unit="req", disable=not progress, dynamic_ncols=True)
         poller = asyncio.create_task(self._poll()) if progress else None

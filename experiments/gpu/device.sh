@@ -28,9 +28,19 @@ case "$1" in
   study) shift; cfg=$1; shift
     ps run "$cfg" --out /tmp/results --no-report --quiet "$@" 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/study.log"
     collect ;;
+  split) shift; cfg=$1; shift
+    # ON on GPU 0 and OFF on GPU 1, two in-process engines in two processes (own compile caches);
+    # `prefixstudy merge` joins the two runs into one study afterwards.
+    for i in 0 1; do m=$([ $i = 0 ] && echo on || echo off)
+      CUDA_VISIBLE_DEVICES=$i VLLM_CACHE_ROOT=/tmp/vc$i ps run "$cfg" --out /tmp/results-$m --modes $m \
+        --executor local --no-report --quiet "$@" > "/tmp/split-$m.log" 2>&1 &
+    done
+    wait
+    for m in on off; do grep -v "INFO\|^(.*) WARNING" /tmp/split-$m.log | tail -25 > "$OUT/$m.log"; done
+    tar -czf "$OUT/runs.tgz" -C /tmp results-on results-off ;;
   resume)
     run=$(ls -d /tmp/results/*/*/ | sort | tail -1)
     ps run --resume "$run" --no-report --quiet 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/resume.log"
     collect ;;
-  *) echo "usage: device.sh part NN | unpack | study CONFIG [ARGS] | resume" >&2; exit 2 ;;
+  *) echo "usage: device.sh part NN | unpack | study CONFIG [ARGS] | split CONFIG [ARGS] | resume" >&2; exit 2 ;;
 esac

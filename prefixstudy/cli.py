@@ -154,6 +154,9 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         else:
             rows = load_rows(cfg)  # validate the dataset before anything starts
             if dry_run:
+                from prefixstudy.study import check_plan
+
+                check_plan(cfg)
                 from prefixstudy.executors import resolve_executor
 
                 click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
@@ -186,6 +189,16 @@ def _failed_points(run_dir: Path) -> int:
 
     manifest = json.loads((run_dir / "manifest.json").read_text())
     return sum(p.get("status") != "ok" for p in manifest.get("points", []))
+
+
+@main.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Results root for the merged run.")
+def merge(runs, out):
+    """Join runs of one study made apart (e.g. ON and OFF side by side, one GPU each) into one run."""
+    from prefixstudy.study import merge_runs
+
+    click.echo(f"results: {merge_runs(list(runs), out)}")
 
 
 @main.group()

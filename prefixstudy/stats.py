@@ -345,7 +345,9 @@ def saturation(requests: pd.DataFrame, iterations: pd.DataFrame,
     else:
         ach = point_stats(requests)[KEY + ["achieved_rate"]]
     m = measured(requests)
-    unf = (m["error"].astype(str).str.startswith("unfinished")).groupby([m["mode"], m["rate"]]).sum()
+    # Only requests still open after being sent count (see analysis.summarize_point).
+    open_at_end = m["error"].astype(str).str.startswith("unfinished") & m["sent_s"].notna()
+    unf = open_at_end.groupby([m["mode"], m["rate"]]).sum()
     unf = unf.rename("n_unfinished").reset_index()
     q = queue_growth(iterations, arrival_end(requests))
     out = (ach.merge(keep_up_rate(requests), on=KEY, how="outer").merge(unf, on=KEY, how="left")

@@ -74,6 +74,17 @@ def load_rows(cfg: StudyConfig) -> list[ds.DatasetRow]:
     return rows
 
 
+def check_plan(cfg: StudyConfig) -> None:
+    """The point cap must leave room for the whole arrival schedule of every rate, or an engine
+    that keeps up still loses requests (seen: 40 Poisson arrivals at 1 req/s overran a 45 s cap)."""
+    sw = cfg.sweep
+    for rate in sw.rates:
+        need = 1.25 * sw.requests_for(rate) / rate
+        if sw.max_point_duration_s < need:
+            raise UserError(f"field 'sweep.max_point_duration_s': {sw.max_point_duration_s:g} s is too short for "
+                            f"{sw.requests_for(rate)} requests at {rate:g} req/s; use at least {need:.0f} s")
+
+
 def check_device(cfg: StudyConfig) -> None:
     """A study that asks for GPUs must not silently run on the CPU (and the reverse)."""
     if cfg.device == "auto":
@@ -261,6 +272,7 @@ def run_study(cfg: StudyConfig, run_dir: Path | None = None, progress: bool = Tr
         manifest, old = None, None
     from prefixstudy.engine import check_engine_args
 
+    check_plan(cfg)
     check_device(cfg)
     check_engine_args(cfg)  # every input check comes before the results folder is made
     preflight_out(run_dir)
@@ -329,3 +341,47 @@ def fmt_point(s: dict) -> str:
             f"prefill {ms(s.get('mean_prefill_ms'))} ms  hit {s.get('hit_rate_measured', float('nan')):.3f}"
             + ("  SATURATED" if s.get("saturated") else "")
             + ("" if s.get("hit_rate_ok", True) else "  HIT-RATE MISMATCH"))
+
+
+def merge_runs(run_dirs: list[Path], out: Path) -> Path:
+    """Join runs of one study made apart (e.g. caching ON and OFF side by side, one GPU or one
+    machine each) into one run folder.  Their configs must agree on everything but the modes."""
+    from prefixstudy.config import parse_config
+    from prefixstudy.results import find_run_dir, load
+
+    runs = [load(find_run_dir(d)) for d in run_dirs]
+    if len(runs) < 2:
+        raise UserError("merge: give at least two run folders")
+    base = _flat(runs[0].config)
+    modes: list[str] = []
+    for r in runs:
+        flat = _flat(r.config)
+        diff = sorted(k for k in base.keys() | flat.keys()
+                      if k not in ("sweep.modes", "out") and base.get(k) != flat.get(k))
+        if diff:
+            raise UserError(f"{r.path}: config differs from {runs[0].path} at field '{diff[0]}'; "
+                            "only runs of one study can be merged")
+        modes += [m for m in r.config.get("sweep", {}).get("modes", []) if m not in modes]
+    seen = [(p["mode"], p["rate"]) for r in runs for p in r.manifest.get("points", [])]
+    if len(seen) != len(set(seen)):
+        raise UserError("merge: two runs hold the same point (mode and rate); merge runs of different modes")
+    data = dict(runs[0].config)
+    data["sweep"] = {**data.get("sweep", {}), "modes": sorted(modes, key=["on", "off"].index)}
+    cfg = parse_config(data, str(runs[0].path / CONFIG))
+    manifest = dict(runs[0].manifest)
+    manifest.update(
+        started_at=min(r.manifest.get("started_at") or "" for r in runs),
+        ended_at=max(r.manifest.get("ended_at") or "" for r in runs),
+        status="complete" if all(r.manifest.get("status") == "complete" for r in runs) else "complete_with_failures",
+        merged_from=[{"run": str(r.path), "modes": r.config.get("sweep", {}).get("modes"),
+                      "device": r.manifest.get("device"), "executor": r.manifest.get("executor"),
+                      "started_at": r.manifest.get("started_at"), "status": r.manifest.get("status")} for r in runs],
+    )
+    run_dir = new_run_dir(cfg, out)
+    preflight_out(run_dir)
+    writer = ResultsWriter(run_dir, cfg, manifest)
+    writer.points = [p for r in runs for p in r.manifest.get("points", [])]
+    writer.requests = [r.requests for r in runs]
+    writer.iterations = [r.iterations for r in runs]
+    writer.start()
+    return run_dir

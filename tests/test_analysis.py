@@ -90,3 +90,14 @@ def test_growing_waiting_queue_marks_the_point_saturated():
     it = typed_iterations(pd.DataFrame({"mode": ["on"] * 11, "rate": [2.0] * 11, "t_s": [0.1 * i for i in range(11)],
                                         "num_waiting": list(range(11))}))
     assert summarize(req, points, iterations=it)["saturated"].tolist() == [True]
+
+
+def test_requests_cut_before_sending_do_not_mean_saturation():
+    # The point cap stopped the schedule: 2 requests were never sent; the engine kept up with the rest.
+    n = 6
+    req = _req(sent_s=[0.0, 0.5, 1.0, 1.5, math.nan, math.nan], scheduled_s=[0.5 * i for i in range(n)],
+               e2e_ms=[100.0] * 4 + [math.nan] * 2,
+               error=[""] * 4 + ["unfinished: not sent before max_point_duration_s"] * 2)
+    row = summarize_point(req, {"mode": "on", "rate": 2.0, "n_sent": n})
+    assert (row["n_ok"], row["n_unfinished"]) == (4, 2)
+    assert row["saturated"] is False

@@ -66,3 +66,14 @@ def test_resume_keeps_ok_points_and_plans_the_rest(tmp_path):
     assert sorted(set(zip(w2.requests[0]["mode"], w2.requests[0]["rate"]))) == [("on", 1.0), ("on", 2.0)]
     plans = _pending_configs(w.cfg, w2)
     assert [(c.sweep.modes, c.sweep.rates) for c in plans] == [(["on"], [4.0]), (["off"], [1.0, 2.0, 4.0])]
+
+
+def test_point_cap_shorter_than_the_schedule_is_refused():
+    from prefixstudy.errors import UserError
+    from prefixstudy.study import check_plan
+
+    check_plan(load_config(None, {"sweep.rates": [1], "sweep.num_requests": 40, "sweep.max_point_duration_s": 50}))
+    with pytest.raises(UserError, match=r"field 'sweep.max_point_duration_s': 45 s is too short for 40 requests "
+                                        r"at 1 req/s; use at least 50 s"):
+        check_plan(load_config(None, {"sweep.rates": [1, 8], "sweep.num_requests": 40,
+                                      "sweep.max_point_duration_s": 45}))

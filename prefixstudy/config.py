@@ -9,7 +9,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from prefixstudy.errors import UserError
+from prefixstudy.errors import UserError, read_text
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -110,7 +110,6 @@ class RayConfig(BaseModel):
     parallel: Literal["auto", "on", "off"] = "auto"
     num_cpus_per_engine: int = Field(1, ge=1)
     num_cpus: int | None = Field(None, ge=1)  # of the cluster address "local" starts; None: all cores
-    num_cpus: int | None = Field(None, ge=1)  # of the cluster address "local" starts; None: all cores
 
 
 class StudyConfig(BaseModel):
@@ -146,14 +145,9 @@ class StudyConfig(BaseModel):
         if d is None:
             raise UserError(f"field 'model': folder '{self.model}' not found (it needs a config.json)")
         f = d / "config.json"
+        text = read_text(f, "model config", "the model's config.json")
         try:
-            cfg = json.loads(f.read_bytes().decode("utf-8"))
-        except FileNotFoundError:
-            raise UserError(f"{f}: model config not found") from None
-        except IsADirectoryError:
-            raise UserError(f"{f}: is a directory, expected the model's config.json") from None
-        except UnicodeDecodeError as e:
-            raise UserError(f"{f}: not UTF-8 text (byte {e.start})") from None
+            cfg = json.loads(text)
         except json.JSONDecodeError as e:
             raise UserError(f"{f}: line {e.lineno}: not valid JSON ({e.msg})") from None
         vocab = cfg.get("vocab_size") if isinstance(cfg, dict) else None
@@ -202,14 +196,7 @@ def parse_config(data: Any, source: str, overrides: dict | None = None) -> Study
 
 
 def read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: config file not found") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a YAML config file") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    text = read_text(path, "config file", "a YAML config file")
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:

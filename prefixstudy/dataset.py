@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prefixstudy.errors import UserError
+from prefixstudy.errors import UserError, read_text
 
 # The Mistral v3 tokenizer (Mistral-7B-v0.3's) ships inside mistral_common.
 MISTRAL_V3_TOKENIZER = "data/mistral_instruct_tokenizer_240323.model.v3"
@@ -77,14 +77,7 @@ def _pos_int(v, where: str) -> int:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        return Path(path).read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: dataset file not found") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, expected a dataset file") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    return read_text(path, "dataset file", "a dataset file")
 
 
 def _json_lines(path: Path):

@@ -3,3 +3,18 @@
 
 class UserError(Exception):
     """Bad input: a config, dataset or flag.  The message names the file, line or field."""
+
+
+def read_text(path, missing: str, expected: str) -> str:
+    """A user's file as text, or one line saying why not: '<path>: <missing> not found',
+    'is a directory, expected <expected>', 'not UTF-8 text (byte N)'."""
+    from pathlib import Path
+
+    try:
+        return Path(path).read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: {missing} not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected {expected}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None

@@ -45,7 +45,6 @@ FORWARD_ENV_PREFIXES = ("VLLM_",)  # VLLM_LOGGING_LEVEL and friends follow the d
 CPU_OVERHEAD_PER_ENGINE = 2
 PLACEMENT_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
-POLL_S = 1.0
 
 
 # --------------------------------------------------------------------------- planning (pure)
@@ -115,9 +114,10 @@ def summarize_actor_error(e: BaseException) -> str:
     return "; ".join(parts)[:500]
 
 
-def failed_point(mode: str, rate: float, error: str) -> PointResult:
+def failed_point(mode: str, rate: float, error: str, started_at: float) -> PointResult:
+    """A point whose rows died with its actor: no rows, the cause, when the driver asked for it."""
     return PointResult(mode, rate, typed_requests(pd.DataFrame()), typed_iterations(pd.DataFrame()),
-                       {"status": "failed", "error": error})
+                       {"status": "failed", "error": error, "started_at": started_at})
 
 
 def actor_env() -> dict[str, str]:
@@ -196,7 +196,7 @@ class EngineActor:
         return False
 
     async def status(self) -> dict:
-        """Where the actor is, for the driver's progress bar (and for whoever wants its pid)."""
+        """Where the actor is and what it runs: its pid and its engine's processes, for tools and tests."""
         try:
             import psutil
 
@@ -226,8 +226,7 @@ def connect(address: str, num_cpus: int | None = None) -> bool:
     if address == "local" and os.environ.get("RAY_ADDRESS"):
         address = os.environ["RAY_ADDRESS"]
     if address == "local":
-        # Engine processes that a killed actor leaves behind are reaped by the raylet.
-        os.environ.setdefault("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "true")
+        # A dead actor's engine processes share its process group, which the raylet kills after it.
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, namespace=NAMESPACE,
                  logging_level=logging.WARNING)
     else:
@@ -252,8 +251,7 @@ class _ModeRunner:
         self.actor = None
         self.pg = None
         self.generation = 0
-        self.finished_requests = 0  # of points already handed to the writer
-        self.live_requests = 0  # of the point running now, as the actor last reported
+        self.finished_requests = 0  # of points already handed to the writer: the progress bar
 
     async def _start_actor(self) -> None:
         # Engines start one at a time: vLLM 0.26's Ray executor picks its TCPStore port by probing
@@ -268,7 +266,7 @@ class _ModeRunner:
 
         ex = self.ex
         opts = dict(name=actor_name(ex.cfg.study, ex.writer.dir, self.mode, self.generation), namespace=NAMESPACE,
-                    runtime_env={"env_vars": ex.env}, max_restarts=0, max_concurrency=64)
+                    runtime_env={"env_vars": ex.env}, max_restarts=0)
         if ex.use_gpu:
             if self.pg is None:
                 from ray.util.placement_group import placement_group
@@ -313,26 +311,27 @@ class _ModeRunner:
         if ex.engines_up == len(ex.runners) or not ex.parallel:
             ex.all_up.set()
         await ex.all_up.wait()
+        dead = False
         for rate in ex.cfg.sweep.rates:
+            if dead:  # only now, so a failure at the last point costs no engine start
+                await self._replace_actor()
+                dead = False
             ex.bar.set_description(f"cache {self.mode.upper()} @ {rate:g} req/s")
-            dead = False
+            asked_at = time.time()
             try:
                 res = await self.actor.run_point.remote(rate)
             except RayActorError as e:
-                res, dead = failed_point(self.mode, rate, summarize_actor_error(e)), True
+                res, dead = failed_point(self.mode, rate, summarize_actor_error(e), asked_at), True
             except RayError as e:  # the call failed, the actor may live: recover() below will tell
-                res = failed_point(self.mode, rate, f"{type(e).__name__}: {' '.join(str(e).split())}"[:500])
-            self.live_requests = 0
+                res = failed_point(self.mode, rate, f"{type(e).__name__}: {' '.join(str(e).split())}"[:500],
+                                   asked_at)
             self.finished_requests += ex.cfg.sweep.requests_for(rate)
             ex.point_done(res)
-            if res.meta.get("status") == "failed":
-                if not dead:
-                    try:
-                        await self.actor.recover.remote()
-                    except RayActorError:
-                        dead = True
-                if dead:
-                    await self._replace_actor()
+            if res.meta.get("status") == "failed" and not dead:
+                try:
+                    await self.actor.recover.remote()  # restarts an engine that died inside a living actor
+                except RayActorError:
+                    dead = True
 
     async def stop(self) -> None:
         import ray
@@ -426,23 +425,8 @@ class RayExecutor:
         self._refresh_bar()
 
     def _refresh_bar(self) -> None:
-        self.bar.n = sum(r.finished_requests + r.live_requests for r in self.runners)
+        self.bar.n = sum(r.finished_requests for r in self.runners)
         self.bar.refresh()
-
-    async def _poll(self) -> None:
-        """Requests finished so far, as the actors count them: one tiny call per actor per second."""
-        while True:
-            await asyncio.sleep(POLL_S)
-            for r in self.runners:
-                if r.actor is None:
-                    continue
-                try:
-                    st = await r.actor.status.remote()
-                except Exception:
-                    continue
-                if st["rate"] is not None:
-                    r.live_requests = st["requests_done"]
-            self._refresh_bar()
 
     async def _run(self, rows, progress: bool) -> None:
         import ray
@@ -453,7 +437,6 @@ class RayExecutor:
         self.start_lock, self.all_up, self.engines_up = asyncio.Lock(), asyncio.Event(), 0
         self.runners = [_ModeRunner(self, m) for m in self.cfg.sweep.modes]
         self.bar = tqdm(total=total_requests(self.cfg), unit="req", disable=not progress, dynamic_ncols=True)
-        poller = asyncio.create_task(self._poll()) if progress else None
         t0 = time.monotonic()
         try:
             if self.parallel:
@@ -465,8 +448,6 @@ class RayExecutor:
                     finally:
                         await r.stop()  # free its resources before the next mode's engine starts
         finally:
-            if poller is not None:
-                poller.cancel()
             await asyncio.gather(*(r.stop() for r in self.runners), return_exceptions=True)
             self.bar.close()
             log.info("ray executor: %d mode(s) in %.1f s", len(self.runners), time.monotonic() - t0)

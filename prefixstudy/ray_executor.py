@@ -294,6 +294,8 @@ class _ModeRunner:
     def _own_cache(self, env: dict) -> dict:
         """Each mode's engine compiles into its own cache: on 2 x H200 an engine that loaded the
         other's torch.compile artifacts died with "CUDA driver error: invalid argument"."""
+        if not self.ex.use_gpu:
+            return {}  # CPU engines share one cache, and start faster for it
         root = env.get("VLLM_CACHE_ROOT") or os.path.expanduser("~/.cache/vllm")
         return {"VLLM_CACHE_ROOT": os.path.join(root, f"prefixstudy-{self.mode}")}
 

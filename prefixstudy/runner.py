@@ -150,6 +150,9 @@ class ModeSession:
         self.extra_args = extra_args  # engine args the executor adds (Ray: distributed_executor_backend)
         self.engine = Engine(cfg, mode, extra_args)
         self.prefixes = group_prefixes(rows)
+        # Warm-up suffixes are drawn from the dataset's own token range, so they stay valid ids.
+        self.token_range = (min(min(r.prompt_token_ids) for r in rows),
+                            max(max(r.prompt_token_ids) for r in rows) + 1)
         self.progress = progress  # callable(n_done) or None
         self._seq = 0
 
@@ -172,8 +175,7 @@ class ModeSession:
     def _warmup_rows(self, n: int) -> list[DatasetRow]:
         """Same group prefixes, fresh suffixes: warm-ups must not pre-cache measured suffixes."""
         rng = np.random.default_rng(10_007)
-        lo = min(min(r.prompt_token_ids) for r in self.rows)
-        hi = max(max(r.prompt_token_ids) for r in self.rows) + 1
+        lo, hi = self.token_range
         out = []
         for i in range(n):
             base = self.rows[i % len(self.rows)]

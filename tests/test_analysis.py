@@ -101,3 +101,16 @@ def test_requests_cut_before_sending_do_not_mean_saturation():
     row = summarize_point(req, {"mode": "on", "rate": 2.0, "n_sent": n})
     assert (row["n_ok"], row["n_unfinished"]) == (4, 2)
     assert row["saturated"] is False
+
+
+def test_warmups_share_the_group_prefix_but_no_measured_suffix():
+    from prefixstudy.config import load_config
+    from prefixstudy.dataset import make_dataset
+    from prefixstudy.runner import ModeSession
+
+    rows = make_dataset(4, prefix_len=20, suffix_len=4, output_len=3, groups=2)
+    warm = ModeSession(load_config(None), "on", rows)._warmup_rows(3)
+    assert [(w.group, len(w.prompt_token_ids)) for w in warm] == [(0, 24), (1, 24), (0, 24)]
+    assert all(w.prompt_token_ids[:20] == rows[w.group].prompt_token_ids[:20] for w in warm)
+    measured = {tuple(r.prompt_token_ids[20:]) for r in rows}
+    assert not {tuple(w.prompt_token_ids[20:]) for w in warm} & measured

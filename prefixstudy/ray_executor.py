@@ -335,14 +335,18 @@ class _ModeRunner:
     async def stop(self) -> None:
         import ray
 
-        if self.actor is None:
-            return
-        try:
-            await asyncio.wait_for(self.actor.stop.remote(), STOP_TIMEOUT_S)
-        except Exception:  # a dead or stuck actor is killed below all the same
-            log.debug("engine actor %s did not stop cleanly", self.mode, exc_info=True)
-        ray.kill(self.actor, no_restart=True)
-        self.actor = None
+        if self.actor is not None:
+            try:
+                await asyncio.wait_for(self.actor.stop.remote(), STOP_TIMEOUT_S)
+            except Exception:  # a dead or stuck actor is killed below all the same
+                log.debug("engine actor %s did not stop cleanly", self.mode, exc_info=True)
+            ray.kill(self.actor, no_restart=True)
+            self.actor = None
+        if self.pg is not None:
+            # Modes one after the other: the next mode's placement group needs these GPUs.
+            ray.util.remove_placement_group(self.pg)
+            self.ex.pgs.remove(self.pg)
+            self.pg = None
 
 
 class RayExecutor:

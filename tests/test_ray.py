@@ -343,3 +343,30 @@ def test_ray_job_submit_entrypoint(ray_head, tmp_path):
                                "print('joined', connect('local'), len(alive_nodes()), ray.cluster_resources()['CPU'])")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "joined True 1 1.0" in r.stdout
+
+
+@pytest.mark.timeout(180)
+def test_a_stopped_mode_frees_its_gpus_for_the_next():
+    """On 2 GPUs at TP 2 the modes run one after the other: OFF's placement group can only form
+    once ON's is gone.  Ray's logical GPUs stand in for the devices; no engine is started."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from ray.util.placement_group import placement_group
+
+    from prefixstudy.ray_executor import _ModeRunner
+
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        bundles = [{"GPU": 1, "CPU": 1}] * 2
+        on = _ModeRunner(SimpleNamespace(pgs=[]), "on")
+        on.pg = placement_group(bundles, strategy="STRICT_PACK")
+        on.ex.pgs.append(on.pg)
+        assert on.pg.wait(60)
+        off_pg = placement_group(bundles, strategy="STRICT_PACK")
+        assert not off_pg.wait(2)  # ON holds both GPUs
+        asyncio.run(on.stop())
+        assert (on.pg, on.ex.pgs) == (None, [])
+        assert off_pg.wait(60)
+    finally:
+        ray.shutdown()

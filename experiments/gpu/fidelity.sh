@@ -25,6 +25,7 @@ serve() {  # mode gpu
   CUDA_VISIBLE_DEVICES=$2 vllm serve $M --tokenizer-mode mistral --load-format dummy $SERVE_ARGS \
     --max-num-batched-tokens 8192 --max-num-seqs 256 --max-model-len 4096 \
     $flag --port "$(port "$1")" > /tmp/serve-$1.log 2>&1 &
+  echo $! > /tmp/serve-$1.pid
 }
 bench() {  # mode
   for r in $RATES; do
@@ -48,16 +49,19 @@ pathlib.Path(sys.argv[1]).write_text(json.dumps(runs, indent=1))
 for k, v in runs.items():
     print(k, "req/s %.2f ttft %.1f tpot %.2f e2e %.1f" % (v["request_throughput"], v["mean_ttft_ms"], v["mean_tpot_ms"], v["mean_e2el_ms"]))
 PY
-  for m in $MODES; do grep -v "GET /\|POST /" /tmp/serve-$m.log | tail -15 > "$OUT/serve-$m.log"; done
-  pkill -f "vllm.entrypoints" ; true
+  for m in $MODES; do grep -av "GET /\|POST /" /tmp/serve-$m.log | tail -15 > "$OUT/serve-$m.log"; done
+  for m in $MODES; do kill "$(cat /tmp/serve-$m.pid)" 2>/dev/null; done; true
 }
 trap finish EXIT
 gpu=0; for m in $MODES; do serve "$m" $gpu; gpu=$((gpu + 1)); done
 for m in $MODES; do
   until $PY -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$(port "$m")/health', timeout=2)" 2>/dev/null; do
-    sleep 2; [ "$(left)" -gt 60 ] || { log "server $m did not start"; exit 1; }
+    sleep 2
+    kill -0 "$(cat /tmp/serve-$m.pid)" 2>/dev/null || { log "server $m died"; grep -v "GET /" /tmp/serve-$m.log | tail -20 >> "$OUT/fidelity.log"; exit 1; }
+    [ "$(left)" -gt 60 ] || { log "server $m did not start"; exit 1; }
   done
 done
 log "servers up"
-for m in $MODES; do bench "$m" & done; wait
+pids=(); for m in $MODES; do bench "$m" & pids+=($!); done
+wait "${pids[@]}"  # not a bare `wait`: that would wait for the servers too
 log "done"

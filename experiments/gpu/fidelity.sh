@@ -18,7 +18,7 @@ M=/tmp/fidelity-model; B=/tmp/bench
 rm -rf $M $B && mkdir -p $M $B && cp "${MODEL:-experiments/models/mistral-7b-v0.3}/config.json" $M/
 cp "$($PY -c 'import mistral_common, os; print(os.path.dirname(mistral_common.__file__))')/data/mistral_instruct_tokenizer_240323.model.v3" $M/tokenizer.model.v3 || exit 1
 VLLM_CLI=${VLLM_CLI:-"$PY -m vllm.entrypoints.cli.main"}
-vllm() { $VLLM_CLI "$@"; }
+vllm() { exec $VLLM_CLI "$@"; }  # exec: a server's pid is its own, so it can be stopped
 port() { [ "$1" = on ] && echo 8100 || echo 8101; }
 serve() {  # mode gpu
   local flag=--enable-prefix-caching; [ "$1" = off ] && flag=--no-enable-prefix-caching

@@ -111,6 +111,12 @@ class RayConfig(BaseModel):
     num_cpus_per_engine: int = Field(1, ge=1)
     num_cpus: int | None = Field(None, ge=1)  # of the cluster address "local" starts; None: all cores
 
+    @field_validator("parallel", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v):
+        # As for sweep.modes: a bare `parallel: on` reaches us as True.
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
 
 class StudyConfig(BaseModel):
     model_config = _STRICT

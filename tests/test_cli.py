@@ -115,3 +115,7 @@ def test_yaml_bare_on_off_are_modes(tmp_path):
     p.write_text("sweep:\n  modes: [off, on]\n")
     assert load_config(p).sweep.modes == ["off", "on"]
     assert load_config(p, {"sweep.modes": [True]}).sweep.modes == ["on"]  # --set sweep.modes=[on]
+    p.write_text("ray:\n  parallel: on\n")
+    assert load_config(p).ray.parallel == "on"
+    p.write_text("ray:\n  parallel: off\n")
+    assert load_config(p).ray.parallel == "off"

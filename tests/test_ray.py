@@ -136,6 +136,21 @@ def test_seed_config_dry_run():
     assert (cfg.sweep.num_requests, cfg.sweep.min_duration_s, cfg.sweep.requests_for(32)) == (40, 30, 960)
 
 
+
+@pytest.mark.parametrize("name, tp, parallel", [("seed-h200x8-tp8", 8, "auto"),
+                                                ("seed-h200x8-tp4-parallel", 4, "on")])
+def test_h200x8_configs(name, tp, parallel):
+    """Issue 8's runs, ready for an 8 x H200 machine: the seed workload at 0.5 to 64 req/s."""
+    r = CliRunner().invoke(main, ["run", str(REPO / f"experiments/{name}.yaml"), "--dry-run"])
+    assert r.output == (f"ok: study {name}, 1920 dataset rows, modes on,off, "
+                        "rates 0.5,1,2,4,8,16,32,64 req/s, executor ray; nothing run (--dry-run)\n")
+    cfg = load_config(REPO / f"experiments/{name}.yaml")
+    assert (cfg.engine.tensor_parallel_size, cfg.ray.parallel, cfg.dataset.prefix_len, cfg.dataset.suffix_len,
+            cfg.dataset.output_len) == (tp, parallel, 1198, 16, 143)
+    nodes = [{"CPU": 128, "GPU": 8}]
+    assert plan_parallel(cfg.ray.parallel, 2, nodes, True, tp, 1)["used"] is (tp == 4)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--parallel", "sometimes"], "Invalid value for '--parallel'"),
     (["--executor", "k8s"], "Invalid value for '--executor'"),

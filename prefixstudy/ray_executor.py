@@ -344,9 +344,12 @@ class _ModeRunner:
             self.actor = None
         if self.pg is not None:
             # Modes one after the other: the next mode's placement group needs these GPUs.
-            ray.util.remove_placement_group(self.pg)
-            self.ex.pgs.remove(self.pg)
-            self.pg = None
+            pg, self.pg = self.pg, None
+            try:
+                ray.util.remove_placement_group(pg)
+                self.ex.pgs.remove(pg)
+            except Exception:  # a cluster going down; the executor's final cleanup tries again
+                log.debug("placement group of %s not removed", self.mode, exc_info=True)
 
 
 class RayExecutor:

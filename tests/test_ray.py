@@ -136,7 +136,6 @@ def test_seed_config_dry_run():
     assert (cfg.sweep.num_requests, cfg.sweep.min_duration_s, cfg.sweep.requests_for(32)) == (40, 30, 960)
 
 
-
 @pytest.mark.parametrize("name, tp, parallel", [("seed-h200x8-tp8", 8, "auto"),
                                                 ("seed-h200x8-tp4-parallel", 4, "on")])
 def test_h200x8_configs(name, tp, parallel):

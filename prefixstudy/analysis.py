@@ -72,12 +72,10 @@ def summarize_point(req: pd.DataFrame, meta: dict, tolerance: float = 0.05) -> d
     row["dispatch_lag_p50_ms"] = float(np.percentile(lag, 50)) if len(lag) else math.nan
     row["dispatch_lag_p99_ms"] = float(np.percentile(lag, 99)) if len(lag) else math.nan
     offered = len(ok) / _offered_span_s(ok) if not ok.empty else math.nan
-    # Requests cancelled after they were sent mean the engine fell behind; requests the point cap
-    # stopped before their send time only mean the cap was shorter than the schedule.
-    m = req[~req["warmup"]]
-    open_at_end = int((m["error"].str.startswith("unfinished") & m["sent_s"].notna()).sum())
-    row["saturated"] = bool(open_at_end > 0 or (not math.isnan(offered)
-                                                 and row["achieved_rate"] < SATURATION_RATIO * offered))
+    from prefixstudy.stats import open_at_end
+
+    row["saturated"] = bool(open_at_end(req).any() or (not math.isnan(offered)
+                                                      and row["achieved_rate"] < SATURATION_RATIO * offered))
     row["error"] = meta.get("error", "") or ""
     return row
 

@@ -155,13 +155,8 @@ class EngineActor:
     """Runs inside a Ray worker: one ModeSession (engine + load generator), points on request."""
 
     def __init__(self, cfg: StudyConfig, mode: str, rows, extra_args: dict, use_gpu: bool):
-        self.session = ModeSession(cfg, mode, rows, progress=self._on_done, extra_args=extra_args)
+        self.session = ModeSession(cfg, mode, rows, extra_args=extra_args)
         self.mode, self.use_gpu = mode, use_gpu
-        self.rate: float | None = None
-        self.requests_done = 0
-
-    def _on_done(self, n: int) -> None:
-        self.requests_done += n
 
     async def start(self) -> dict:
         await self.session.__aenter__()
@@ -173,11 +168,7 @@ class EngineActor:
                 "block_size": self.session.engine.block_size}
 
     async def run_point(self, rate: float) -> PointResult:
-        self.rate, self.requests_done = rate, 0
-        try:
-            return await self.session.run_point(rate)
-        finally:
-            self.rate = None
+        return await self.session.run_point(rate)
 
     async def recover(self) -> bool:
         """After a failed point: restart the engine if it died inside this (living) actor."""
@@ -185,17 +176,6 @@ class EngineActor:
             await self.session.restart()
             return True
         return False
-
-    async def status(self) -> dict:
-        """Where the actor is and what it runs: its pid and its engine's processes, for tools and tests."""
-        try:
-            import psutil
-
-            children = [p.pid for p in psutil.Process().children(recursive=True)]
-        except Exception:
-            children = []
-        return {"pid": os.getpid(), "children": children, "mode": self.mode, "rate": self.rate,
-                "requests_done": self.requests_done}
 
     async def stop(self) -> None:
         await self.session.__aexit__(None, None, None)

@@ -53,6 +53,14 @@ def measured(requests: pd.DataFrame) -> pd.DataFrame:
     return requests[~requests["warmup"].astype(bool)]
 
 
+def open_at_end(requests: pd.DataFrame) -> pd.Series:
+    """Measured requests still open when their point ended.  Only those sent count: they mean the
+    engine fell behind; requests the point cap stopped before their send time only mean the cap
+    was shorter than the schedule.  One definition for summary.csv and the report."""
+    m = measured(requests)
+    return m["error"].astype(str).str.startswith("unfinished") & m["sent_s"].notna()
+
+
 # ----------------------------------------------------------------- percentiles
 
 def percentile(values, q: float) -> float:
@@ -345,9 +353,7 @@ def saturation(requests: pd.DataFrame, iterations: pd.DataFrame,
     else:
         ach = point_stats(requests)[KEY + ["achieved_rate"]]
     m = measured(requests)
-    # Only requests still open after being sent count (see analysis.summarize_point).
-    open_at_end = m["error"].astype(str).str.startswith("unfinished") & m["sent_s"].notna()
-    unf = open_at_end.groupby([m["mode"], m["rate"]]).sum()
+    unf = open_at_end(requests).groupby([m["mode"], m["rate"]]).sum()
     unf = unf.rename("n_unfinished").reset_index()
     q = queue_growth(iterations, arrival_end(requests))
     out = (ach.merge(keep_up_rate(requests), on=KEY, how="outer").merge(unf, on=KEY, how="left")

@@ -23,7 +23,7 @@ GOOD_ROW = {"request_id": "a", "prompt_token_ids": [1, 2, 3], "output_len": 4}
 
 
 def cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prefixstudy.cli", *map(str, args)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
 
 

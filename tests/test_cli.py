@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "prefixstudy.cli", *map(str, args)], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""

@@ -27,7 +27,7 @@ BASE = ["--set", "engine.gpu_memory_utilization=0.1", "--set", "sweep.warmup_req
 
 
 def start(args, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "prefixstudy.cli", "run", "experiments/default.yaml",
+    return subprocess.Popen([sys.executable, "-m", "prefixstudy", "run", "experiments/default.yaml",
                              "--out", str(out), *BASE, *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
@@ -97,7 +97,7 @@ def test_sigint_flushes_finished_points_then_resume_completes(tmp_path):
     before = first.requests[first.requests["rate"] == 4.0].reset_index(drop=True)
     assert len(before) == 9  # 8 measured + 1 warm-up, nothing of the interrupted point
 
-    done = subprocess.run([sys.executable, "-m", "prefixstudy.cli", "run", "--resume", str(run), "--no-report"],
+    done = subprocess.run([sys.executable, "-m", "prefixstudy", "run", "--resume", str(run), "--no-report"],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     res = load(run)

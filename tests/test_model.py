@@ -17,10 +17,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from prefixstudy import model as m
-from prefixstudy.cli_model import model as model_cmd
+from prefixstudy.model import roofline as m
+from prefixstudy.cli.model import model as model_cmd
 from prefixstudy.errors import UserError
-from prefixstudy.gpus import find_gpu, get_gpu, load_gpus
+from prefixstudy.model.gpus import find_gpu, get_gpu, load_gpus
 from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS, SUMMARY_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,7 +187,7 @@ def test_gpus_file_override_and_add(tmp_path):
 
 
 def test_model_module_needs_no_gpu_stack():
-    code = ("import sys, prefixstudy.model, prefixstudy.cli_model; "
+    code = ("import sys, prefixstudy.model.roofline, prefixstudy.cli.model; "
             "assert not {'torch', 'vllm', 'ray'} & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 

@@ -22,7 +22,8 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from prefixstudy import exchange, stats
+from prefixstudy import stats
+from prefixstudy.report import bench_json as exchange
 from prefixstudy.cli import main as cli_main
 from prefixstudy.report import build_report
 from prefixstudy.results import load
@@ -122,7 +123,7 @@ def test_slo_goodput_and_threshold(tmp_path):
 
 
 def test_model_section_for_a_known_gpu(tmp_path, monkeypatch):
-    import prefixstudy.model as model
+    import prefixstudy.model.roofline as model
 
     run = write_synthetic_study(tmp_path, (1.0, 2.0), 20, device="NVIDIA H100 80GB HBM3")
     seen = {}

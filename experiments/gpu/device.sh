@@ -10,7 +10,7 @@ export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}
 # SIGTERM before the device call's own limit: finished points are flushed, the run can be resumed.
-ps() { timeout -s TERM "${STUDY_TIMEOUT:-560}" python3 -m prefixstudy.cli "$@"; }
+ps() { timeout -s TERM "${STUDY_TIMEOUT:-560}" python3 -m prefixstudy "$@"; }
 collect() {  # the newest run's files, flat, at most 8 (the device tool's limit)
   local run; run=$(ls -d /tmp/results/*/*/ 2>/dev/null | sort | tail -1)
   [ -n "$run" ] || return 0

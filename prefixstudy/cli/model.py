@@ -12,12 +12,12 @@ from pathlib import Path
 
 import click
 
-from prefixstudy import model as m
+from prefixstudy.model import roofline as m
 from prefixstudy.errors import UserError
-from prefixstudy.gpus import GPU, get_gpu, load_gpus
+from prefixstudy.model.gpus import GPU, get_gpu, load_gpus
 
 RC = m.REPORTED_CASE
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ def compare(results_dirs, out_dir, slo, threshold_ms, seed):
 @click.option("--slo", default=None, help=_SLO_HELP + " Fills request_goodput.")
 def export_bench(results_dir, out_dir, slo):
     """Write every point as a `vllm bench serve` result JSON."""
-    from prefixstudy.exchange import export_bench as _export
+    from prefixstudy.report.bench_json import export_bench as _export
     from prefixstudy.report import analyze
     from prefixstudy.results import load
 

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from prefixstudy import plots, stats
+from prefixstudy import stats
+from prefixstudy.report import figures as plots
 from prefixstudy.errors import UserError
 from prefixstudy.results import StudyResults, atomic_write_text, load
 
@@ -446,14 +447,14 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
 def model_section(d: ReportData) -> tuple[list[str], pd.DataFrame | None]:
     device = str(d.study.manifest.get("device") or (d.study.config or {}).get("device") or "")
     try:
-        from prefixstudy import gpus
+        from prefixstudy.model import gpus
         known = gpus.find_gpu(device) is not None if device else False
     except (ImportError, AttributeError):
         known = False
     if not known:
         return [], None
     try:
-        from prefixstudy.model import model_vs_measurement
+        from prefixstudy.model.roofline import model_vs_measurement
     except (ImportError, AttributeError):
         return [f"Device {device} is a known GPU, but prefixstudy.model.model_vs_measurement is not available."], None
     try:
@@ -604,7 +605,7 @@ def build_report(results_dir: str | Path, slo: dict[str, float] | str | None = N
     ``peers``: vllm-bench-serve JSON files overlaid on figures 1 and 2.  ``point``: the
     rate (optionally "MODE RATE") of the engine time series.
     """
-    from prefixstudy import exchange
+    from prefixstudy.report import bench_json as exchange
 
     study = load(results_dir)
     slo = stats.parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)

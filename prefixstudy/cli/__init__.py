@@ -271,8 +271,8 @@ def dataset_show(path):
 
 def _register_optional() -> None:
     """Commands from modules that other stages own; each imports nothing heavy at load time."""
-    for mod, names in (("prefixstudy.cli_model", ["model"]),
-                       ("prefixstudy.cli_report", ["report", "compare", "export_bench"])):
+    for mod, names in (("prefixstudy.cli.model", ["model"]),
+                       ("prefixstudy.cli.report", ["report", "compare", "export_bench"])):
         try:
             m = __import__(mod, fromlist=names)
         except ImportError:

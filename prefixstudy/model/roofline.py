@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from prefixstudy.errors import UserError, read_text
-from prefixstudy.gpus import GPU, find_gpu, load_gpus
+from prefixstudy.model.gpus import GPU, find_gpu, load_gpus
 
 if TYPE_CHECKING:  # pandas and matplotlib are only needed by the calibration half
     import pandas as pd

@@ -1,0 +1,158 @@
+"""``prefixstudy run`` and ``prefixstudy merge``: parse the flags into one config, call the study."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+import yaml
+
+from prefixstudy.errors import UserError
+
+DEFAULT_CONFIG = Path("experiments/default.yaml")
+
+
+def _csv_floats(ctx, param, value):
+    if value is None:
+        return None
+    out = []
+    for part in value.split(","):
+        try:
+            r = float(part)
+        except ValueError:
+            raise click.BadParameter(f"'{part}' is not a number") from None
+        if not r > 0 or r != r or r == float("inf"):
+            raise click.BadParameter(f"rates must be finite and > 0 req/s, got {part}")
+        out.append(r)
+    return out
+
+
+def _csv_modes(ctx, param, value):
+    if value is None:
+        return None
+    modes = [m.strip() for m in value.split(",")]
+    for m in modes:
+        if m not in ("on", "off"):
+            raise click.BadParameter(f"'{m}' is not a mode; use on, off or on,off")
+    return ",".join(modes)
+
+
+def _parse_sets(values: tuple[str, ...]) -> dict:
+    out = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set {item}: expected key=value, for example --set sweep.num_requests=20")
+        try:
+            out[key] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            out[key] = raw
+    return out
+
+
+@click.command()
+@click.argument("config", required=False, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), help="Results root (default: the config's 'out').")
+@click.option("--rates", callback=_csv_floats, help="Comma-separated request rates, req/s (e.g. 1,4,16).")
+@click.option("--modes", callback=_csv_modes, help="Comma-separated subset of on,off.")
+@click.option("--num-requests", type=click.IntRange(min=1), help="Measured requests per point (at least).")
+@click.option("--executor", type=click.Choice(["auto", "local", "ray"]),
+              help="Where engines run (auto: ray when installed, else local).")
+@click.option("--ray-address", help="Ray cluster: local (start one here), auto, or ray://host:port.")
+@click.option("--parallel", type=click.Choice(["auto", "on", "off"]),
+              help="Ray: run caching ON and OFF side by side (auto: when the cluster has room).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config field, dotted.")
+@click.option("--resume", type=click.Path(path_type=Path),
+              help="Finish a run: only its missing or failed points, with its recorded config.")
+@click.option("--report/--no-report", default=True, show_default=True, help="Build the report at the end.")
+@click.option("--dry-run", is_flag=True, help="Check the config and dataset, print the plan, start nothing.")
+@click.option("--quiet", is_flag=True, help="No progress bar; only the result lines.")
+@click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
+def run(config, out, rates, modes, num_requests, executor, ray_address, parallel, sets, resume, report, dry_run,
+        quiet, verbose):
+    """Run a study: every rate against caching ON and OFF.  CONFIG defaults to experiments/default.yaml."""
+    from prefixstudy.config import load_config
+
+    overrides = _parse_sets(sets)
+    if rates is not None:
+        overrides["sweep.rates"] = rates
+    if modes is not None:
+        overrides["sweep.modes"] = [m.strip() for m in modes.split(",")]
+    if num_requests is not None:
+        overrides["sweep.num_requests"] = num_requests
+    if out is not None:
+        overrides["out"] = str(out)
+    if executor is not None:
+        overrides["executor"] = executor
+    if ray_address is not None:
+        overrides["ray.address"] = ray_address
+    if parallel is not None:
+        overrides["ray.parallel"] = parallel
+    if resume is not None and (overrides or rates or modes):
+        raise UserError("--resume takes the recorded config; drop the other run options")
+    if config is None and resume is None:
+        from prefixstudy.config import REPO_ROOT
+
+        config = DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else REPO_ROOT / DEFAULT_CONFIG
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+    cfg = load_config(config, overrides) if resume is None else None  # a bad config fails before pandas loads
+    from prefixstudy.study import StudyFailed, Terminated, load_rows, run_study
+
+    try:
+        if resume is not None:
+            run_dir = run_study(None, progress=not quiet, resume=resume, resume_config=config)
+        else:
+            rows = load_rows(cfg)  # validate the dataset before anything starts
+            if dry_run:
+                from prefixstudy.study import check_plan
+
+                check_plan(cfg)
+                from prefixstudy.executors import resolve_executor
+
+                click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
+                           f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s, "
+                           f"executor {resolve_executor(cfg.executor)}; nothing run (--dry-run)")
+                return
+            run_dir = run_study(cfg, progress=not quiet)
+    except StudyFailed as e:
+        click.echo(f"error: {e}; finished points are saved", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt as e:
+        where = getattr(e, "run_dir", "<run dir>")
+        click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}",
+                   err=True)
+        sys.exit(143 if isinstance(e, Terminated) else 130)
+    click.echo(f"results: {run_dir}")
+    if report:
+        from prefixstudy.report import build_report
+
+        click.echo(f"report: {build_report(run_dir)}")
+    failed = _failed_points(run_dir)
+    if failed:
+        click.echo(f"{failed} point(s) failed (see manifest.json); run them again with: "
+                   f"prefixstudy run --resume {run_dir}", err=True)
+        sys.exit(1)
+
+
+def _failed_points(run_dir: Path) -> int:
+    import json
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return sum(p.get("status") != "ok" for p in manifest.get("points", []))
+
+
+@click.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Results root for the merged run.")
+def merge(runs, out):
+    """Join runs of one study made apart (e.g. ON and OFF side by side, one GPU each) into one run."""
+    from prefixstudy.study import merge_runs
+
+    click.echo(f"results: {merge_runs(list(runs), out)}")
+
+

@@ -3,7 +3,8 @@ import math
 import pandas as pd
 import pytest
 
-from prefixstudy.analysis import hit_rate_ok, summarize_point
+from prefixstudy.metrics.requests import hit_rate_ok
+from prefixstudy.metrics.summary import summarize_point
 from prefixstudy.runner import block_floor, expected_cached, group_prefixes
 from prefixstudy.dataset import DatasetRow
 from prefixstudy.results import typed_requests
@@ -79,7 +80,7 @@ def test_expected_cached_is_block_aligned_shared_prefix():
 
 
 def test_growing_waiting_queue_marks_the_point_saturated():
-    from prefixstudy.analysis import summarize
+    from prefixstudy.metrics.summary import summarize
     from prefixstudy.results import typed_iterations
 
     n = 6

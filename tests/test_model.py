@@ -24,7 +24,7 @@ from prefixstudy.model.gpus import find_gpu, get_gpu, load_gpus
 from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS, SUMMARY_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
-MISTRAL = REPO / "experiments/models/mistral-7b-v0.3"
+MISTRAL = REPO / "prefixstudy/configs/models/mistral-7b-v0.3"
 
 
 @pytest.fixture(scope="module")

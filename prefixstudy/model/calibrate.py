@@ -1,0 +1,307 @@
+"""Stage: model.  The roofline against a measured study: fitted efficiencies, per-point errors.
+
+* ``deployment_from_study``: the model, GPU, TP and dtype a study ran on.
+* ``calibrate``: mfu, bw_eff and the per-step overhead fitted to its unsaturated points.
+* ``model_vs_measurement``: measured vs predicted prefill, decode step and E2E per point
+  (the report's "Model vs measurement" section).
+* ``run_calibrate``: all of it for a results folder, with the figure and the text that
+  ``prefixstudy model --calibrate`` prints.
+
+pandas and numpy here; matplotlib only inside ``plot_calibration``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from prefixstudy.config import parse_config
+from prefixstudy.errors import UserError
+from prefixstudy.model.arch import DTYPE_BYTES, arch_from_config, load_config_json
+from prefixstudy.model.gpus import GPU, find_gpu, load_gpus
+from prefixstudy.model.roofline import (PEAK, Deployment, Efficiency, decode_work, predict_request,
+                                        prefill_work)
+from prefixstudy.results import load
+from prefixstudy.metrics.requests import counted
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+@dataclass
+class Fit:
+    """Efficiencies fitted to a study, with how they were found."""
+
+    eff: Efficiency
+    mfu_fitted: bool
+    overhead_fitted: bool
+    decode_points: int  # distinct batch sizes used
+    decode_steps: int  # iteration records used
+    prefill_point: str
+    notes: list[str] = field(default_factory=list)
+
+
+def deployment_from_study(config: dict[str, Any], device_name: str, gpus: dict[str, GPU] | None = None,
+                          eff: Efficiency = PEAK) -> Deployment | None:
+    """The deployment a study ran on, or None when its device is not in the GPU table."""
+    gpu = find_gpu(device_name or "", gpus if gpus is not None else load_gpus())
+    if gpu is None:
+        return None
+    cfg = parse_config(config, "config.yaml")
+    cfg_json = load_config_json(Path(cfg.model))
+    arch = arch_from_config(cfg_json, str(Path(cfg.model) / "config.json"))
+    dtype = cfg.engine.dtype if cfg.engine.dtype != "auto" else str(cfg_json.get("torch_dtype", "bfloat16"))
+    if dtype not in DTYPE_BYTES:
+        raise UserError(f"config.yaml: field 'engine.dtype': unknown dtype {dtype!r}")
+    return Deployment(arch, gpu, cfg.engine.tensor_parallel_size, DTYPE_BYTES[dtype], eff)
+
+
+def _unsaturated(summary: pd.DataFrame) -> list[tuple[str, float]]:
+    sat = summary["saturated"].astype(str).str.lower().isin(["true", "1"])
+    rows = summary[~sat]
+    return sorted({(str(m), float(r)) for m, r in zip(rows["mode"], rows["rate"])})
+
+
+def _decode_steps(iterations: pd.DataFrame, points: list[tuple[str, float]]) -> pd.DataFrame:
+    """Pure decode iterations (no prompt tokens) of the given points, batch = generation_tokens."""
+    cols = ["mode", "rate", "prompt_tokens", "generation_tokens", "step_ms"]
+    it = iterations
+    if it.empty or any(c not in it for c in cols):
+        return pd.DataFrame(columns=cols)
+    keep = [(m, r) in set(points) for m, r in zip(it["mode"].astype(str), it["rate"].astype(float))]
+    it = it[keep]
+    it = it[(it["prompt_tokens"] == 0) & (it["generation_tokens"] > 0)]
+    return it[it["step_ms"].notna() & (it["step_ms"] > 0)]
+
+
+# --------------------------------------------------------------------------- the fit
+
+@dataclass
+class _Decode:
+    """Decode points (x: memory ms at 100 % HBM, y: measured step minus comm, w: weight)."""
+
+    xs: list[float]
+    ys: list[float]
+    ws: list[float]
+
+
+def _decode_points(steps: pd.DataFrame, ok: pd.DataFrame, points: list[tuple[str, float]],
+                   peak: Deployment, ctx: float, notes: list[str]) -> _Decode:
+    xs, ys, ws = [], [], []
+    for b, grp in steps.groupby("generation_tokens"):
+        t = peak.time(decode_work(peak.arch, float(b), ctx, peak.dtype_bytes))
+        if t.compute_ms >= t.memory_ms:
+            continue  # compute-bound at this batch: says nothing about bandwidth
+        xs.append(t.memory_ms)
+        ys.append(float(grp["step_ms"].median()) - t.comm_ms)
+        ws.append(len(grp))
+    if not xs:
+        # No iteration records: per-request decode steps at the lowest rate, as batch 1.
+        low = min(r for _, r in points)
+        dec = ok[(ok["output_tokens"] > 1) & (ok["rate"].astype(float) == low)
+                 & ok["mode"].isin([md for md, r in points if r == low])]
+        if dec.empty:
+            raise UserError("requests.parquet: no request with more than one output token to fit decode")
+        t = peak.time(decode_work(peak.arch, 1.0, ctx, peak.dtype_bytes))
+        step = float((dec["decode_ms"] / (dec["output_tokens"] - 1)).mean())
+        xs, ys, ws = [t.memory_ms], [step - t.comm_ms], [len(dec)]
+        notes.append(f"no pure-decode iteration records: decode fitted to per-request steps at "
+                     f"{low:g} req/s, taken as batch 1")
+    return _Decode(xs, ys, ws)
+
+
+def _fit_decode(d: _Decode, overhead: float, min_spread: float,
+                notes: list[str]) -> tuple[float, float, bool]:
+    """bw_eff, overhead, whether the overhead was fitted (else held at the given one)."""
+    xs, ys, ws = d.xs, d.ys, d.ws
+    if len(xs) >= 2 and (max(xs) - min(xs)) / float(np.mean(xs)) >= min_spread:
+        slope, overhead = np.polyfit(xs, ys, 1, w=np.sqrt(ws))
+        overhead = float(overhead)
+        if overhead < 0:
+            notes.append(f"fitted overhead is negative ({overhead:.3f} ms): noise or a model gap")
+        return 1.0 / float(slope), overhead, True
+    x = float(np.average(xs, weights=ws))
+    y = float(np.average(ys, weights=ws))
+    notes.append(f"decode batch sizes span too little memory traffic to separate overhead "
+                 f"from bandwidth: overhead held at {overhead:g} ms")
+    return x / (y - overhead), overhead, False
+
+
+def _fit_prefill(ok: pd.DataFrame, points: list[tuple[str, float]], peak: Deployment, bw_eff: float,
+                 overhead: float, notes: list[str]) -> tuple[float, bool, str]:
+    """mfu from OFF (or the only mode) at the lowest unsaturated rate; whether fitted; the point."""
+    mode = "off" if any(m == "off" for m, _ in points) else points[0][0]
+    rate = min(r for m, r in points if m == mode)
+    pre = ok[(ok["mode"] == mode) & (ok["rate"].astype(float) == rate)]
+    point = f"{mode} {rate:g} req/s"
+    if pre.empty:
+        notes.append(f"no measured request at {point}: mfu held at 1")
+        return 1.0, False, point
+    cached = float(pre["num_cached_tokens"].mean())
+    new = float(pre["prompt_tokens"].mean()) - cached
+    t = peak.time(prefill_work(peak.arch, new, cached, peak.dtype_bytes))
+    compute_ms = float(pre["prefill_ms"].mean()) - t.comm_ms - overhead
+    if compute_ms > t.memory_ms / bw_eff:
+        return t.compute_ms / compute_ms, True, point
+    notes.append(f"prefill at {point} is memory-bound or faster than "
+                 f"the model: mfu not identifiable, held at 1")
+    return 1.0, False, point
+
+
+def calibrate(summary: pd.DataFrame, requests: pd.DataFrame, iterations: pd.DataFrame,
+              dep: Deployment, min_spread: float = 0.02) -> Fit:
+    """Fit bw_eff and the per-step overhead to decode steps, then mfu to the OFF prefill.
+
+    Decode: for each batch size B among the pure-decode iterations of unsaturated points,
+    the median step time y_B is modelled as ``overhead + x_B / bw_eff + comm_B``, with
+    x_B the memory time at 100 % HBM bandwidth (only memory-bound B, below the roofline
+    ridge).  A weighted least-squares line gives both; when the x_B span less than
+    ``min_spread`` (relative) the two cannot be told apart and the overhead keeps
+    ``dep.eff.overhead_ms``.  Prefill: the mean engine-side prefill_ms of OFF at the
+    lowest unsaturated rate, minus comm and overhead, is compute at ``mfu``.
+    """
+    notes: list[str] = []
+    peak = dep.with_eff(Efficiency(allreduce_latency_us=dep.eff.allreduce_latency_us))
+    points = _unsaturated(summary)
+    if not points:
+        raise UserError("summary.csv: no unsaturated point (column 'saturated' is True everywhere)")
+    ok = counted(requests)
+    if ok.empty:
+        raise UserError("requests.parquet: no measured request without an error")
+    ctx = float(ok["prompt_tokens"].mean() + ok["output_tokens"].mean() / 2)
+    d = _decode_points(_decode_steps(iterations, points), ok, points, peak, ctx, notes)
+    bw_eff, overhead, overhead_fitted = _fit_decode(d, dep.eff.overhead_ms, min_spread, notes)
+    mfu, mfu_fitted, point = _fit_prefill(ok, points, peak, bw_eff, overhead, notes)
+    eff = Efficiency(mfu, bw_eff, overhead, dep.eff.allreduce_latency_us)
+    return Fit(eff, mfu_fitted, overhead_fitted, len(d.xs), int(sum(d.ws)), point, notes)
+
+
+# --------------------------------------------------------------------------- model vs measurement
+
+def _point_rows(dep: Deployment, mode: str, rate: float, req: pd.DataFrame,
+                its: pd.DataFrame) -> list[dict]:
+    """Measured vs predicted prefill, decode step and E2E of one point."""
+    batch = float(its["generation_tokens"].mean()) if len(its) else 1.0
+    prompt, out = float(req["prompt_tokens"].mean()), float(req["output_tokens"].mean())
+    p = predict_request(dep, prompt, float(req["num_cached_tokens"].mean()), out, batch)
+    dec = req[req["output_tokens"] > 1]
+    measured = {
+        "prefill_ms": float(req["prefill_ms"].mean()),
+        "decode_step_ms": float((dec["decode_ms"] / (dec["output_tokens"] - 1)).mean())
+        if len(dec) else math.nan,
+        "e2e_ms": float(req["e2e_ms"].mean()),
+    }
+    predicted = {"prefill_ms": p.prefill.total_ms, "decode_step_ms": p.decode_step.total_ms,
+                 "e2e_ms": p.e2e_ms}
+    return [dict(mode=mode, rate=rate, quantity=q, batch=batch, measured_ms=measured[q],
+                 predicted_ms=predicted[q], error_pct=(predicted[q] - measured[q]) / measured[q] * 100)
+            for q in measured]
+
+
+def model_vs_measurement(summary_df: pd.DataFrame, requests_df: pd.DataFrame,
+                         iterations_df: pd.DataFrame, config_dict: dict[str, Any], device_name: str,
+                         eff: Efficiency | None = None,
+                         gpus: dict[str, GPU] | None = None) -> pd.DataFrame | None:
+    """Measured vs predicted prefill, decode step and E2E per unsaturated point.
+
+    None when ``device_name`` is not in the GPU table (e.g. "cpu").  Efficiencies are
+    fitted to the same data (``calibrate``) unless ``eff`` is given; the fit is in
+    ``df.attrs["fit"]``.  Long format: mode, rate, quantity, batch, measured_ms,
+    predicted_ms, error_pct (predicted vs measured).  The model's config.json is read
+    from the study config's ``model`` folder (relative to the working directory).
+    """
+    dep = deployment_from_study(config_dict, device_name, gpus)
+    if dep is None:
+        return None
+    if eff is None:
+        fit = calibrate(summary_df, requests_df, iterations_df, dep)
+        eff = fit.eff
+        fit_attrs = {**asdict(fit), "eff": asdict(fit.eff)}
+    else:
+        fit_attrs = {"eff": asdict(eff), "notes": ["efficiencies given, not fitted"]}
+    dep = dep.with_eff(eff)
+    points = _unsaturated(summary_df)
+    ok = counted(requests_df)
+    steps = _decode_steps(iterations_df, points)
+    rows = []
+    for mode, rate in points:
+        req = ok[(ok["mode"] == mode) & (ok["rate"].astype(float) == rate)]
+        if not req.empty:
+            its = steps[(steps["mode"] == mode) & (steps["rate"].astype(float) == rate)]
+            rows += _point_rows(dep, mode, rate, req, its)
+    df = pd.DataFrame(rows, columns=["mode", "rate", "quantity", "batch", "measured_ms",
+                                     "predicted_ms", "error_pct"])
+    df.attrs["fit"] = fit_attrs
+    df.attrs["deployment"] = f"{dep.arch.name} on {dep.tp} x {dep.gpu.name}"
+    return df
+
+
+# --------------------------------------------------------------------------- figure and text
+
+def plot_calibration(df: pd.DataFrame) -> "Figure":
+    """One panel per quantity: measured (markers) and predicted (lines) vs rate, ON and OFF."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    quantities = ["prefill_ms", "decode_step_ms", "e2e_ms"]
+    fig = Figure(figsize=(12, 3.6), layout="constrained")
+    axes = fig.subplots(1, len(quantities))
+    colors = {"on": "tab:blue", "off": "tab:orange"}
+    for ax, q in zip(axes, quantities):
+        for mode, grp in df[df["quantity"] == q].groupby("mode"):
+            grp = grp.sort_values("rate")
+            c = colors.get(str(mode), "tab:gray")
+            ax.plot(grp["rate"], grp["measured_ms"], "o", color=c, label=f"{mode} measured")
+            ax.plot(grp["rate"], grp["predicted_ms"], "-", color=c, label=f"{mode} model")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("offered rate (req/s)")
+        ax.set_ylabel(q.replace("_ms", " (ms)"))
+        ax.set_title(q.replace("_ms", ""))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"model vs measurement: {df.attrs.get('deployment', '')}")
+    return fig
+
+
+def render_calibration(fit: Fit, df: pd.DataFrame) -> str:
+    """The fitted efficiencies, their notes, and the per-point table."""
+    e = fit.eff
+    L = [f"model vs measurement: {df.attrs.get('deployment', '')}",
+         f"fitted: mfu {e.mfu:.4f}{'' if fit.mfu_fitted else ' (not fitted)'} from prefill at "
+         f"{fit.prefill_point}; bw_eff {e.bw_eff:.4f}, overhead {e.overhead_ms:.4f} ms/step"
+         f"{'' if fit.overhead_fitted else ' (held)'} from {fit.decode_steps} decode steps at "
+         f"{fit.decode_points} batch size(s); all-reduce latency {e.allreduce_latency_us:g} us (given)"]
+    L += [f"note: {n}" for n in fit.notes]
+    L.append(f"{'mode':<5} {'rate':>7} {'quantity':<15} {'batch':>6} {'measured':>10} {'model':>10} {'error':>8}")
+    for r in df.itertuples():
+        L.append(f"{r.mode:<5} {r.rate:>7g} {r.quantity:<15} {r.batch:>6.2f} {r.measured_ms:>10.3f} "
+                 f"{r.predicted_ms:>10.3f} {r.error_pct:>7.1f}%")
+    return "\n".join(L)
+
+
+def run_calibrate(results_dir: Path, gpus: dict[str, GPU], eff: Efficiency) -> str:
+    """Fit a results folder, write plots/model_calibration.png, return the text to print.
+
+    ``eff`` gives the overhead held when it cannot be fitted and the all-reduce latency.
+    """
+    res = load(results_dir)
+    device = str(res.manifest.get("device", ""))
+    dep = deployment_from_study(res.config, device, gpus, eff)
+    if dep is None:
+        raise UserError(f"{res.path / 'manifest.json'}: device {device!r} is not in the GPU table "
+                        f"(add it with --gpus-file)")
+    fit = calibrate(res.summary, res.requests, res.iterations, dep)
+    df = model_vs_measurement(res.summary, res.requests, res.iterations, res.config, device,
+                              eff=fit.eff, gpus=gpus)
+    out = res.path / "plots" / "model_calibration.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig = plot_calibration(df)
+    fig.savefig(out, dpi=120)
+    return render_calibration(fit, df) + f"\nfigure: {out}"

@@ -6,7 +6,7 @@ median.  Target: < 15 s on 2 cores.
 
     python benchmarks/report_speed.py [--rates 20] [--requests 1000] [--runs 3]
 
-``write_synthetic_study`` is also used by tests/test_report.py.
+``write_synthetic_study`` is also used by tests/unit/report/test_report.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from prefixstudy.analysis import summarize
+from prefixstudy.metrics.summary import summarize
 from prefixstudy.results import (CONFIG, ITERATIONS, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv,
                                  atomic_write_parquet, atomic_write_text, typed_iterations,
                                  typed_requests, write_json)
@@ -104,7 +104,7 @@ def write_synthetic_study(root: Path, rates=(1.0, 2.0, 4.0, 8.0), n_requests: in
     atomic_write_parquet(run / ITERATIONS, it)
     atomic_write_csv(run / SUMMARY, summ)
     atomic_write_text(run / CONFIG, (
-        f"study: {study}\nmodel: experiments/models/tiny-llama\ndevice: {device}\n"
+        f"study: {study}\nmodel: tiny-llama\ndevice: {device}\n"
         f"engine:\n  tensor_parallel_size: {tp}\n"
         f"dataset:\n  prefix_len: {PROMPT - SUFFIX}\n  suffix_len: {SUFFIX}\n  output_len: {OUTPUT}\n  groups: 1\n"
         f"arrivals:\n  process: constant\n  burstiness: 1.0\n"

@@ -17,7 +17,7 @@ _SLO_HELP = "Service-level objectives in ms, e.g. ttft=200,e2e=2000 (keys: ttft,
 
 
 def _slo(text: str | None) -> dict[str, float]:
-    from prefixstudy.stats import parse_slo
+    from prefixstudy.metrics.requests import parse_slo
 
     return parse_slo(text)
 
@@ -73,14 +73,11 @@ def compare(results_dirs, out_dir, slo, threshold_ms, seed):
 def export_bench(results_dir, out_dir, slo):
     """Write every point as a `vllm bench serve` result JSON."""
     from prefixstudy.report.bench_json import export_bench as _export
-    from prefixstudy.report import analyze
     from prefixstudy.results import load
 
     parsed = _slo(slo)
     study = load(results_dir)
     if study.requests.empty:
         raise UserError(f"{study.path}: no requests recorded yet; nothing to export")
-    points = analyze(study, parsed, n_boot=0).points
-    points = points[points["status"] != "failed"]
-    paths = _export(study, out_dir, points, parsed)
+    paths = _export(study, out_dir, slo=parsed)  # summary.csv's finished points
     click.echo(f"wrote {len(paths)} files to {paths[0].parent if paths else out_dir}")

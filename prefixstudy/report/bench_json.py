@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from prefixstudy import stats
+from prefixstudy.metrics.requests import counted, measured, meets_slo
 from prefixstudy.errors import UserError, read_text
+from prefixstudy.report.data import summary_points
 from prefixstudy.results import StudyResults, write_json
 
 BENCH_PERCENTILES = (50, 90, 99)
@@ -51,12 +52,11 @@ def point_result(requests: pd.DataFrame, iterations: pd.DataFrame, *, mode: str,
     ``requests``/``iterations``: this point's rows only.  ``duration_s``: the point's
     duration (summary.csv's, so throughputs agree with it).
     """
-    m = stats.measured(requests)
-    ok = stats.counted(requests)
+    m = measured(requests)
+    ok = counted(requests)
     dur = float(duration_s) if duration_s and duration_s > 0 else float("nan")
     total_in = int(ok["prompt_tokens"].sum())
     total_out = int(ok["output_tokens"].sum())
-    cfg_ds = config.get("dataset", {}) or {}
     cfg_arr = config.get("arrivals", {}) or {}
     model = str(config.get("model", ""))
     study = str(config.get("study", "prefixstudy"))
@@ -82,9 +82,17 @@ def point_result(requests: pd.DataFrame, iterations: pd.DataFrame, *, mode: str,
         "total_token_throughput": _f((total_in + total_out) / dur),
     }
     if slo:
-        good = int(stats.meets_slo(requests, slo).sum())
+        good = int(meets_slo(requests, slo).sum())
         res["request_goodput"] = _f(good / dur)
     res.update(_peaks(ok, iterations))
+    res.update(_latency_fields(ok))
+    res.update(_extras(config, manifest, mode, saturated))
+    return res
+
+
+def _latency_fields(ok: pd.DataFrame) -> dict[str, Any]:
+    """vLLM's latency fields over counted requests: mean/median/std/percentiles of ttft, tpot, e2el."""
+    res: dict[str, Any] = {}
     for name, col in _VLLM_METRICS.items():
         v = ok[col].to_numpy(float)
         if name == "tpot":  # vLLM only counts tpot for requests with > 1 output token
@@ -97,7 +105,13 @@ def point_result(requests: pd.DataFrame, iterations: pd.DataFrame, *, mode: str,
             res[f"p{p}_{name}_ms"] = _f(np.percentile(v, p)) if v.size else 0.0
         if name == "tpot":
             res["mean_itl_ms"] = _mean_itl(ok)
-    res.update({
+    return res
+
+
+def _extras(config: dict, manifest: dict, mode: str, saturated: bool | None) -> dict[str, Any]:
+    """Our keys beyond vLLM's (it writes --metadata ones the same way)."""
+    cfg_ds = config.get("dataset", {}) or {}
+    return {
         "prefix_caching": mode == "on",
         "prefixstudy_mode": mode,
         "saturated": None if saturated is None else bool(saturated),
@@ -108,8 +122,7 @@ def point_result(requests: pd.DataFrame, iterations: pd.DataFrame, *, mode: str,
         "device": manifest.get("device"),
         "vllm_version": manifest.get("vllm_version"),
         "prefixstudy_version": manifest.get("prefixstudy_version"),
-    })
-    return res
+    }
 
 
 def _mean_itl(ok: pd.DataFrame) -> float:
@@ -150,12 +163,12 @@ def export_bench(study: StudyResults, out_dir: Path | None = None, points: pd.Da
                  slo: dict[str, float] | None = None) -> list[Path]:
     """Write one vllm-bench-serve JSON per finished point into ``out_dir`` (default RESULTS/bench).
 
-    ``points``: mode, rate, duration_s, saturated (the report's merged table); by
-    default summary.csv, else durations from the requests.
+    ``points``: mode, rate, duration_s, saturated; by default summary.csv's finished points.
     """
     out_dir = Path(out_dir) if out_dir else study.path / "bench"
     if points is None:
-        points = _default_points(study)
+        points = summary_points(study)
+        points = points[points["status"] != "failed"]
     if points.empty:
         raise UserError(f"{study.path}: no finished points to export")
     paths = []
@@ -171,16 +184,6 @@ def export_bench(study: StudyResults, out_dir: Path | None = None, points: pd.Da
         write_json(path, res)
         paths.append(path)
     return paths
-
-
-def _default_points(study: StudyResults) -> pd.DataFrame:
-    own = stats.point_stats(study.requests)[["mode", "rate", "duration_s"]]
-    s = study.summary
-    if len(s) and "duration_s" in s:
-        s = s[["mode", "rate", "duration_s"] + (["saturated"] if "saturated" in s else [])]
-        own = own.merge(s, on=["mode", "rate"], how="left", suffixes=("_own", ""))
-        own["duration_s"] = own["duration_s"].fillna(own.pop("duration_s_own"))
-    return own
 
 
 # ----------------------------------------------------------------- import

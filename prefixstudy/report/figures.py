@@ -6,7 +6,7 @@ caching ON is tab:blue, OFF is tab:orange, and a saturated point is drawn as a
 large ``X`` (``SAT_MARKER``) instead of a dot (bars: red edge, hatched, and an X).
 
 ``points`` arguments are per-point tables with columns mode, rate, saturated and
-the metric columns named by each function (the report's merged summary).
+the metric columns named by each function (summary.csv's rows, ReportData.points).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from prefixstudy.report.render import SavedFigure  # noqa: E402
+
 MODE_COLORS = {"on": "tab:blue", "off": "tab:orange"}
 MODE_LABELS = {"on": "caching ON", "off": "caching OFF"}
 MODES = ("on", "off")
@@ -41,6 +43,11 @@ COMPONENTS = (  # (column, label, alpha, hatch) for the stacked latency bars
     ("mean_prefill_ms", "prefill", 1.0, ""),
     ("mean_decode_ms", "decode", 0.65, "//"),
 )
+
+
+def save_all(specs, plots_dir: Path, formats: Sequence[str] = ("png", "svg")) -> list[SavedFigure]:
+    """Draw and save every (stem, make, caption) of ``specs`` under ``plots_dir``."""
+    return [SavedFigure(stem, caption, save(make(), plots_dir / stem, formats)) for stem, make, caption in specs]
 
 
 def new_figure(width: float = 8.0, height: float = 5.0) -> Figure:
@@ -80,7 +87,7 @@ def _sat(df: pd.DataFrame) -> np.ndarray:
     return df["saturated"].fillna(False).astype(bool).to_numpy()
 
 
-def _mode_line(ax, points: pd.DataFrame, mode: str, col: str, *, ls="-", label=None,
+def mode_line(ax, points: pd.DataFrame, mode: str, col: str, *, ls="-", label=None,
                color=None, dot=DOT) -> None:
     p = points[points["mode"] == mode].sort_values("rate")
     if p.empty or col not in p:
@@ -94,19 +101,19 @@ def _mode_line(ax, points: pd.DataFrame, mode: str, col: str, *, ls="-", label=N
             markeredgecolor="black", markeredgewidth=0.8)
 
 
-def _sat_handle() -> Line2D:
+def sat_handle() -> Line2D:
     return Line2D([], [], ls="none", marker=SAT_MARKER, color="white", markeredgecolor="black",
                   ms=SAT_SIZE, label="saturated point")
 
 
-def _legend(ax, extra: Sequence = (), **kw) -> None:
+def legend(ax, extra: Sequence = (), **kw) -> None:
     handles, labels = ax.get_legend_handles_labels()
     handles += list(extra)
     labels += [h.get_label() for h in extra]
     ax.legend(handles, labels, fontsize=8, **kw)
 
 
-def _rate_axis(ax, rates=None) -> None:
+def rate_axis(ax, rates=None) -> None:
     """Label the rate axis; a sweep spanning 8x or more gets a log2 axis with plain numbers."""
     ax.set_xlabel("offered request rate (req/s)")
     ax.grid(True, which="both", alpha=0.3)
@@ -123,13 +130,13 @@ def latency_vs_rate(points: pd.DataFrame, metric: str, title: str,
                     peers: pd.DataFrame | None = None, tail: str = "p99") -> Figure:
     """Mean (solid) and tail percentile (dashed) of ``metric`` vs offered rate, ON vs OFF.
 
-    ``peers``: label, rate, mean_<metric>_ms, <tail>_<metric>_ms (see exchange.peer_points).
+    ``peers``: label, rate, mean_<metric>_ms, <tail>_<metric>_ms (see bench_json.peer_points).
     """
     fig = new_figure()
     ax = fig.add_subplot()
     for mode in MODES:
-        _mode_line(ax, points, mode, f"mean_{metric}_ms", label=f"{MODE_LABELS[mode]} mean")
-        _mode_line(ax, points, mode, f"{tail}_{metric}_ms", ls="--", label=f"{MODE_LABELS[mode]} {tail}")
+        mode_line(ax, points, mode, f"mean_{metric}_ms", label=f"{MODE_LABELS[mode]} mean")
+        mode_line(ax, points, mode, f"{tail}_{metric}_ms", ls="--", label=f"{MODE_LABELS[mode]} {tail}")
     if peers is not None and len(peers):
         for i, (label, g) in enumerate(peers.groupby("label", sort=False)):
             g = g.sort_values("rate")
@@ -138,10 +145,10 @@ def latency_vs_rate(points: pd.DataFrame, metric: str, title: str,
                 if col in g and g[col].notna().any():
                     ax.plot(g["rate"], g[col], ls=ls, marker="s", color=c, ms=5, alpha=0.8,
                             label=f"peer {label} {what}")
-    _rate_axis(ax, points["rate"])
+    rate_axis(ax, points["rate"])
     ax.set_ylabel(f"{metric.upper()} latency (ms)")
     ax.set_title(title)
-    _legend(ax, [_sat_handle()])
+    legend(ax, [sat_handle()])
     return fig
 
 
@@ -182,7 +189,7 @@ def latency_breakdown(points: pd.DataFrame) -> Figure:
                        hatch=hatch, edgecolor="red" if sat else "black", linewidth=1.6 if sat else 0.4)
                 bottom += h
             top = max(top, bottom)
-            share = r.get("prefill_share_req", math.nan)
+            share = r.get("prefill_share", math.nan)
             if pd.notna(share):  # above the X on a saturated bar, so the marker never hides it
                 ax.annotate(f"{share:.0%}", (x, bottom), xytext=(0, 9 if sat else 2), textcoords="offset points",
                             ha="center", va="bottom", rotation=90, fontsize=7)
@@ -208,7 +215,7 @@ def latency_breakdown(points: pd.DataFrame) -> Figure:
 def max_rate_vs_threshold(curves: Mapping[str, pd.DataFrame], knees: Mapping[str, float]) -> Figure:
     """The seed's graph: highest rate meeting a latency threshold, vs the threshold.
 
-    ``curves``: title -> DataFrame(threshold_ms, mode, max_rate) (stats.max_rate_curve).
+    ``curves``: title -> DataFrame(threshold_ms, mode, max_rate) (metrics.summary.max_rate_curve).
     ``knees``: mode -> knee rate; drawn as a dotted line ending in an X, because a
     curve that flattens there is limited by saturation, not by latency.
     """
@@ -231,7 +238,7 @@ def max_rate_vs_threshold(curves: Mapping[str, pd.DataFrame], knees: Mapping[str
         ax.set_ylabel("highest offered rate meeting it (req/s)")
         ax.set_title(f"Max sustainable rate at {title} <= threshold")
         ax.grid(True, which="both", alpha=0.3)
-        _legend(ax, [Line2D([], [], ls=":", marker=SAT_MARKER, color="black",
+        legend(ax, [Line2D([], [], ls=":", marker=SAT_MARKER, color="black",
                             label="knee rate (last unsaturated)")], loc="upper left")
     return fig
 
@@ -241,7 +248,7 @@ def max_rate_vs_threshold(curves: Mapping[str, pd.DataFrame], knees: Mapping[str
 def caching_gain(gains: pd.DataFrame, saturated_rates: Sequence[float] = ()) -> Figure:
     """(OFF - ON) / OFF of mean E2E and mean TTFT vs rate, with bootstrap CI bands.
 
-    ``gains``: rate, metric, gain, ci_lo, ci_hi (stats.caching_gain, concatenated).
+    ``gains``: rate, metric, gain, ci_lo, ci_hi (metrics.compare.caching_gain, concatenated).
     Rates where either mode saturated get an X.
     """
     fig = new_figure()
@@ -259,10 +266,10 @@ def caching_gain(gains: pd.DataFrame, saturated_rates: Sequence[float] = ()) -> 
         m = np.isin(x, list(sat))
         ax.plot(x[m], y[m], ls="none", marker=SAT_MARKER, color=c, ms=SAT_SIZE, markeredgecolor="black")
     ax.axhline(0, color="black", lw=0.8)
-    _rate_axis(ax, gains["rate"])
+    rate_axis(ax, gains["rate"])
     ax.set_ylabel("caching gain (OFF - ON) / OFF (%)")
     ax.set_title("What prefix caching buys, by load")
-    _legend(ax, [Line2D([], [], ls="none", marker=SAT_MARKER, color="white", markeredgecolor="black",
+    legend(ax, [Line2D([], [], ls="none", marker=SAT_MARKER, color="white", markeredgecolor="black",
                         ms=SAT_SIZE, label="ON or OFF saturated")])
     return fig
 
@@ -379,78 +386,12 @@ def prefill_share(points: pd.DataFrame) -> Figure:
     fig = new_figure()
     ax = fig.add_subplot()
     for mode in MODES:
-        _mode_line(ax, points, mode, "prefill_share_req", label=f"{MODE_LABELS[mode]}: request level")
-        _mode_line(ax, points, mode, "prefill_share_engine", ls="--",
+        mode_line(ax, points, mode, "prefill_share", label=f"{MODE_LABELS[mode]}: request level")
+        mode_line(ax, points, mode, "prefill_share_engine", ls="--",
                    label=f"{MODE_LABELS[mode]}: engine level (fit)")
-    _rate_axis(ax, points["rate"])
+    rate_axis(ax, points["rate"])
     ax.set_ylabel("prefill share (fraction)")
     ax.set_ylim(bottom=0)
     ax.set_title("Prefill share: mean prefill / mean E2E, and b * prompt tokens / busy time")
-    _legend(ax, [_sat_handle()])
-    return fig
-
-
-# ----------------------------------------------------------------- compare
-
-def compare_latency(points_by_study: Mapping[str, pd.DataFrame], metric: str, tail: str = "p90") -> Figure:
-    """Several studies: mean (left) and tail (right) ``metric`` vs rate.
-
-    Colour = mode, line style and marker = study.
-    """
-    fig = new_figure(12.0, 5.0)
-    axes = fig.subplots(1, 2)
-    for ax, stat in zip(axes, ("mean", tail)):
-        col = f"{stat}_{metric}_ms"
-        for i, (label, p) in enumerate(points_by_study.items()):
-            ls, mk = STUDY_STYLES[i % len(STUDY_STYLES)]
-            for mode in MODES:
-                _mode_line(ax, p, mode, col, ls=ls, dot=mk, label=f"{label} {MODE_LABELS[mode]}")
-        _rate_axis(ax, pd.concat([p["rate"] for p in points_by_study.values()]))
-        ax.set_ylabel(f"{stat} {metric.upper()} latency (ms)")
-        ax.set_title(f"{stat} {metric.upper()} vs offered rate")
-        _legend(ax, [_sat_handle()])
-    return fig
-
-
-def compare_gain(gains_by_study: Mapping[str, pd.DataFrame]) -> Figure:
-    """Several studies: caching gain of mean E2E (left) and mean TTFT (right) with CI bands."""
-    fig = new_figure(12.0, 5.0)
-    axes = fig.subplots(1, 2)
-    for ax, metric in zip(axes, ("e2e_ms", "ttft_ms")):
-        for i, (label, g) in enumerate(gains_by_study.items()):
-            ls, mk = STUDY_STYLES[i % len(STUDY_STYLES)]
-            g = g[g["metric"] == metric].sort_values("rate")
-            c = PEER_COLORS[i % len(PEER_COLORS)] if i else GAIN_COLORS[metric]
-            ax.fill_between(g["rate"], 100 * g["ci_lo"], 100 * g["ci_hi"], color=c, alpha=0.15)
-            ax.plot(g["rate"], 100 * g["gain"], ls=ls, marker=mk, color=c, label=label)
-            if "saturated" in g:
-                s = g[g["saturated"].astype(bool)]
-                ax.plot(s["rate"], 100 * s["gain"], ls="none", marker=SAT_MARKER, color=c,
-                        ms=SAT_SIZE, markeredgecolor="black")
-        ax.axhline(0, color="black", lw=0.8)
-        _rate_axis(ax, pd.concat([g["rate"] for g in gains_by_study.values()]))
-        name = metric.removesuffix("_ms").upper()
-        ax.set_ylabel(f"gain of mean {name}, (OFF - ON) / OFF (%)")
-        ax.set_title(f"Caching gain, {name}")
-        _legend(ax, [_sat_handle()])
-    return fig
-
-
-def compare_max_rate(curves_by_study: Mapping[str, pd.DataFrame], title: str) -> Figure:
-    """Several studies: highest rate meeting a p90 threshold vs the threshold."""
-    fig = new_figure()
-    ax = fig.add_subplot()
-    for i, (label, c) in enumerate(curves_by_study.items()):
-        ls, _ = STUDY_STYLES[i % len(STUDY_STYLES)]
-        for mode in MODES:
-            g = c[c["mode"] == mode].sort_values("threshold_ms")
-            if not g.empty:
-                ax.step(g["threshold_ms"], g["max_rate"].fillna(0.0), where="post", ls=ls,
-                        color=MODE_COLORS[mode], label=f"{label} {MODE_LABELS[mode]}")
-    ax.set_xscale("log")
-    ax.set_xlabel(f"{title} threshold (ms)")
-    ax.set_ylabel("highest offered rate meeting it (req/s)")
-    ax.set_title(f"Max sustainable rate at {title} <= threshold (unsaturated points only)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    legend(ax, [sat_handle()])
     return fig

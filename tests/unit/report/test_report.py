@@ -2,7 +2,7 @@
 
 The study comes from benchmarks/report_speed.py's generator (schema-true frames, a
 single-server queue per mode: OFF saturates before ON), summarized by
-prefixstudy.analysis.summarize as a real run is.  The Chromium test needs Debian's
+prefixstudy.metrics.summary.summarize as a real run is.  The Chromium test needs Debian's
 ``chromium`` (apt-get install -y chromium); it fails, never skips, without it.
 """
 
@@ -22,14 +22,15 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from prefixstudy import stats
+from prefixstudy.metrics.requests import goodput
+from prefixstudy.metrics.summary import knee_rate
 from prefixstudy.report import bench_json as exchange
 from prefixstudy.cli import main as cli_main
 from prefixstudy.report import build_report
 from prefixstudy.results import load
 
-ROOT = Path(__file__).resolve().parents[1]
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+ROOT = Path(__file__).resolve().parents[3]
+ARTIFACTS = ROOT / "tests" / "artifacts"  # git ignores it
 RATES = (1.0, 2.0, 4.0, 8.0, 16.0)
 FAILED = (("off", 32.0, "engine died: CUDA error"),)
 STEMS = ("e2e_vs_rate", "ttft_vs_rate", "latency_breakdown", "max_rate_vs_threshold", "caching_gain",
@@ -105,7 +106,7 @@ def test_headline_agrees_with_summary_csv(run_dir):
         sat = p.loc[p["saturated"], "rate"].tolist()
         if sat:
             assert f"Caching {mode.upper()}: saturated at {', '.join(f'{r:g}' for r in sat)} req/s" in md
-            knee = stats.knee_rate(p, mode)
+            knee = knee_rate(p, mode)
             assert f"knee rate {knee:g} req/s" in md
     assert sum(1 for line in md.splitlines() if "⚠" in line) >= 2  # saturated rows are marked
 
@@ -117,13 +118,13 @@ def test_slo_goodput_and_threshold(tmp_path):
     assert "at p90 E2E ≤ 300.0 ms" in md and "Threshold: the e2e SLO" in md
     assert "goodput (req/s)" in md
     s = load(run)
-    gp = stats.goodput(s.requests, {"ttft": 100.0, "e2e": 300.0}, durations=s.summary)
+    gp = goodput(s.requests, {"ttft": 100.0, "e2e": 300.0}, durations=s.summary)
     row = gp[(gp["mode"] == "on") & (gp["rate"] == 1.0)].iloc[0]
     assert f"| {row['goodput_rps']:.2f} |" in md
 
 
 def test_model_section_for_a_known_gpu(tmp_path, monkeypatch):
-    import prefixstudy.model.roofline as model
+    import prefixstudy.model.calibrate as model
 
     run = write_synthetic_study(tmp_path, (1.0, 2.0), 20, device="NVIDIA H100 80GB HBM3")
     seen = {}

@@ -1,0 +1,201 @@
+"""Stage: report (words and tables).  ReportData in, headline sentences and display tables out."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from prefixstudy.metrics.summary import ACHIEVED_MIN_RATIO, QUEUE_GROWTH_MIN, QUEUE_GROWTH_REL
+from prefixstudy.report.data import KEY, ReportData
+from prefixstudy.report.render import SAT_MARK
+from prefixstudy.results import StudyResults
+from prefixstudy.schema import MODES
+
+ESTIMATOR_TEXT = (
+    "Engine-level prefill share: we fit step_ms = a + b·prompt_tokens + c·generation_tokens "
+    "by ordinary least squares over every busy engine iteration (finite step_ms > 0 and at least "
+    "one token computed), pooled over both modes, because prefix caching changes how many prompt "
+    "tokens are computed, not what computing one costs; pooling also spans a wider range of "
+    "prompt-token counts, which makes b better determined. For each point the share is "
+    "b·Σprompt_tokens / Σstep_ms over that point's busy iterations: the fraction of engine busy "
+    "time spent computing prompt tokens. Caveats: step_ms is the time between two engine "
+    "records, so host overhead lands in a; attention cost grows with context length, which a "
+    "linear model averages over. Per-mode fits are shown for comparison. Request-level prefill "
+    "share is mean(prefill_ms) / mean(e2e_ms) over counted requests."
+)
+SATURATION_TEXT = (
+    f"A point is saturated when its achieved rate is below {ACHIEVED_MIN_RATIO:.0%} of the "
+    f"offered rate, when a measured request was left unfinished, or when the waiting queue keeps "
+    f"growing: over the arrival window (first iteration to last scheduled arrival), mean num_waiting "
+    f"of the last third exceeds that of the first third by at least {QUEUE_GROWTH_MIN:g} requests and "
+    f"by at least {QUEUE_GROWTH_REL:.0%}. The knee rate of a mode is the highest offered rate below "
+    f"its first saturated rate. The saturated flag and its reason are summary.csv's."
+)
+COUNTED_TEXT = "Counted requests: warmup == False and error == \"\". Percentiles: linear interpolation."
+
+
+# ----------------------------------------------------------------- formatting
+
+def fmt(v, spec: str = ".1f") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    try:
+        return format(v, spec)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def rate_text(r: float) -> str:
+    return f"{r:g}" if math.isfinite(r) else "no measured rate"
+
+
+def rates_list(rates) -> str:
+    return ", ".join(f"{r:g}" for r in rates) + " req/s"
+
+
+def pct(v) -> str:
+    return fmt(100 * v, ".0f") + " %" if v is not None and math.isfinite(v) else "–"
+
+
+def mark(rate: float, sat: bool) -> str:
+    return f"{SAT_MARK} {rate:g}" if sat else f"{rate:g}"
+
+
+def fmt_df(df: pd.DataFrame) -> pd.DataFrame:
+    """Every float column as 4 significant digits."""
+    out = df.copy()
+    for c in out.columns:
+        if pd.api.types.is_float_dtype(out[c]):
+            out[c] = out[c].map(lambda v: fmt(v, ".4g"))
+    return out
+
+
+def meta_line(s: StudyResults) -> str:
+    m, c = s.manifest, s.config
+    ds = c.get("dataset") or {}
+    return (f"Run {s.path.name}: device {m.get('device', '?')}, vLLM {m.get('vllm_version', '?')}, "
+            f"torch {m.get('torch_version', '?')}, prefixstudy {m.get('prefixstudy_version', '?')}; "
+            f"model {c.get('model', '?')}, TP={(c.get('engine') or {}).get('tensor_parallel_size', 1)}; "
+            f"dataset prefix {ds.get('prefix_len', '?')} + suffix {ds.get('suffix_len', '?')} tokens, "
+            f"output {ds.get('output_len', '?')} tokens, {ds.get('groups', '?')} prefix group(s); "
+            f"status {m.get('status', '?')}; {m.get('started_at', '?')} – {m.get('ended_at', '?')}.")
+
+
+# ----------------------------------------------------------------- headline
+
+def _saturation_sentence(d: ReportData, mode: str) -> str | None:
+    p = d.done[d.done["mode"] == mode]
+    if p.empty:
+        return None
+    sat = p[p["saturated"]]
+    if sat.empty:
+        return (f"Caching {mode.upper()}: no point saturated (up to {p['rate'].max():g} req/s); "
+                f"knee rate ≥ {p['rate'].max():g} req/s.")
+    knee = d.knees[mode]
+    knee_txt = (f"knee rate {rate_text(knee)} req/s" if math.isfinite(knee)
+                else "no knee: already saturated at the lowest rate")
+    why = "; ".join(f"{r['rate']:g}: {r['saturation_reason']}" for _, r in sat.iterrows() if r["saturation_reason"])
+    return f"Caching {mode.upper()}: saturated at {rates_list(sat['rate'])}{f' ({why})' if why else ''}; {knee_txt}."
+
+
+def headline_paragraphs(d: ReportData) -> list[str]:
+    h = d.headline
+    y, sus = h["threshold_ms"], h["sustains"]
+    out = []
+    if math.isfinite(y):
+        out.append(f"Caching ON sustains {rate_text(sus['on'])} req/s at p90 E2E ≤ {y:.1f} ms; "
+                   f"OFF sustains {rate_text(sus['off'])} req/s. Threshold: {h['threshold_source']}. "
+                   "A rate counts only if it and every lower rate of that mode meet the threshold and are "
+                   "unsaturated.")
+    out += [s for s in (_saturation_sentence(d, m) for m in MODES) if s]
+    failed = d.manifest_points[d.manifest_points["status"].isin(["failed", "interrupted"])]
+    if len(failed):
+        out.append("Points that did not finish: " + "; ".join(
+            f"{r['mode']} @ {r['rate']:g} req/s {r['status']}" + (f" ({r['error']})" if r["error"] else "")
+            for _, r in failed.iterrows()) + ".")
+    return out
+
+
+# ----------------------------------------------------------------- tables
+
+def points_table(d: ReportData) -> pd.DataFrame:
+    p = d.points
+    t = pd.DataFrame({
+        "mode": p["mode"].str.upper(),
+        "rate (req/s)": [mark(r, s) for r, s in zip(p["rate"], p["saturated"])],
+        "status": p["status"],
+        "ok": p["n_ok"].map(lambda v: fmt(v, ".0f")),
+        "achieved (req/s)": p["achieved_rate"].map(lambda v: fmt(v, ".2f")),
+        "mean E2E (ms)": p["mean_e2e_ms"].map(fmt),
+        "p90 E2E (ms)": p["p90_e2e_ms"].map(fmt),
+        "p99 E2E (ms)": p["p99_e2e_ms"].map(fmt),
+        "mean TTFT (ms)": p["mean_ttft_ms"].map(fmt),
+        "p90 TTFT (ms)": p["p90_ttft_ms"].map(fmt),
+        "p99 TTFT (ms)": p["p99_ttft_ms"].map(fmt),
+        "queue / prefill / decode (ms)": [f"{fmt(a)} / {fmt(b)} / {fmt(c)}" for a, b, c in
+                                          zip(p["mean_queue_ms"], p["mean_prefill_ms"], p["mean_decode_ms"])],
+    })
+    if "goodput_rps" in p:
+        t["goodput (req/s)"] = p["goodput_rps"].map(lambda v: fmt(v, ".2f"))
+    t["saturated"] = [("yes" + (f": {r}" if r else "")) if s else "no"
+                      for s, r in zip(p["saturated"], p["saturation_reason"])]
+    return t
+
+
+def prefill_table(d: ReportData) -> pd.DataFrame:
+    p = d.points
+    return pd.DataFrame({
+        "mode": p["mode"].str.upper(),
+        "rate (req/s)": [mark(r, s) for r, s in zip(p["rate"], p["saturated"])],
+        "request level: mean prefill / mean E2E": p["prefill_share"].map(pct),
+        "engine level: b·Σprompt / Σstep": p["prefill_share_engine"].map(pct),
+    })
+
+
+def fit_table(d: ReportData) -> pd.DataFrame:
+    f = d.fit
+    if f.empty:
+        return f
+    return pd.DataFrame({
+        "fit": f["group"].map(lambda g: "pooled (used)" if g == "pooled" else f"{g.upper()} only"),
+        "a (ms/step)": f["a_ms"].map(lambda v: fmt(v, ".3f")),
+        "b (ms/prompt token)": f["b_ms_per_prompt_token"].map(lambda v: fmt(v, ".5f")),
+        "c (ms/generated token)": f["c_ms_per_gen_token"].map(lambda v: fmt(v, ".4f")),
+        "R²": f["r2"].map(lambda v: fmt(v, ".3f")),
+        "iterations": f["n"].astype(str),
+    })
+
+
+def _gain_row(d: ReportData, rate: float, saturated: bool) -> dict:
+    g = d.gains
+    row = {"rate (req/s)": mark(rate, saturated)}
+    for metric, name in (("e2e_ms", "E2E"), ("ttft_ms", "TTFT")):
+        r = g[(g["rate"] == rate) & (g["metric"] == metric)]
+        if len(r):
+            r = r.iloc[0]
+            row[f"{name} gain [95% CI]"] = f"{pct(r['gain'])} [{pct(r['ci_lo'])}, {pct(r['ci_hi'])}]"
+    pr = d.paired[d.paired["rate"] == rate]
+    if len(pr):
+        pr = pr.iloc[0]
+        row["pairs"] = str(int(pr["n_pairs"]))
+        row["paired ΔE2E mean / median (ms)"] = f"{fmt(pr['mean_delta'])} / {fmt(pr['median_delta'])}"
+        row["paired ΔTTFT mean (ms)"] = fmt(pr["mean_delta_ttft"])
+        row["ON faster"] = pct(pr["on_faster_share"])
+    return row
+
+
+def gain_table(d: ReportData) -> pd.DataFrame:
+    sat_rates = set(d.points.loc[d.points["saturated"], "rate"])
+    return pd.DataFrame([_gain_row(d, rate, rate in sat_rates) for rate in sorted(d.gains["rate"].unique())])
+
+
+def all_points_table(d: ReportData) -> pd.DataFrame:
+    mp = d.manifest_points
+    sat = d.points.set_index(KEY)["saturated"]
+    return pd.DataFrame({
+        "point": [f"{m.upper()} @ {r:g} req/s" for m, r in zip(mp["mode"], mp["rate"])],
+        "status": mp["status"],
+        "saturated": ["yes" if sat.get((m, r), False) else "no" for m, r in zip(mp["mode"], mp["rate"])],
+        "error": mp["error"],
+    })

@@ -121,7 +121,7 @@ class RayConfig(BaseModel):
 class StudyConfig(BaseModel):
     model_config = _STRICT
     study: str = Field("default", pattern=r"^[A-Za-z0-9._-]+$")
-    model: str = "experiments/models/tiny-llama"  # a folder with config.json, or a HF id
+    model: str = "tiny-llama"  # a folder with config.json, a shipped model's name, or a HF id
     device: Literal["auto", "cpu", "cuda"] = "auto"
     out: Path = Path("results")
     executor: Literal["auto", "local", "ray"] = "auto"  # auto: ray when it imports, else local
@@ -162,19 +162,20 @@ class StudyConfig(BaseModel):
         return cfg
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
 def resolve_model_path(model: str, base: Path | None = None) -> str:
-    """A relative model folder is looked up from the cwd, the config's folder, then the repo root,
-    and made absolute, so the saved config works from anywhere (vLLM would take it for a hub id)."""
+    """A relative model folder is looked up from the cwd, then the config's folder, then among the
+    shipped models (``tiny-llama``, ``mistral-7b-v0.3``), and made absolute, so the saved config
+    works from anywhere (vLLM would take it for a hub id)."""
+    from prefixstudy.configs import shipped_model_dir
+
     p = Path(model)
     if p.is_absolute():
         return model
-    for root in (Path.cwd(), base, REPO_ROOT):
+    for root in (Path.cwd(), base):
         if root is not None and (root / p).is_dir():
             return str((root / p).resolve())
-    return model
+    shipped = shipped_model_dir(model)
+    return str(shipped.resolve()) if shipped is not None else model
 
 
 def _fmt_error(err: ValidationError, source: str, overrides: dict | None = None) -> str:

@@ -25,5 +25,5 @@ def tiny_study(tmp_path_factory):
     from prefixstudy.config import load_config
     from prefixstudy.study import run_study
 
-    cfg = load_config(REPO / "experiments/default.yaml", {**TINY_OVERRIDES, "out": str(tmp_path_factory.mktemp("res"))})
+    cfg = load_config(REPO / "prefixstudy/configs/default.yaml", {**TINY_OVERRIDES, "out": str(tmp_path_factory.mktemp("res"))})
     return run_study(cfg, progress=False)

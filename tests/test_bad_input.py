@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "experiments/models/tiny-llama"
+TINY = REPO / "prefixstudy/configs/models/tiny-llama"
 GOOD_ROW = {"request_id": "a", "prompt_token_ids": [1, 2, 3], "output_len": 4}
 
 

@@ -32,12 +32,23 @@ def instructions() -> list[tuple[str, str]]:
     return out
 
 
+CONSTRAINTS = REPO / "docker/constraints.txt"
+
+
+def constraints() -> dict[str, str]:
+    """docker/constraints.txt as {name: version}; every line is an exact pin."""
+    out = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            m = re.fullmatch(r"([A-Za-z0-9_.-]+)==([\w.+]+)", line)
+            assert m, f"{CONSTRAINTS.name}: not an exact pin: {line!r}"
+            out[m.group(1).lower()] = m.group(2)
+    return out
+
+
 def pinned_vllm() -> str:
-    gpu = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
-    pins = [re.fullmatch(r"vllm==([\w.]+)", d.replace(" ", "")) for d in gpu]
-    pins = [m.group(1) for m in pins if m]
-    assert len(pins) == 1, f"the gpu extra should pin vllm exactly once: {gpu}"
-    return pins[0]
+    return constraints()["vllm"]
 
 
 def hadolint() -> str | None:
@@ -71,20 +82,38 @@ def test_entrypoint_is_prefixstudy_exec_form():
     assert [i for i, _ in ins][-2:] == ["ENTRYPOINT", "CMD"]
 
 
-def test_installs_the_gpu_extra_and_carries_the_experiments():
+def test_installs_the_gpu_extra_under_the_constraints():
     ins = instructions()
     runs = " ".join(a for i, a in ins if i == "RUN")
-    assert re.search(r"pip install --no-cache-dir \"\.\[gpu\]\"", runs)
-    copied = [a.split()[:-1] for i, a in ins if i == "COPY"]
-    sources = {s.rstrip("/") for srcs in copied for s in srcs}
-    assert {"pyproject.toml", "prefixstudy", "experiments"} <= sources
-    # The README's `docker run ... run experiments/h200-tp1.yaml` resolves inside the image's WORKDIR.
+    assert re.search(r"pip install --no-cache-dir -c docker/constraints\.txt \"\.\[gpu\]\"", runs)
+    copied = [a.split() for i, a in ins if i == "COPY"]
+    assert ["docker/constraints.txt", "docker/"] in copied  # the file the install reads is in the image
+    sources = {s.rstrip("/") for srcs in copied for s in srcs[:-1]}
+    assert {"pyproject.toml", "README.md", "LICENSE", "prefixstudy"} <= sources
     assert [a for i, a in ins if i == "WORKDIR"] == ["/opt/prefixstudy"]
-    for cfg in ("h200-tp1.yaml", "seed-a100x8-tp8.yaml"):
-        assert (REPO / "experiments" / cfg).is_file()
+
+
+def test_constraints_pin_what_the_studies_ran_on():
+    pins = constraints()
+    assert pins["vllm"] == "0.26.0" and pins["ray"] == "2.60.0"
+    # Each pin falls inside the range pyproject.toml's gpu extra declares.
+    gpu = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    from packaging.requirements import Requirement
+
+    for dep in map(Requirement, gpu):
+        assert dep.name in pins, f"{dep.name} is not pinned in {CONSTRAINTS.name}"
+        assert dep.specifier.contains(pins[dep.name]), f"{dep.name}=={pins[dep.name]} is outside {dep}"
+
+
+def test_shipped_configs_the_readme_runs_in_the_image_are_package_data():
+    # `docker run ... prefixstudy run h200-tp1` finds the config inside the installed package.
+    from prefixstudy.configs import shipped_config
+
+    for name in ("h200-tp1", "seed-a100x8-tp8"):
+        assert shipped_config(name) is not None
 
 
 def test_dockerignore_keeps_what_the_copies_need():
     lines = [x.strip() for x in (REPO / ".dockerignore").read_text().splitlines() if x.strip() and x[0] != "#"]
     assert lines[0] == "**"  # everything out (a local .venv, results, .git), then the few things in
-    assert {"!pyproject.toml", "!README.md", "!prefixstudy/", "!experiments/"} <= set(lines)
+    assert {"!pyproject.toml", "!README.md", "!LICENSE", "!prefixstudy/", "!docker/constraints.txt"} <= set(lines)

@@ -27,7 +27,7 @@ BASE = ["--set", "engine.gpu_memory_utilization=0.1", "--set", "sweep.warmup_req
 
 
 def start(args, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "prefixstudy", "run", "experiments/default.yaml",
+    return subprocess.Popen([sys.executable, "-m", "prefixstudy", "run", "default",
                              "--out", str(out), *BASE, *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 

@@ -117,22 +117,22 @@ def test_actor_env(monkeypatch):
 
 
 def test_auto_executor_is_ray_when_ray_imports():
-    cfg = load_config(REPO / "experiments/default.yaml")
+    cfg = load_config(REPO / "prefixstudy/configs/default.yaml")
     assert cfg.executor == "auto"
     assert resolve_executor("auto") == "ray" and resolve_executor("local") == "local"
     assert pick_executor(cfg).name == "ray"
 
 
 def test_seed_config_dry_run():
-    r = CliRunner().invoke(main, ["run", str(REPO / "experiments/seed-a100x8-tp8.yaml"), "--dry-run"])
+    r = CliRunner().invoke(main, ["run", str(REPO / "prefixstudy/configs/seed-a100x8-tp8.yaml"), "--dry-run"])
     assert r.exit_code == 0, r.output
     assert r.output == ("ok: study seed-a100x8-tp8, 960 dataset rows, modes on,off, "
                         "rates 0.5,1,2,4,8,16,32 req/s, executor ray; nothing run (--dry-run)\n")
-    cfg = load_config(REPO / "experiments/seed-a100x8-tp8.yaml")
+    cfg = load_config(REPO / "prefixstudy/configs/seed-a100x8-tp8.yaml")
     e = cfg.engine
     assert (e.tensor_parallel_size, e.dtype, e.max_num_batched_tokens, e.max_num_seqs, e.gpu_memory_utilization) \
         == (8, "bfloat16", 8192, 256, 0.9)
-    assert cfg.model.endswith("experiments/models/mistral-7b-v0.3") and cfg.executor == "ray"
+    assert cfg.model.endswith("prefixstudy/configs/models/mistral-7b-v0.3") and cfg.executor == "ray"
     assert (cfg.sweep.num_requests, cfg.sweep.min_duration_s, cfg.sweep.requests_for(32)) == (40, 30, 960)
 
 
@@ -140,10 +140,10 @@ def test_seed_config_dry_run():
                                                 ("seed-h200x8-tp4-parallel", 4, "on")])
 def test_h200x8_configs(name, tp, parallel):
     """Issue 8's runs, ready for an 8 x H200 machine: the seed workload at 0.5 to 64 req/s."""
-    r = CliRunner().invoke(main, ["run", str(REPO / f"experiments/{name}.yaml"), "--dry-run"])
+    r = CliRunner().invoke(main, ["run", str(REPO / f"prefixstudy/configs/{name}.yaml"), "--dry-run"])
     assert r.output == (f"ok: study {name}, 1920 dataset rows, modes on,off, "
                         "rates 0.5,1,2,4,8,16,32,64 req/s, executor ray; nothing run (--dry-run)\n")
-    cfg = load_config(REPO / f"experiments/{name}.yaml")
+    cfg = load_config(REPO / f"prefixstudy/configs/{name}.yaml")
     assert (cfg.engine.tensor_parallel_size, cfg.ray.parallel, cfg.dataset.prefix_len, cfg.dataset.suffix_len,
             cfg.dataset.output_len) == (tp, parallel, 1198, 16, 143)
     nodes = [{"CPU": 128, "GPU": 8}]
@@ -210,7 +210,7 @@ def ray_study(tmp_path_factory):
     killer.start()
     try:
         with pytest.raises(SystemExit) as done:
-            main(["run", str(REPO / "experiments/default.yaml"), "--out", str(out), "--rates", "4,8", *TINY,
+            main(["run", str(REPO / "prefixstudy/configs/default.yaml"), "--out", str(out), "--rates", "4,8", *TINY,
                   "--set", "ray.num_cpus=2", "--ray-address", "local", "--parallel", "auto", "--no-report",
                   "--quiet"])
     finally:
@@ -347,7 +347,7 @@ def test_ray_job_submit_entrypoint(ray_head, tmp_path):
         return subprocess.run([str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", ".",
                                "--", *entrypoint], cwd=work, env=env, capture_output=True, text=True, timeout=120)
 
-    r = submit("prefixstudy", "run", "experiments/seed-a100x8-tp8.yaml", "--dry-run")
+    r = submit("prefixstudy", "run", "seed-a100x8-tp8", "--dry-run")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert ("ok: study seed-a100x8-tp8, 960 dataset rows, modes on,off, rates 0.5,1,2,4,8,16,32 req/s, "
             "executor ray; nothing run (--dry-run)") in r.stdout

@@ -3,7 +3,7 @@
 # each step writes everything it produces under $OUT before it ends.
 #   part NN              copy one bundle part (carried as .gpu/part-NN) to /tmp/b
 #   unpack               join the parts and extract vLLM 0.26.0 + Ray 2.60.0 into /tmp/site
-#   study CONFIG [ARGS]  prefixstudy run CONFIG into /tmp/results, results copied to $OUT
+#   study CONFIG [ARGS]  prefixstudy run CONFIG (a shipped name, e.g. h200-tp1, or a path) into /tmp/results, results copied to $OUT
 #   resume               prefixstudy run --resume the newest run in /tmp/results
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1

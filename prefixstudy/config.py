@@ -2,40 +2,33 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from prefixstudy.engines.echo import EchoEngineConfig
+from prefixstudy.engines.vllm import VllmEngineConfig
 from prefixstudy.errors import UserError, read_text
 
 _STRICT = ConfigDict(extra="forbid")
 
 
-class EngineConfig(BaseModel):
-    """Engine args for vLLM.  Anything not named here goes through ``extra_args``."""
-
-    model_config = _STRICT
-    dtype: str = "bfloat16"
-    load_format: str = "dummy"
-    skip_tokenizer_init: bool = True
-    tensor_parallel_size: int = Field(1, ge=1)
-    max_num_batched_tokens: int = Field(8192, gt=0)
-    max_num_seqs: int = Field(256, gt=0)
-    max_model_len: int = Field(2048, gt=0)
-    block_size: int | None = Field(None, gt=0)
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
-    enforce_eager: bool = False
-    seed: int = 0
-    extra_args: dict[str, Any] = Field(default_factory=dict)
+# One config class per backend, told apart by ``engine.kind`` (default: vllm).  A new backend adds
+# its class here.
+EngineConfig = Annotated[Union[VllmEngineConfig, EchoEngineConfig], Field(discriminator="kind")]
+ENGINE_KINDS = ("vllm", "echo")
 
 
 class DatasetConfig(BaseModel):
-    """A synthetic fixed-prompt dataset, or a file to replay (``path``)."""
+    """What is sent (prefixstudy.workloads): ``kind`` ``fixed`` composes the seed's fixed-prompt
+    shape; ``jsonl`` replays a file (``path``).  Without a kind, a path means jsonl."""
 
     model_config = _STRICT
+    kind: Literal["fixed", "jsonl"] = "fixed"
     path: Path | None = None
     num_requests: int | None = Field(None, gt=0)  # None: as many as the largest point needs
     prefix_len: int = Field(1198, ge=0)
@@ -46,8 +39,19 @@ class DatasetConfig(BaseModel):
     token_low: int = Field(100, ge=0)
     token_high: int | None = Field(None, gt=0)  # exclusive; None: the model's vocab size
 
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_from_path(cls, data):
+        if isinstance(data, dict) and "kind" not in data and data.get("path") is not None:
+            data = {**data, "kind": "jsonl"}
+        return data
+
     @model_validator(mode="after")
     def _nonempty_prompt(self) -> "DatasetConfig":
+        if self.kind == "jsonl" and self.path is None:
+            raise ValueError("kind jsonl needs a path")
+        if self.kind == "fixed" and self.path is not None:
+            raise ValueError("a path is replayed by kind jsonl, not fixed")
         if self.path is None and self.prefix_len + self.suffix_len == 0:
             raise ValueError("prefix_len + suffix_len must be > 0")
         if self.token_high is not None and self.token_low >= self.token_high:
@@ -125,12 +129,20 @@ class StudyConfig(BaseModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     out: Path = Path("results")
     executor: Literal["auto", "local", "ray"] = "auto"  # auto: ray when it imports, else local
-    engine: EngineConfig = Field(default_factory=EngineConfig)
+    engine: EngineConfig = Field(default_factory=VllmEngineConfig)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     arrivals: ArrivalConfig = Field(default_factory=ArrivalConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     checks: CheckConfig = Field(default_factory=CheckConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_engine_kind(cls, data):
+        # Configs written before backends existed have no engine.kind: they meant vLLM.
+        if isinstance(data, dict) and isinstance(data.get("engine"), dict) and "kind" not in data["engine"]:
+            data = {**data, "engine": {**data["engine"], "kind": "vllm"}}
+        return data
 
     @field_validator("study")
     @classmethod
@@ -194,7 +206,10 @@ def resolve_model_path(model: str, base: Path | None = None) -> str:
 
 def _fmt_error(err: ValidationError, source: str, overrides: dict | None = None) -> str:
     e = err.errors()[0]
-    field = ".".join(str(x) for x in e["loc"]) or "(top level)"
+    loc = list(e["loc"])
+    if loc[:1] == ["engine"] and len(loc) > 1 and loc[1] in ENGINE_KINDS:
+        del loc[1]  # pydantic names the union member; the user wrote engine.<field>
+    field = ".".join(str(x) for x in loc) or "(top level)"
     # A bad value that came from the command line is named by its flag, not by the file.
     for k in overrides or ():
         if field == k or field.startswith(f"{k}."):
@@ -248,7 +263,7 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> S
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
     for k, v in (overrides or {}).items():
-        set_dotted(data, k, v)
+        set_dotted(data, k, copy.deepcopy(v))  # a later dotted key must not edit the caller's dict
     cfg = parse_config(data, source, overrides)
     base = path.parent if path else None
     cfg.model = resolve_model_path(cfg.model, base)
@@ -256,6 +271,17 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> S
             and not cfg.dataset.path.exists() and (base / cfg.dataset.path).exists():
         cfg.dataset.path = (base / cfg.dataset.path).resolve()
     return cfg
+
+
+def flat_config(d: dict, prefix: str = "") -> dict:
+    """A config (as data) flattened to dotted keys, to name the first field where two differ."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flat_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def dump_config(cfg: StudyConfig) -> str:

@@ -1,9 +1,10 @@
 """Stage: runner.  Replays the dataset at one rate against one engine, and records every request.
 
-A ``ModeSession`` owns one engine (one mode) and runs points on it: reset the prefix cache,
-prime the group prefixes, send the warm-up requests, then send the measured requests on the
-arrival schedule.  It hands on a ``PointResult``: typed request rows, iteration rows and the
-point's metadata.  Executors (local, Ray) only decide where sessions live.
+A ``ModeSession`` owns one engine (one mode, any backend, through ``engines.Engine`` only) and
+runs points on it: reset the prefix cache, prime the group prefixes, send the warm-up requests,
+then send the measured requests on the arrival schedule.  It hands on a ``PointResult``: typed
+request rows, iteration rows and the point's metadata.  Executors (local, Ray) only decide where
+sessions live.
 """
 
 from __future__ import annotations
@@ -13,55 +14,16 @@ import gc
 import math
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import numpy as np
 import pandas as pd
 
 from prefixstudy import arrivals
 from prefixstudy.config import StudyConfig
-from prefixstudy.dataset import DatasetRow
-from prefixstudy.engine import Engine, IterationSample, RequestTrace
-from prefixstudy.results import typed_iterations, typed_requests
-
-
-@dataclass
-class RequestRecord:
-    """One row of requests.parquet (schema.REQUEST_COLUMNS)."""
-
-    mode: str
-    rate: float
-    request_index: int
-    request_id: str
-    group: int
-    warmup: bool
-    prompt_tokens: int
-    output_tokens: int
-    num_cached_tokens: int
-    expected_cached_tokens: int
-    scheduled_s: float
-    sent_s: float
-    dispatch_lag_ms: float
-    ttft_ms: float
-    tpot_ms: float
-    e2e_ms: float
-    itl_mean_ms: float
-    itl_p50_ms: float
-    itl_p99_ms: float
-    itl_max_ms: float
-    queue_ms: float
-    prefill_ms: float
-    decode_ms: float
-    error: str
-
-
-@dataclass
-class PointResult:
-    mode: str
-    rate: float
-    requests: pd.DataFrame
-    iterations: pd.DataFrame
-    meta: dict = field(default_factory=dict)  # status, error, duration_s, hit_rate_expected, ...
+from prefixstudy.engines import IterationSample, RequestTrace, make_engine
+from prefixstudy.schema import PointResult, RequestRecord, typed_iterations, typed_requests
+from prefixstudy.workloads.base import DatasetRow, expected_cached, group_prefixes
 
 
 def make_record(mode: str, rate: float, index: int, request_id: str, row: DatasetRow, warmup: bool,
@@ -109,47 +71,14 @@ def iteration_frame(mode: str, rate: float, samples: list[IterationSample], t0: 
     return typed_iterations(df)
 
 
-def block_floor(n: int, block: int) -> int:
-    return (n // block) * block
-
-
-def group_prefixes(rows: list[DatasetRow]) -> dict[int, list[int]]:
-    """The tokens every prompt of a group shares (the fixed instruction), per group."""
-    out: dict[int, list[int]] = {}
-    for r in rows:
-        p = out.get(r.group)
-        if p is None:
-            out[r.group] = list(r.prompt_token_ids)
-            continue
-        m = min(len(p), len(r.prompt_token_ids))
-        a, b = np.asarray(p[:m]), np.asarray(r.prompt_token_ids[:m])
-        d = np.nonzero(a != b)[0]
-        del p[int(d[0]) if len(d) else m:]
-    # A group of one request shares nothing with anyone.
-    counts = pd.Series([r.group for r in rows]).value_counts()
-    return {g: (p if counts[g] > 1 else []) for g, p in out.items()}
-
-
-def expected_cached(rows: list[DatasetRow], prefixes: dict[int, list[int]], block: int, warm_groups: set[int]) -> list[int]:
-    """Prompt tokens ON should serve from cache: the block-aligned shared prefix, once a request of
-    its group has been through the engine in this point (primed, warm-up, or an earlier request)."""
-    seen = set(warm_groups)
-    out = []
-    for r in rows:
-        shared = min(len(prefixes.get(r.group, [])), len(r.prompt_token_ids) - 1)
-        out.append(block_floor(shared, block) if r.group in seen else 0)
-        seen.add(r.group)
-    return out
-
-
 class ModeSession:
     """One engine, one mode, many points.  Use as ``async with``."""
 
     def __init__(self, cfg: StudyConfig, mode: str, rows: list[DatasetRow], progress=None,
-                 extra_args: dict | None = None):
+                 ray_workers: bool = False):
         self.cfg, self.mode, self.rows = cfg, mode, rows
-        self.extra_args = extra_args  # engine args the executor adds (Ray: distributed_executor_backend)
-        self.engine = Engine(cfg, mode, extra_args)
+        self.ray_workers = ray_workers  # the engine sits in a Ray placement group (see make_engine)
+        self.engine = make_engine(cfg, mode, ray_workers=ray_workers)
         self.prefixes = group_prefixes(rows)
         # Warm-up suffixes are drawn from the dataset's own token range, so they stay valid ids.
         self.token_range = (min(min(r.prompt_token_ids) for r in rows),
@@ -166,7 +95,7 @@ class ModeSession:
 
     async def restart(self) -> None:
         self.engine.shutdown()
-        self.engine = Engine(self.cfg, self.mode, self.extra_args)
+        self.engine = make_engine(self.cfg, self.mode, ray_workers=self.ray_workers)
         await self.engine.start()
 
     def _rid(self, kind: str, rate: float, i: int) -> str:
@@ -189,9 +118,8 @@ class ModeSession:
         try:
             return await self._run_point(rate)
         except Exception as e:  # the engine died or refused: the point is a failed row, the sweep goes on
-            cause = f"{type(e).__name__}: {e}"
-            meta = {"status": "failed", "error": cause, "traceback": traceback.format_exc(limit=5)}
-            return PointResult(self.mode, rate, typed_requests(pd.DataFrame()), typed_iterations(pd.DataFrame()), meta)
+            return PointResult.failed(self.mode, rate, f"{type(e).__name__}: {e}",
+                                      traceback=traceback.format_exc(limit=5))
 
     async def _run_point(self, rate: float) -> PointResult:
         sw, eng = self.cfg.sweep, self.engine
@@ -202,28 +130,50 @@ class ModeSession:
         started_at = time.time()
         await eng.reset_prefix_cache()
         settle_heap()
+        records, warm_groups, warmup_s = await self._prime_and_warm_up(rate)
 
+        eng.begin_iterations()
+        t0 = time.monotonic()
+        ids = [self._rid("m", rate, i) for i in range(n)]
+        tasks = await self._dispatch(rows, offsets, ids, t0)
+        duration_s = time.monotonic() - t0
+        samples = eng.end_iterations()
+        exp = expected_cached(rows, self.prefixes, eng.block_size, warm_groups) if self.mode == "on" else [0] * n
+        for i in range(n):
+            # Requests the deadline stopped before they were sent are still rows: never dropped.
+            tr = tasks[i].result() if i < len(tasks) else \
+                RequestTrace(float("nan"), error="unfinished: not sent before max_point_duration_s")
+            records.append(make_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), t0, tr, exp[i]))
+        dead = eng.is_dead()
+        meta = {"status": "failed" if dead else "ok", "error": "engine died during the point" if dead else "",
+                "n_sent": n, "started_at": started_at, "duration_s": duration_s, "warmup_s": warmup_s,
+                "block_size": eng.block_size, "engine_startup_s": eng.startup_s}
+        req = typed_requests(pd.DataFrame([asdict(r) for r in records]))
+        return PointResult(self.mode, rate, req, iteration_frame(self.mode, rate, samples, t0), meta)
+
+    async def _prime_and_warm_up(self, rate: float) -> tuple[list[RequestRecord], set[int], float]:
+        """Each group's prefix once (so ON's first measured request can hit), then the warm-ups,
+        recorded apart.  Returns their records, the groups now cached, and the warm-up seconds."""
         warm_groups: set[int] = set()
-        if sw.prime_prefixes:
+        if self.cfg.sweep.prime_prefixes:
             for g, prefix in sorted(self.prefixes.items()):
                 if prefix:
-                    await eng.generate(prefix, 1, self._rid("prime", rate, g), RequestTrace(time.monotonic()))
+                    await self.engine.generate(prefix, 1, self._rid("prime", rate, g), RequestTrace(time.monotonic()))
                     warm_groups.add(g)
         records: list[RequestRecord] = []
         tw = time.monotonic()
-        for i, row in enumerate(self._warmup_rows(sw.warmup_requests)):
+        for i, row in enumerate(self._warmup_rows(self.cfg.sweep.warmup_requests)):
             rid = self._rid("warmup", rate, i)
             tr = await self._one(row, rid, time.monotonic())
             records.append(make_record(self.mode, rate, i, rid, row, True, float("nan"), tw, tr))
             warm_groups.add(row.group)
-        warmup_s = time.monotonic() - tw
+        return records, warm_groups, time.monotonic() - tw
 
-        eng.sink.take()
-        eng.sink.active = True
-        t0 = time.monotonic()
+    async def _dispatch(self, rows: list[DatasetRow], offsets, ids: list[str], t0: float) -> list[asyncio.Task]:
+        """Send each request at its scheduled time; wait for all, up to the point's deadline, then
+        cancel what is still open.  Returns one finished task per request sent."""
+        deadline = t0 + self.cfg.sweep.max_point_duration_s
         tasks: list[asyncio.Task] = []
-        ids = [self._rid("m", rate, i) for i in range(n)]
-        deadline = t0 + sw.max_point_duration_s
         for i, (row, off) in enumerate(zip(rows, offsets)):
             target = t0 + off
             if target > deadline:
@@ -232,37 +182,12 @@ class ModeSession:
             tasks.append(asyncio.create_task(self._one(row, ids[i], time.monotonic())))
             if self.progress:
                 tasks[-1].add_done_callback(lambda _: self.progress(1))
-        sent = len(tasks)
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        duration_s = time.monotonic() - t0
-        eng.sink.active = False
-        block = eng.block_size or 16
-        exp = expected_cached(rows, self.prefixes, block, warm_groups) if self.mode == "on" else [0] * n
-        for i, t in enumerate(tasks):
-            records.append(make_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), t0,
-                                       t.result(), exp[i]))
-        # Requests the deadline stopped before they were sent are still rows: never dropped.
-        for i in range(sent, n):
-            tr = RequestTrace(float("nan"), error="unfinished: not sent before max_point_duration_s")
-            records.append(make_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), t0, tr, exp[i]))
-        dead = eng.is_dead()
-        meta = {
-            "status": "failed" if dead else "ok",
-            "error": "engine died during the point" if dead else "",
-            "n_sent": n,
-            "started_at": started_at,
-            "duration_s": duration_s,
-            "warmup_s": warmup_s,
-            "block_size": block,
-            "engine_startup_s": eng.startup_s,
-        }
-        req = typed_requests(pd.DataFrame([asdict(r) for r in records]))
-        it = iteration_frame(self.mode, rate, eng.sink.take(), t0)
-        return PointResult(self.mode, rate, req, it, meta)
+        return tasks
 
     async def _one(self, row: DatasetRow, rid: str, sent: float) -> RequestTrace:
         tr = RequestTrace(sent)

@@ -1,11 +1,16 @@
-"""The contracts between stages: the columns of every results file.
+"""The contracts between stages: the columns of every results file, and the typed records
+that carry them.
 
-runner writes these, results stores them, analysis/report/model read them.
+runner writes these, results stores them, metrics/report/model read them.
 Times are milliseconds (``_ms``) or seconds (``_s``); ``*_s`` stamps are seconds
 since the start of the point, on the driver's monotonic clock.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
 
 MODES = ("on", "off")  # prefix caching enabled / disabled
 
@@ -67,9 +72,79 @@ def summary_columns() -> list[str]:
     cols += [
         "prefill_share", "hit_rate_measured", "hit_rate_expected", "hit_rate_ok",
         "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "saturated", "error",
+        "saturation_reason",  # why a point is saturated ("" when it is not); added after the first studies
     ]
     return cols
 
 
 # One row per mode x rate.  ``status`` is "ok" | "failed" | "interrupted".
 SUMMARY_COLUMNS = summary_columns()
+
+
+# ----------------------------------------------------------------- typed frames and records
+
+_DEFAULTS = {"str": "", "bool": False, "int64": 0, "float64": float("nan")}
+
+
+def _typed(df: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """Columns in schema order and dtype; a missing column gets its default; empty frames keep every column."""
+    out = pd.DataFrame(index=df.index)
+    for c, t in columns.items():
+        col = df[c] if c in df else pd.Series(_DEFAULTS[t], index=df.index)
+        out[c] = col.fillna("").astype(str) if t == "str" else col.astype(t)
+    return out.reset_index(drop=True)
+
+
+def typed_requests(df: pd.DataFrame | None = None) -> pd.DataFrame:
+    return _typed(pd.DataFrame() if df is None else df, REQUEST_COLUMNS)
+
+
+def typed_iterations(df: pd.DataFrame | None = None) -> pd.DataFrame:
+    return _typed(pd.DataFrame() if df is None else df, ITERATION_COLUMNS)
+
+
+@dataclass
+class RequestRecord:
+    """One row of requests.parquet (REQUEST_COLUMNS)."""
+
+    mode: str
+    rate: float
+    request_index: int
+    request_id: str
+    group: int
+    warmup: bool
+    prompt_tokens: int
+    output_tokens: int
+    num_cached_tokens: int
+    expected_cached_tokens: int
+    scheduled_s: float
+    sent_s: float
+    dispatch_lag_ms: float
+    ttft_ms: float
+    tpot_ms: float
+    e2e_ms: float
+    itl_mean_ms: float
+    itl_p50_ms: float
+    itl_p99_ms: float
+    itl_max_ms: float
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float
+    error: str
+
+
+@dataclass
+class PointResult:
+    """One mode x rate as the runner hands it on: typed request and iteration rows, and the point's
+    metadata (status ok | failed, error, n_sent, started_at, duration_s, warmup_s, block_size, ...).
+    A failed point is a PointResult too, with whatever rows it has."""
+
+    mode: str
+    rate: float
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+
+    @classmethod
+    def failed(cls, mode: str, rate: float, error: str, **meta) -> "PointResult":
+        return cls(mode, rate, typed_requests(), typed_iterations(), {"status": "failed", "error": error, **meta})

@@ -27,13 +27,13 @@ def dataset():
               help="Exclusive upper bound; at most the model's vocab size.")
 def dataset_make(out, num_requests, prefix_len, suffix_len, output_len, groups, seed, token_low, token_high):
     """Compose a fixed-prompt dataset at token level and save it as JSONL."""
-    from prefixstudy import dataset as ds
+    from prefixstudy.workloads.fixed import make_dataset
 
     if prefix_len + suffix_len == 0:
         raise UserError("--prefix-len and --suffix-len are both 0: the prompts would be empty")
     if token_low >= token_high:
         raise UserError(f"--token-low {token_low} must be < --token-high {token_high}")
-    rows = ds.make_dataset(num_requests, prefix_len, suffix_len, output_len, groups, seed, token_low, token_high)
+    rows = make_dataset(num_requests, prefix_len, suffix_len, output_len, groups, seed, token_low, token_high)
     _save_rows(rows, out)
     click.echo(f"wrote {len(rows)} requests to {out}")
 
@@ -48,21 +48,26 @@ def dataset_make(out, num_requests, prefix_len, suffix_len, output_len, groups, 
 @click.option("--tokenizer", type=click.Path(path_type=Path), help="Tokenizer file (default: Mistral v3).")
 def dataset_import(src, out, fmt, output_len, tokenizer):
     """Convert a TensorRT-LLM token dataset, or tokenize text prompts, into prefixstudy JSONL."""
-    from prefixstudy import dataset as ds
+    if fmt == "trtllm":
+        from prefixstudy.workloads.trtllm import import_trtllm
 
-    rows = ds.import_trtllm(src) if fmt == "trtllm" else ds.import_text(src, output_len, tokenizer)
+        rows = import_trtllm(src)
+    else:
+        from prefixstudy.workloads.text import import_text
+
+        rows = import_text(src, output_len, tokenizer)
     _save_rows(rows, out)
     click.echo(f"wrote {len(rows)} requests to {out}")
 
 
 def _save_rows(rows, out: Path) -> None:
     """Write a dataset; a bad OUT path is bad input (one line, exit 2), not a traceback."""
-    from prefixstudy import dataset as ds
+    from prefixstudy.workloads.jsonl import save_jsonl
 
     if out.is_dir():
         raise UserError(f"{out}: is a directory, expected a dataset file name")
     try:
-        ds.save_jsonl(rows, out)
+        save_jsonl(rows, out)
     except OSError as e:
         raise UserError(f"{out}: cannot write the dataset ({e.strerror or e})") from None
 
@@ -71,9 +76,10 @@ def _save_rows(rows, out: Path) -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 def dataset_show(path):
     """Print a dataset's shape: requests, groups, lengths, shared prefix."""
-    from prefixstudy import dataset as ds
+    from prefixstudy.workloads import describe
+    from prefixstudy.workloads.jsonl import load_jsonl
 
-    for k, v in ds.describe(ds.load_jsonl(path)).items():
+    for k, v in describe(load_jsonl(path)).items():
         click.echo(f"{k}: {v}")
 
 

@@ -12,6 +12,7 @@ import yaml
 
 from prefixstudy.errors import UserError
 
+
 def _csv_floats(ctx, param, value):
     if value is None:
         return None
@@ -76,57 +77,28 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
     the shipped default: a tiny model on the CPU."""
     from prefixstudy.config import load_config
 
-    overrides = _parse_sets(sets)
-    if rates is not None:
-        overrides["sweep.rates"] = rates
-    if modes is not None:
-        overrides["sweep.modes"] = [m.strip() for m in modes.split(",")]
-    if num_requests is not None:
-        overrides["sweep.num_requests"] = num_requests
-    if out is not None:
-        overrides["out"] = str(out)
-    if executor is not None:
-        overrides["executor"] = executor
-    if ray_address is not None:
-        overrides["ray.address"] = ray_address
-    if parallel is not None:
-        overrides["ray.parallel"] = parallel
-    if resume is not None and (overrides or rates or modes):
+    overrides = _overrides(sets, rates=rates, modes=modes, num_requests=num_requests, out=out, executor=executor,
+                           ray_address=ray_address, parallel=parallel)
+    if resume is not None and overrides:
         raise UserError("--resume takes the recorded config; drop the other run options")
     if resume is None:
         from prefixstudy.configs import resolve_config
 
         config = resolve_config(config)
-    if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+    _console(verbose)
     cfg = load_config(config, overrides) if resume is None else None  # a bad config fails before pandas loads
-    from prefixstudy.study import StudyFailed, Terminated, load_rows, run_study
+    if dry_run and cfg is not None:
+        from prefixstudy.executors import resolve_executor
+        from prefixstudy.study import check_plan
+        from prefixstudy.workloads import load_rows
 
-    try:
-        if resume is not None:
-            run_dir = run_study(None, progress=not quiet, resume=resume, resume_config=config)
-        else:
-            rows = load_rows(cfg)  # validate the dataset before anything starts
-            if dry_run:
-                from prefixstudy.study import check_plan
-
-                check_plan(cfg)
-                from prefixstudy.executors import resolve_executor
-
-                click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
-                           f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s, "
-                           f"executor {resolve_executor(cfg.executor)}; nothing run (--dry-run)")
-                return
-            run_dir = run_study(cfg, progress=not quiet)
-    except StudyFailed as e:
-        click.echo(f"error: {e}; finished points are saved", err=True)
-        sys.exit(1)
-    except KeyboardInterrupt as e:
-        where = getattr(e, "run_dir", "<run dir>")
-        click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}",
-                   err=True)
-        sys.exit(143 if isinstance(e, Terminated) else 130)
+        rows = load_rows(cfg)
+        check_plan(cfg)
+        click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
+                   f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s, "
+                   f"executor {resolve_executor(cfg.executor)}; nothing run (--dry-run)")
+        return
+    run_dir = _run(cfg, resume, config, progress=not quiet)
     click.echo(f"results: {run_dir}")
     if report:
         from prefixstudy.report import build_report
@@ -137,6 +109,44 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         click.echo(f"{failed} point(s) failed (see manifest.json); run them again with: "
                    f"prefixstudy run --resume {run_dir}", err=True)
         sys.exit(1)
+
+
+def _overrides(sets, **flags) -> dict:
+    """--set items, then the dedicated flags (which win), as dotted config keys."""
+    out = _parse_sets(sets)
+    keys = {"rates": "sweep.rates", "modes": "sweep.modes", "num_requests": "sweep.num_requests", "out": "out",
+            "executor": "executor", "ray_address": "ray.address", "parallel": "ray.parallel"}
+    for flag, value in flags.items():
+        if value is not None:
+            if flag == "modes":
+                value = [m.strip() for m in value.split(",")]
+            out[keys[flag]] = str(value) if flag == "out" else value
+    return out
+
+
+def _console(verbose: bool) -> None:
+    """Quiet by default: prefixstudy's own progress and results only; -v shows the engines' logs."""
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+
+
+def _run(cfg, resume: Path | None, config: Path | None, progress: bool) -> Path:
+    """run_study, with its two ways of stopping early turned into exit codes (1, 130 / 143)."""
+    from prefixstudy.study import StudyFailed, Terminated, run_study
+
+    try:
+        if resume is not None:
+            return run_study(None, progress=progress, resume=resume, resume_config=config)
+        return run_study(cfg, progress=progress)
+    except StudyFailed as e:
+        click.echo(f"error: {e}; finished points are saved", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt as e:
+        where = getattr(e, "run_dir", "<run dir>")
+        click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}",
+                   err=True)
+        sys.exit(143 if isinstance(e, Terminated) else 130)
 
 
 def _failed_points(run_dir: Path) -> int:
@@ -151,7 +161,7 @@ def _failed_points(run_dir: Path) -> int:
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Results root for the merged run.")
 def merge(runs, out):
     """Join runs of one study made apart (e.g. ON and OFF side by side, one GPU each) into one run."""
-    from prefixstudy.study import merge_runs
+    from prefixstudy.results.merge import merge_runs
 
     click.echo(f"results: {merge_runs(list(runs), out)}")
 

@@ -5,7 +5,6 @@ import pytest
 
 from prefixstudy.metrics.requests import hit_rate_ok
 from prefixstudy.metrics.summary import summarize_point
-from prefixstudy.workloads.base import DatasetRow, block_floor, expected_cached, group_prefixes
 from prefixstudy.results import typed_requests
 from prefixstudy.schema import SUMMARY_COLUMNS
 
@@ -67,17 +66,6 @@ def test_hit_rate_checks():
     assert hit_rate_ok("on", 0.85, 0.949, 0.05) is False
 
 
-def test_expected_cached_is_block_aligned_shared_prefix():
-    pre = list(range(1198))
-    rows = [DatasetRow(f"r{i}", pre + [5000 + 16 * i + k for k in range(16)], 4) for i in range(3)]
-    prefixes = group_prefixes(rows)
-    assert len(prefixes[0]) == 1198
-    assert block_floor(1198, 128) == 1152 and block_floor(1198, 16) == 1184
-    # Primed: every request hits; not primed: the first request of the group misses.
-    assert expected_cached(rows, prefixes, 128, warm_groups={0}) == [1152, 1152, 1152]
-    assert expected_cached(rows, prefixes, 16, warm_groups=set()) == [0, 1184, 1184]
-
-
 def test_growing_waiting_queue_marks_the_point_saturated():
     from prefixstudy.metrics.summary import summarize
     from prefixstudy.results import typed_iterations
@@ -101,42 +89,3 @@ def test_requests_cut_before_sending_do_not_mean_saturation():
     row = summarize_point(req, {"mode": "on", "rate": 2.0, "n_sent": n})
     assert (row["n_ok"], row["n_unfinished"]) == (4, 2)
     assert row["saturated"] is False
-
-
-def test_warmups_share_the_group_prefix_but_no_measured_suffix():
-    from prefixstudy.config import load_config
-    from prefixstudy.workloads.fixed import make_dataset
-    from prefixstudy.runner import ModeSession
-
-    rows = make_dataset(4, prefix_len=20, suffix_len=4, output_len=3, groups=2)
-    warm = ModeSession(load_config(None), "on", rows)._warmup_rows(3)
-    assert [(w.group, len(w.prompt_token_ids)) for w in warm] == [(0, 24), (1, 24), (0, 24)]
-    assert all(w.prompt_token_ids[:20] == rows[w.group].prompt_token_ids[:20] for w in warm)
-    measured = {tuple(r.prompt_token_ids[20:]) for r in rows}
-    assert not {tuple(w.prompt_token_ids[20:]) for w in warm} & measured
-
-
-def test_settle_heap_frees_cyclic_garbage_and_freezes_the_rest():
-    """Before each point: garbage from the last one is collected, what lives is frozen, so no full
-    collection over the process heap (414 ms measured) can fall inside a measured point."""
-    import gc
-
-    from prefixstudy.runner import settle_heap
-
-    class Node:
-        pass
-
-    keep, lost = Node(), Node()
-    keep.self = keep
-    lost.self = lost  # a cycle only the collector can free
-    gc.collect()
-    gc.freeze()  # as the previous point left it: `lost` is frozen while still referenced
-    lost_ref = __import__("weakref").ref(lost)
-    del lost
-    try:
-        settle_heap()
-        assert lost_ref() is None  # unfrozen, collected
-        assert all(o is not keep for o in gc.get_objects())  # frozen: no collection scans it
-        assert gc.get_freeze_count() > 10_000  # the interpreter, pandas, pytest: all frozen with it
-    finally:
-        gc.unfreeze()

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from prefixstudy import dataset as ds
+from prefixstudy.workloads.base import DatasetRow
+from prefixstudy.workloads.fixed import make_dataset
+from prefixstudy.workloads.jsonl import load_jsonl
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def cli(*args) -> subprocess.CompletedProcess:
@@ -42,9 +44,9 @@ def test_dataset_make_then_show_default_shape(tmp_path):
         "max_sequence_tokens: 1357",
         "shared_prefix_tokens: 1198",
     ]
-    rows = ds.load_jsonl(out)
+    rows = load_jsonl(out)
     assert [r.request_id for r in rows] == ["r000000", "r000001", "r000002", "r000003", "r000004"]
-    assert rows == ds.make_dataset(5)  # the CLI's defaults are the library's
+    assert rows == make_dataset(5)  # the CLI's defaults are the library's
 
 
 def test_dataset_make_then_show_two_groups(tmp_path):
@@ -61,12 +63,12 @@ def test_dataset_make_then_show_two_groups(tmp_path):
         "max_sequence_tokens: 20",
         "shared_prefix_tokens: 10",
     ]
-    rows = ds.load_jsonl(out)
+    rows = load_jsonl(out)
     assert [r.group for r in rows] == [0, 1, 0, 1, 0, 1]
     assert rows[0].prompt_token_ids[:10] == rows[2].prompt_token_ids[:10] != rows[1].prompt_token_ids[:10]
 
 
-def _trtllm_source(tmp_path: Path, rows: list[ds.DatasetRow], shape: str) -> Path:
+def _trtllm_source(tmp_path: Path, rows: list[DatasetRow], shape: str) -> Path:
     """The made dataset written as TensorRT-LLM writes its token datasets."""
     if shape == "prepare_dataset-jsonl":
         src = tmp_path / "trt.jsonl"
@@ -86,11 +88,11 @@ def _trtllm_source(tmp_path: Path, rows: list[ds.DatasetRow], shape: str) -> Pat
 def test_dataset_import_trtllm_round_trip(tmp_path, shape):
     made = tmp_path / "made.jsonl"
     cli("dataset", "make", made, "-n", 4, "--prefix-len", 70, "--suffix-len", 5, "--output-len", 9, "--groups", 2)
-    rows = ds.load_jsonl(made)
+    rows = load_jsonl(made)
     src = _trtllm_source(tmp_path, rows, shape)
     out = tmp_path / "imported.jsonl"
     assert cli("dataset", "import", src, out, "--format", "trtllm").stdout == f"wrote 4 requests to {out}\n"
-    back = ds.load_jsonl(out)
+    back = load_jsonl(out)
     assert [r.request_id for r in back] == ["t0", "t1", "t2", "t3"]
     assert [r.prompt_token_ids for r in back] == [r.prompt_token_ids for r in rows]
     assert [r.output_len for r in back] == [9, 9, 9, 9]

@@ -1,4 +1,5 @@
-"""The results writer: fixed layout, per-point rewrites, the hit-rate switch, resume bookkeeping."""
+"""The results writer and the study's sink: fixed layout, one write per point, the hit-rate switch,
+resume bookkeeping, file modes."""
 
 import json
 
@@ -7,8 +8,9 @@ import pytest
 
 from prefixstudy.config import load_config
 from prefixstudy.results import load, typed_iterations, typed_requests
-from prefixstudy.runner import PointResult
-from prefixstudy.study import ResultsWriter, StudyFailed, _pending_configs
+from prefixstudy.results.writer import ResultsWriter
+from prefixstudy.schema import PointResult
+from prefixstudy.study import Study, StudyFailed
 
 
 def point(mode, rate, cached, expected=1152, n=3):
@@ -27,7 +29,12 @@ def writer(tmp_path, **sets):
     return w
 
 
-def test_every_point_rewrites_all_files(tmp_path):
+def study(tmp_path, **sets):
+    w = writer(tmp_path, **sets)
+    return Study(w.cfg, w)
+
+
+def test_every_point_adds_its_rows(tmp_path):
     w = writer(tmp_path)
     w.add(point("on", 2.0, 1152))
     res = load(tmp_path)
@@ -35,21 +42,57 @@ def test_every_point_rewrites_all_files(tmp_path):
     w.add(point("off", 2.0, 0))
     res = load(tmp_path)
     assert len(res.requests) == 6 and res.summary["mode"].tolist() == ["on", "off"]
-    assert not list(tmp_path.glob(".*.tmp"))  # no temp files left behind
+    assert not list(tmp_path.rglob(".*.tmp"))  # no temp files left behind
+    # Each point is its own part, written once: adding OFF left ON's part as it was.
+    assert sorted(p.name for p in (tmp_path / "requests.parquet").iterdir()) == ["off-2.parquet", "on-2.parquet"]
+
+
+def test_results_follow_the_umask(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        w = writer(tmp_path)
+        w.add(point("on", 2.0, 1152))
+    finally:
+        os.umask(old)
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in files) == [
+        "config.yaml", "iterations.parquet/on-2.parquet", "manifest.json", "requests.parquet/on-2.parquet",
+        "summary.csv"]
+    assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o644}
+
+
+def test_an_older_single_file_run_is_split_into_parts_when_resumed(tmp_path):
+    w = writer(tmp_path)
+    w.add(point("on", 1.0, 1152))
+    w.add(point("on", 2.0, 1152))
+    whole = load(tmp_path).requests
+    for name in ("requests.parquet", "iterations.parquet"):  # as runs wrote them before the part folders
+        df = pd.read_parquet(tmp_path / name)
+        for p in (tmp_path / name).iterdir():
+            p.unlink()
+        (tmp_path / name).rmdir()
+        df.to_parquet(tmp_path / name)
+    pd.testing.assert_frame_equal(load(tmp_path).requests, whole)
+    w2 = ResultsWriter(tmp_path, w.cfg, {"points": w.points})
+    w2.keep([p for p in w.points if p["rate"] == 1.0], load(tmp_path).summary)
+    assert sorted(p.name for p in (tmp_path / "requests.parquet").iterdir()) == ["on-1.parquet"]
+    pd.testing.assert_frame_equal(load(tmp_path).requests, whole[whole["rate"] == 1.0].reset_index(drop=True))
 
 
 def test_hit_rate_mismatch_warns_by_default(tmp_path, caplog):
-    w = writer(tmp_path)
-    row = w.add(point("on", 2.0, 0))
+    row = study(tmp_path).point_done(point("on", 2.0, 0))
     assert row["hit_rate_ok"] is False or row["hit_rate_ok"] == False  # noqa: E712
     assert "prefix hit rate 0.000, expected 0.949" in caplog.text
     assert json.loads((tmp_path / "manifest.json").read_text())["points"][0]["status"] == "ok"
 
 
 def test_hit_rate_mismatch_fails_the_run_when_asked(tmp_path):
-    w = writer(tmp_path, **{"checks.fail_on_hit_rate_mismatch": True})
+    s = study(tmp_path, **{"checks.fail_on_hit_rate_mismatch": True})
     with pytest.raises(StudyFailed, match=r"cache OFF @ 4 req/s: prefix hit rate 0\.949, expected 0\.000"):
-        w.add(point("off", 4.0, 1152))
+        s.point_done(point("off", 4.0, 1152))
     (p,) = json.loads((tmp_path / "manifest.json").read_text())["points"]
     assert p["status"] == "failed" and p["error"].startswith("hit-rate check:")
 
@@ -61,10 +104,11 @@ def test_resume_keeps_ok_points_and_plans_the_rest(tmp_path):
     w.add(point("off", 1.0, 0))
     w.points[-1]["status"] = "failed"
     w2 = ResultsWriter(tmp_path, w.cfg, {"points": w.points})
-    w2.keep_finished(load(tmp_path).requests, pd.DataFrame(), w.points)
+    w2.keep(w.points, load(tmp_path).summary)
     assert [(p["mode"], p["rate"]) for p in w2.points] == [("on", 1.0), ("on", 2.0)]
-    assert sorted(set(zip(w2.requests[0]["mode"], w2.requests[0]["rate"]))) == [("on", 1.0), ("on", 2.0)]
-    plans = _pending_configs(w.cfg, w2)
+    req = load(tmp_path).requests
+    assert sorted(set(zip(req["mode"], req["rate"]))) == [("on", 1.0), ("on", 2.0)]
+    plans = Study(w.cfg, w2).pending_configs()
     assert [(c.sweep.modes, c.sweep.rates) for c in plans] == [(["on"], [4.0]), (["off"], [1.0, 2.0, 4.0])]
 
 

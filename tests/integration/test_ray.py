@@ -1,4 +1,4 @@
-"""prefixstudy.ray_executor: planning and error lines (exact), then real engines in Ray actors.
+"""prefixstudy.executors.ray: planning and error lines (exact), then real engines in Ray actors.
 
 The engine tests share one study (three tiny-model engine starts, about 50 s each on 2 idle
 cores): `prefixstudy run` on a 2-CPU local cluster, ON and OFF one after the other, with OFF's
@@ -29,12 +29,14 @@ from prefixstudy.cli import main
 from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.executors import pick_executor, resolve_executor
-from prefixstudy.ray_executor import ENGINE_ENV, actor_env, plan_parallel, summarize_actor_error
+from prefixstudy.engines.vllm import ENGINE_ENV
+from prefixstudy.executors.ray import actor_env
+from prefixstudy.executors.ray_plan import plan_parallel, summarize_actor_error
 from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS, SUMMARY_COLUMNS
 
 import ray  # noqa: E402  (the cpu extra installs it; never skip the Ray tests)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # tiny-llama, 1198 + 16 prompt tokens, CPU block size 128: ON serves 9 blocks = 1152 of 1214 from cache.
 HIT_ON = 1152 / 1214
@@ -107,7 +109,7 @@ def test_actor_env(monkeypatch):
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")  # the driver's choice wins over the default
     monkeypatch.setenv("PYTHONPATH", "/opt/extra")
-    env = actor_env()
+    env = actor_env(load_config(None), "on", use_gpu=False)
     assert env["VLLM_LOGGING_LEVEL"] == "WARNING"
     assert env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
@@ -176,7 +178,7 @@ def _kill_during_point(out: Path, mode: str, seen: dict, stop: threading.Event) 
         if pid is None:
             for m in out.glob("default/*/manifest.json"):
                 try:
-                    engines = json.loads(m.read_text()).get("ray", {}).get("engines", {}).get(mode, [])
+                    engines = json.loads(m.read_text()).get("engines", {}).get(mode, [])
                 except ValueError:  # being replaced right now
                     continue
                 pid = engines[0]["pid"] if engines else None
@@ -276,7 +278,7 @@ def test_killed_engine_actor_fails_its_point_and_the_sweep_goes_on(ray_study):
     assert err.startswith("ActorDiedError: The actor died unexpectedly") and f"pid {seen['pid']}" in err
     assert "\n" not in err
     assert set(req[req["mode"] == "off"]["rate"]) == {8.0}  # the failed point's rows died with its actor
-    engines = man["ray"]["engines"]
+    engines = man["engines"]
     name = engines["on"][0]["actor"].rsplit("/", 1)[0]
     assert [e["actor"] for e in engines["off"]] == [f"{name}/off", f"{name}/off/restart1"]
     assert len(engines["on"]) == 1 and engines["off"][0]["pid"] == seen["pid"] != engines["off"][1]["pid"]
@@ -353,7 +355,7 @@ def test_ray_job_submit_entrypoint(ray_head, tmp_path):
             "executor ray; nothing run (--dry-run)") in r.stdout
     assert "succeeded" in r.stdout
     # Inside a job, ray.address 'local' joins the job's cluster (RAY_ADDRESS) rather than starting one.
-    r = submit("python", "-c", "import ray; from prefixstudy.ray_executor import connect, alive_nodes; "
+    r = submit("python", "-c", "import ray; from prefixstudy.executors.ray import connect, alive_nodes; "
                                "print('joined', connect('local'), len(alive_nodes()), ray.cluster_resources()['CPU'])")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "joined True 1 1.0" in r.stdout
@@ -368,7 +370,7 @@ def test_a_stopped_mode_frees_its_gpus_for_the_next():
 
     from ray.util.placement_group import placement_group
 
-    from prefixstudy.ray_executor import _ModeRunner
+    from prefixstudy.executors.ray import _ModeRunner
 
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
     try:

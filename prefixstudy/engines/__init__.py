@@ -1,0 +1,34 @@
+"""Stage: engines.  ``make_engine(cfg, mode)`` builds the backend that ``engine.kind`` names.
+
+Backends are imported when asked for, so a study on one backend never imports another's
+dependencies (vLLM is imported by ``engines.vllm`` alone, and only once an engine starts)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from prefixstudy.engines.base import Engine, IterationSample, RequestTrace
+
+if TYPE_CHECKING:
+    from prefixstudy.config import StudyConfig
+
+# kind -> "module:class".  A new backend is one file here plus one line in this table and one
+# config class in prefixstudy.config's union.
+BACKENDS = {
+    "vllm": "prefixstudy.engines.vllm:VllmEngine",
+    "echo": "prefixstudy.engines.echo:EchoEngine",
+}
+
+__all__ = ["BACKENDS", "Engine", "IterationSample", "RequestTrace", "engine_class", "make_engine"]
+
+
+def engine_class(kind: str) -> type[Engine]:
+    module, _, name = BACKENDS[kind].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def make_engine(cfg: "StudyConfig", mode: str, *, ray_workers: bool = False) -> Engine:
+    """An engine for one mode (``on``: prefix caching enabled).  ``ray_workers``: the engine runs
+    inside a Ray placement group and should put its own workers there (vLLM on GPUs)."""
+    return engine_class(cfg.engine.kind)(cfg, mode, ray_workers=ray_workers)

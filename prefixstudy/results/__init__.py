@@ -1,0 +1,73 @@
+"""Stage: results.  A run folder on disk (``store``: fixed paths, atomic writes), how a run is
+written point by point (``writer``), where it ran (``provenance``), and loading it back here.
+
+``load(path)`` is what notebooks, the report and the model read; it accepts a run folder or a
+study folder holding runs (the newest is taken).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from prefixstudy.errors import UserError
+from prefixstudy.results.store import (CONFIG, ITERATIONS, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv,
+                                       atomic_write_parquet, atomic_write_text, read_table, write_json)
+from prefixstudy.schema import SUMMARY_COLUMNS, typed_iterations, typed_requests
+
+__all__ = ["CONFIG", "ITERATIONS", "MANIFEST", "REQUESTS", "SUMMARY", "StudyResults", "atomic_write_csv",
+           "atomic_write_parquet", "atomic_write_text", "find_run_dir", "load", "read_summary", "typed_iterations",
+           "typed_requests", "write_json"]
+
+
+@dataclass
+class StudyResults:
+    """One run's results, for notebooks and for the report."""
+
+    path: Path
+    config: dict
+    manifest: dict
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    summary: pd.DataFrame
+
+    @property
+    def measured(self) -> pd.DataFrame:
+        """Requests that count: not warm-up."""
+        return self.requests[~self.requests["warmup"]]
+
+
+def find_run_dir(path: Path) -> Path:
+    """Accept a run folder, or a study folder holding runs (the newest is taken)."""
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        return path
+    if path.is_dir():
+        runs = sorted(p for p in path.iterdir() if (p / MANIFEST).is_file())
+        if runs:
+            return runs[-1]
+    if not path.exists():
+        raise UserError(f"{path}: results folder not found")
+    raise UserError(f"{path}: no {MANIFEST} here or in a sub-folder; not a prefixstudy results folder")
+
+
+def read_summary(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    # An empty error field must stay "", not become NaN.
+    return pd.read_csv(path, converters={"error": str, "status": str, "mode": str})
+
+
+def load(path: str | Path) -> StudyResults:
+    run = find_run_dir(Path(path))
+    try:
+        manifest = json.loads((run / MANIFEST).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{run / MANIFEST}: unreadable manifest ({e})") from None
+    config = yaml.safe_load((run / CONFIG).read_text()) if (run / CONFIG).is_file() else {}
+    return StudyResults(run, config or {}, manifest, typed_requests(read_table(run / REQUESTS)),
+                        typed_iterations(read_table(run / ITERATIONS)), read_summary(run / SUMMARY))

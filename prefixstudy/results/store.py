@@ -1,0 +1,156 @@
+"""Stage: results, on disk.  Fixed paths and atomic writes: every file is written to a temp file
+in its folder and renamed over its name, so a reader (or a killed run) never sees half a file.
+
+Layout of one run, ``<out>/<study>/<run-id>/``::
+
+    config.yaml          the fully resolved StudyConfig
+    manifest.json        versions, device, times, status of every point
+    requests.parquet/    schema.REQUEST_COLUMNS: one part per point, <mode>-<rate>.parquet
+    iterations.parquet/  schema.ITERATION_COLUMNS: one part per point
+    summary.csv          schema.SUMMARY_COLUMNS, one row per mode x rate
+
+The parquet folders are parquet datasets: ``pandas.read_parquet("requests.parquet")`` reads all
+parts as one table.  Each point is written once, as its own part, so a long sweep costs no more
+per point at its end than at its start.  Runs from before the folders (one file each) still load.
+Files follow the umask (0644 by default), like any other tool's output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS
+
+CONFIG = "config.yaml"
+MANIFEST = "manifest.json"
+REQUESTS = "requests.parquet"
+ITERATIONS = "iterations.parquet"
+SUMMARY = "summary.csv"
+
+
+def _file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A temp file next to ``path`` (same filesystem, so the rename is atomic), with the mode a
+    plain ``open()`` would give: mkstemp's 0600 would make every result private by accident."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, _file_mode())
+    return fd, tmp
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over ``path``."""
+    fd, tmp = _temp_beside(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_csv(path: Path, df: pd.DataFrame) -> None:
+    atomic_write_text(path, df.to_csv(index=False))
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+_ARROW = {"str": "string", "bool": "bool_", "int64": "int64", "float64": "float64"}
+
+
+def _arrow_schema(columns: dict[str, str]):
+    import pyarrow as pa
+
+    return pa.schema([(c, getattr(pa, _ARROW[t])()) for c, t in columns.items()])
+
+
+def atomic_write_parquet(path: Path, df: pd.DataFrame, columns: dict[str, str] | None = None) -> None:
+    """One parquet file; with ``columns`` (a schema column map) every part of a dataset gets the
+    same arrow schema, even an empty one (whose string columns pandas would call null)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fd, tmp = _temp_beside(path)
+    os.close(fd)
+    try:
+        schema = _arrow_schema(columns) if columns else None
+        pq.write_table(pa.Table.from_pandas(df, schema=schema, preserve_index=False), tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def part_name(mode: str, rate: float) -> str:
+    return f"{mode}-{rate:g}.parquet"
+
+
+def write_point_parts(run_dir: Path, mode: str, rate: float, requests: pd.DataFrame,
+                      iterations: pd.DataFrame) -> None:
+    """The point's rows as its own parts (replacing an earlier attempt at the same point)."""
+    for name, df, cols in ((REQUESTS, requests, REQUEST_COLUMNS), (ITERATIONS, iterations, ITERATION_COLUMNS)):
+        folder = run_dir / name
+        if folder.is_file():  # a run from before the part folders, being resumed
+            split_into_parts(folder, cols)
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_parquet(folder / part_name(mode, rate), df, cols)
+
+
+def drop_other_parts(run_dir: Path, keep: set[tuple[str, float]]) -> None:
+    """Remove the parts of points not in ``keep`` (a resumed run's failed points, to run again)."""
+    for name, cols in ((REQUESTS, REQUEST_COLUMNS), (ITERATIONS, ITERATION_COLUMNS)):
+        folder = run_dir / name
+        if folder.is_file():
+            split_into_parts(folder, cols)
+        for part in folder.glob("*.parquet") if folder.is_dir() else ():
+            mode, _, rate = part.stem.partition("-")
+            if (mode, float(rate)) not in keep:
+                part.unlink()
+
+
+def split_into_parts(path: Path, columns: dict[str, str]) -> None:
+    """Turn a one-file table of an older run into the folder of per-point parts, in place."""
+    df = pd.read_parquet(path)
+    old = path.with_name(f".{path.name}.old")
+    os.replace(path, old)
+    path.mkdir()
+    for (mode, rate), part in df.groupby(["mode", "rate"], sort=False):
+        atomic_write_parquet(path / part_name(mode, rate), part, columns)
+    old.unlink()
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A results table: a folder of parts or an older single file; empty when absent."""
+    if path.is_dir():
+        parts = sorted(path.glob("*.parquet"), key=_part_key)
+        return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True) if parts else pd.DataFrame()
+    return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+
+
+def _part_key(p: Path) -> tuple:
+    """Parts in sweep order: ON before OFF, rates ascending (a name sort would put 16 before 2)."""
+    mode, _, rate = p.stem.partition("-")
+    try:
+        return ({"on": 0, "off": 1}.get(mode, 2), mode, float(rate))
+    except ValueError:
+        return (3, p.stem, 0.0)

@@ -1,0 +1,110 @@
+"""Stage: results, as a run goes.  ``ResultsWriter`` writes each finished point once: its request
+and iteration rows as new parts, its summary row into summary.csv, its status into the manifest.
+Earlier points are never rewritten, so a killed run keeps every finished point as it was."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from prefixstudy.errors import UserError
+from prefixstudy.metrics.summary import summarize_point
+from prefixstudy.results.provenance import now
+from prefixstudy.results.store import (CONFIG, MANIFEST, SUMMARY, atomic_write_csv, atomic_write_text,
+                                       drop_other_parts, write_json, write_point_parts)
+from prefixstudy.schema import SUMMARY_COLUMNS, PointResult
+
+if TYPE_CHECKING:
+    from prefixstudy.config import StudyConfig
+
+MIN_FREE_BYTES = 200 * 2**20
+MODE_ORDER = {"on": 0, "off": 1}
+
+
+def new_run_dir(cfg: "StudyConfig", out: Path | None = None) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(out or cfg.out) / cfg.study
+    run = base / stamp
+    i = 1
+    while run.exists():
+        i += 1
+        run = base / f"{stamp}-{i}"
+    return run
+
+
+def preflight_out(run_dir: Path) -> None:
+    """Refuse an unwritable or full results folder before any engine starts."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"{run_dir}: results folder is not writable ({e.strerror})") from None
+    free = shutil.disk_usage(run_dir).free
+    if free < MIN_FREE_BYTES:
+        raise UserError(f"{run_dir}: only {free / 2**20:.0f} MiB free, need at least {MIN_FREE_BYTES / 2**20:.0f} MiB")
+
+
+class ResultsWriter:
+    """One run folder, written point by point.  ``manifest`` is the caller's dict: the writer
+    records points in it and saves it; what else goes in is the caller's business."""
+
+    def __init__(self, run_dir: Path, cfg: "StudyConfig", manifest: dict):
+        self.dir, self.cfg, self.manifest = run_dir, cfg, manifest
+        self.points: list[dict] = []  # manifest entries, one per (mode, rate)
+        self.rows: dict[tuple[str, float], dict] = {}  # summary rows by (mode, rate)
+
+    def keep(self, points: list[dict], summary: pd.DataFrame) -> None:
+        """Carry over a resumed run's finished points; failed ones are left to run again."""
+        self.points = [p for p in points if p.get("status") == "ok"]
+        keys = {(p["mode"], float(p["rate"])) for p in self.points}
+        drop_other_parts(self.dir, keys)
+        for r in summary.to_dict("records"):
+            if (r["mode"], float(r["rate"])) in keys:
+                self.rows[(r["mode"], float(r["rate"]))] = r
+
+    def start(self) -> None:
+        from prefixstudy.config import dump_config
+
+        atomic_write_text(self.dir / CONFIG, dump_config(self.cfg))
+        self._write_summary()
+        self.save_manifest()
+
+    def add(self, res: PointResult) -> dict:
+        """Write one finished point; returns its summary row."""
+        key = (res.mode, float(res.rate))
+        point = {"mode": res.mode, "rate": res.rate, **{k: v for k, v in res.meta.items() if k != "traceback"}}
+        write_point_parts(self.dir, res.mode, res.rate, res.requests, res.iterations)
+        row = summarize_point(res.requests, point, self.cfg.checks.hit_rate_tolerance, res.iterations)
+        point.update(saturated=bool(row["saturated"]), hit_rate_ok=bool(row["hit_rate_ok"]),
+                     accounting_ok=row["n_sent"] == row["n_ok"] + row["n_failed"] + row["n_unfinished"])
+        self.points = [p for p in self.points if (p["mode"], float(p["rate"])) != key] + [point]
+        self.rows[key] = row
+        self._write_summary()
+        self.save_manifest()
+        return row
+
+    def mark_failed(self, mode: str, rate: float, error: str) -> None:
+        """A finished point that a check failed after the fact (the hit-rate policy)."""
+        for p in self.points:
+            if (p["mode"], float(p["rate"])) == (mode, float(rate)):
+                p.update(status="failed", error=error)
+        self.rows[(mode, float(rate))].update(status="failed", error=error)
+        self._write_summary()
+        self.save_manifest()
+
+    def _write_summary(self) -> None:
+        rows = sorted(self.rows.values(), key=lambda r: (MODE_ORDER.get(r["mode"], 2), float(r["rate"])))
+        atomic_write_csv(self.dir / SUMMARY, pd.DataFrame(rows, columns=SUMMARY_COLUMNS))
+
+    def save_manifest(self, status: str | None = None) -> None:
+        self.manifest["points"] = self.points
+        if status:
+            self.manifest["status"] = status
+            self.manifest["ended_at"] = now()
+        write_json(self.dir / MANIFEST, self.manifest)

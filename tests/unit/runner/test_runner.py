@@ -1,0 +1,136 @@
+"""The runner and the local executor, through the engine protocol, on the echo backend: every
+request accounted for, exact cache hits, deadlines, and a whole study's files, without vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from prefixstudy.config import load_config
+from prefixstudy.results import load
+from prefixstudy.runner import ModeSession
+from prefixstudy.study import run_study
+from prefixstudy.workloads import load_rows
+
+ECHO = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "arrivals.process": "constant",
+        "dataset.prefix_len": 40, "dataset.suffix_len": 8, "dataset.output_len": 4,
+        "sweep.num_requests": 6, "sweep.warmup_requests": 1, "sweep.rates": [50]}
+
+
+def cfg_with(**sets):
+    return load_config(None, {**ECHO, **sets})
+
+
+def run_point(cfg, mode, rate):
+    async def go():
+        async with ModeSession(cfg, mode, load_rows(cfg)) as s:
+            return await s.run_point(rate)
+
+    return asyncio.run(go())
+
+
+def test_on_point_hits_the_block_aligned_prefix_exactly():
+    res = run_point(cfg_with(), "on", 50.0)
+    req = res.requests
+    m = req[~req["warmup"]]
+    assert (len(req), len(m), res.meta["status"], res.meta["n_sent"], res.meta["block_size"]) == (7, 6, "ok", 6, 16)
+    assert m["request_index"].tolist() == [0, 1, 2, 3, 4, 5]
+    assert m["num_cached_tokens"].tolist() == [32] * 6 == m["expected_cached_tokens"].tolist()
+    assert m["output_tokens"].tolist() == [4] * 6 and m["error"].tolist() == [""] * 6
+    assert m["scheduled_s"].tolist() == pytest.approx([0.0, 0.02, 0.04, 0.06, 0.08, 0.1])
+    # One echo sample per measured request: 48-token prompts, 32 of them served from the cache.
+    it = res.iterations
+    assert (len(it), it["prefix_hits"].tolist(), it["prompt_tokens"].tolist()) == (6, [32] * 6, [16] * 6)
+
+
+def test_off_point_never_hits_and_expects_nothing():
+    m = run_point(cfg_with(), "off", 50.0).requests.query("~warmup")
+    assert m["num_cached_tokens"].tolist() == [0] * 6 == m["expected_cached_tokens"].tolist()
+
+
+def test_unprimed_on_misses_once_per_group_then_hits():
+    cfg = cfg_with(**{"sweep.prime_prefixes": False, "sweep.warmup_requests": 0, "dataset.groups": 2})
+    m = run_point(cfg, "on", 50.0).requests
+    assert m["num_cached_tokens"].tolist() == [0, 0, 32, 32, 32, 32] == m["expected_cached_tokens"].tolist()
+
+
+def test_requests_open_at_the_point_deadline_are_rows_marked_unfinished():
+    # Every token takes 10 s and the point is capped at 1 s: both requests are cut, neither dropped.
+    cfg = cfg_with(**{"engine.decode_ms_per_token": 10_000, "sweep.num_requests": 2, "sweep.warmup_requests": 0,
+                      "sweep.prime_prefixes": False, "sweep.max_point_duration_s": 1.0})
+    res = run_point(cfg, "on", 4.0)
+    assert res.requests["error"].tolist() == ["unfinished: cancelled at max_point_duration_s"] * 2
+    assert res.requests["output_tokens"].tolist() == [1, 1]  # the first token came at once
+    assert 1.0 <= res.meta["duration_s"] < 2.0
+
+
+def test_a_study_on_the_echo_backend_writes_every_file(tmp_path):
+    run = run_study(cfg_with(**{"out": str(tmp_path), "sweep.rates": [25, 50]}), progress=False)
+    res = load(run)
+    assert (res.manifest["status"], res.manifest["engine"], res.manifest["executor"]) == ("complete", "echo", "local")
+    assert [(p["mode"], p["rate"], p["status"], p["accounting_ok"]) for p in res.manifest["points"]] == [
+        ("on", 25.0, "ok", True), ("on", 50.0, "ok", True), ("off", 25.0, "ok", True), ("off", 50.0, "ok", True)]
+    s = res.summary
+    assert s["mode"].tolist() == ["on", "on", "off", "off"] and s["n_ok"].tolist() == [6] * 4
+    assert s["hit_rate_measured"].tolist() == [32 / 48, 32 / 48, 0.0, 0.0] == s["hit_rate_expected"].tolist()
+    assert s["hit_rate_ok"].tolist() == [True] * 4 and not math.isnan(s["mean_e2e_ms"].iloc[0])
+    assert len(res.requests) == 4 * 7 and len(res.iterations) == 4 * 6
+
+
+def test_failed_engine_point_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    from prefixstudy.engines.echo import EchoEngine
+
+    async def refuse(self):
+        if self.mode == "on" and not getattr(self, "refused", False):
+            self.refused = True
+            raise RuntimeError("engine refused to reset its prefix cache")
+        self.cache.clear()
+
+    monkeypatch.setattr(EchoEngine, "reset_prefix_cache", refuse)
+    res = load(run_study(cfg_with(**{"out": str(tmp_path), "sweep.rates": [25, 50], "sweep.modes": ["on"]}),
+                         progress=False))
+    assert [(p["rate"], p["status"], p["error"]) for p in res.manifest["points"]] == [
+        (25.0, "failed", "RuntimeError: engine refused to reset its prefix cache"), (50.0, "ok", "")]
+    assert res.manifest["status"] == "complete_with_failures"
+    assert res.summary["status"].tolist() == ["failed", "ok"]
+
+
+def test_warmups_share_the_group_prefix_but_no_measured_suffix():
+    from prefixstudy.config import load_config
+    from prefixstudy.workloads.fixed import make_dataset
+    from prefixstudy.runner import ModeSession
+
+    rows = make_dataset(4, prefix_len=20, suffix_len=4, output_len=3, groups=2)
+    warm = ModeSession(load_config(None), "on", rows)._warmup_rows(3)
+    assert [(w.group, len(w.prompt_token_ids)) for w in warm] == [(0, 24), (1, 24), (0, 24)]
+    assert all(w.prompt_token_ids[:20] == rows[w.group].prompt_token_ids[:20] for w in warm)
+    measured = {tuple(r.prompt_token_ids[20:]) for r in rows}
+    assert not {tuple(w.prompt_token_ids[20:]) for w in warm} & measured
+
+
+def test_settle_heap_frees_cyclic_garbage_and_freezes_the_rest():
+    """Before each point: garbage from the last one is collected, what lives is frozen, so no full
+    collection over the process heap (414 ms measured) can fall inside a measured point."""
+    import gc
+
+    from prefixstudy.runner import settle_heap
+
+    class Node:
+        pass
+
+    keep, lost = Node(), Node()
+    keep.self = keep
+    lost.self = lost  # a cycle only the collector can free
+    gc.collect()
+    gc.freeze()  # as the previous point left it: `lost` is frozen while still referenced
+    lost_ref = __import__("weakref").ref(lost)
+    del lost
+    try:
+        settle_heap()
+        assert lost_ref() is None  # unfrozen, collected
+        assert all(o is not keep for o in gc.get_objects())  # frozen: no collection scans it
+        assert gc.get_freeze_count() > 10_000  # the interpreter, pandas, pytest: all frozen with it
+    finally:
+        gc.unfreeze()

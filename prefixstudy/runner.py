@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import math
 import time
 import traceback
 from dataclasses import asdict

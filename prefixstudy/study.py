@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from prefixstudy.config import StudyConfig, flat_config, load_config
-from prefixstudy.engines import engine_class
+from prefixstudy.engines import check_engine_config, engine_class
 from prefixstudy.errors import UserError
 from prefixstudy.executors import pick_executor
 from prefixstudy.results import find_run_dir, load
@@ -132,11 +132,12 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
         run_dir = run_dir or new_run_dir(cfg)
     check_plan(cfg)
     check_device(cfg)
-    engine_class(cfg.engine.kind).check_config(cfg)  # every input check comes before the results folder is made
+    check_engine_config(cfg)  # every input check comes before the results folder is made
     preflight_out(run_dir)
     executor = pick_executor(cfg)
     if old is None:
-        manifest = base_manifest(cfg, describe(rows), executor.name, engine_class(cfg.engine.kind).versions())
+        manifest = base_manifest(cfg.study, cfg.engine.kind, engine_class(cfg.engine.kind).versions(),
+                                 describe(rows), executor.name)
     else:
         manifest = old.manifest
         manifest.setdefault("resumed_at", []).append(now())

@@ -20,7 +20,7 @@ BACKENDS = {
     "echo": "prefixstudy.engines.echo:EchoEngine",
 }
 
-__all__ = ["BACKENDS", "Engine", "IterationSample", "RequestTrace", "engine_class", "make_engine"]
+__all__ = ["BACKENDS", "Engine", "IterationSample", "RequestTrace", "check_engine_config", "engine_class", "make_engine"]
 
 
 def engine_class(kind: str) -> type[Engine]:
@@ -31,4 +31,9 @@ def engine_class(kind: str) -> type[Engine]:
 def make_engine(cfg: "StudyConfig", mode: str, *, ray_workers: bool = False) -> Engine:
     """An engine for one mode (``on``: prefix caching enabled).  ``ray_workers``: the engine runs
     inside a Ray placement group and should put its own workers there (vLLM on GPUs)."""
-    return engine_class(cfg.engine.kind)(cfg, mode, ray_workers=ray_workers)
+    return engine_class(cfg.engine.kind)(cfg.model, cfg.engine, mode, ray_workers=ray_workers)
+
+
+def check_engine_config(cfg: "StudyConfig") -> None:
+    """What the backend would refuse at start, refused now (UserError naming the field)."""
+    engine_class(cfg.engine.kind).check_config(cfg.model, cfg.engine, cfg.sweep.modes)

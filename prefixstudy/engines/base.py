@@ -12,12 +12,9 @@ named in ``prefixstudy.engines.BACKENDS`` and in the config union of ``prefixstu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from prefixstudy.config import StudyConfig
 
 
 class EngineConfigBase(BaseModel):
@@ -61,14 +58,17 @@ class IterationSample:
 
 
 class Engine(Protocol):
-    """One mode's engine.  ``block_size`` and ``startup_s`` are known once ``start`` returns."""
+    """One mode's engine.  ``block_size`` and ``startup_s`` are known once ``start`` returns.
+
+    Built as ``cls(model, engine_config, mode, ray_workers=...)``: a backend sees the model and its
+    own config section, nothing else of the study."""
 
     kind: ClassVar[str]
     block_size: int
     startup_s: float
 
     @classmethod
-    def check_config(cls, cfg: "StudyConfig") -> None:
+    def check_config(cls, model: str, engine: EngineConfigBase, modes: list[str]) -> None:
         """Refuse what this backend would refuse at start, before any results folder exists
         (raise UserError naming the field)."""
 
@@ -77,7 +77,7 @@ class Engine(Protocol):
         """What the manifest records about this backend (package versions)."""
 
     @classmethod
-    def process_env(cls, cfg: "StudyConfig", mode: str, use_gpu: bool) -> dict[str, str]:
+    def process_env(cls, engine: EngineConfigBase, mode: str, use_gpu: bool) -> dict[str, str]:
         """Environment a process hosting this engine needs (executors that start processes set it)."""
 
     async def start(self) -> None: ...

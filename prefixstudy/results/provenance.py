@@ -5,12 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import socket
 from importlib import metadata
-from typing import TYPE_CHECKING
-
 from prefixstudy import __version__
-
-if TYPE_CHECKING:
-    from prefixstudy.config import StudyConfig
 
 
 def now() -> str:
@@ -38,17 +33,17 @@ def device_name() -> str:
     return "cpu"
 
 
-def base_manifest(cfg: "StudyConfig", dataset: dict, executor: str, engine_versions: dict) -> dict:
+def base_manifest(study: str, engine: str, engine_versions: dict, dataset: dict, executor: str) -> dict:
     return {
         "prefixstudy_version": __version__,
-        "engine": cfg.engine.kind,
+        "engine": engine,
         "vllm_version": None,
         **engine_versions,
         "torch_version": package_version("torch"),
         "ray_version": package_version("ray"),
         "device": device_name(),
         "host": socket.gethostname(),
-        "study": cfg.study,
+        "study": study,
         "executor": executor,
         "started_at": now(),
         "ended_at": None,

@@ -26,10 +26,17 @@ BASE = ["--set", "engine.gpu_memory_utilization=0.1", "--set", "sweep.warmup_req
         "--set", "executor=local", "--no-report"]
 
 
+def _default_signals() -> None:
+    # A suite started in the background (`make test &`, nohup, a CI runner) inherits SIGINT as
+    # ignored, and so would this child, which would then sleep through the SIGINT the test sends.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args, out: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "prefixstudy", "run", "default",
                              "--out", str(out), *BASE, *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=_default_signals)
 
 
 def wait_for_point(proc: subprocess.Popen, marker: str, timeout: float = 300) -> list[str]:

@@ -137,7 +137,7 @@ CASES = {
                           "c.yaml: field 'engine.gpu_memory_utilization'"),
     "arrival-process-unknown": (lambda t: run_cfg(t, {"arrivals": {"process": "weibull"}}),
                                 "c.yaml: field 'arrivals.process'"),
-    "dataset-empty-prompt": (lambda t: run_cfg(t, {"dataset": {"prefix_len": 0, "suffix_len": 0}}),
+    "config-prefix-and-suffix-zero": (lambda t: run_cfg(t, {"dataset": {"prefix_len": 0, "suffix_len": 0}}),
                              "c.yaml: field 'dataset': Value error, prefix_len + suffix_len must be > 0"),
     "token-low-above-high": (lambda t: run_cfg(t, {"dataset": {"token_low": 500, "token_high": 100}}),
                              "c.yaml: field 'dataset': Value error, token_low 500 must be < token_high 100"),

@@ -82,8 +82,8 @@ def test_init_writes_a_runnable_copy(tmp_path):
     r = cli(tmp_path, "init", "study")
     assert r.returncode == 0, r.stderr
     dest = tmp_path / "study" / "prefixstudy.yaml"
-    assert r.stdout == f"wrote study/prefixstudy.yaml (the shipped 'default')\n" \
-                       f"next: prefixstudy run study/prefixstudy.yaml --dry-run\n"
+    assert r.stdout == "wrote study/prefixstudy.yaml (the shipped 'default')\n" \
+                       "next: prefixstudy run study/prefixstudy.yaml --dry-run\n"
     assert dest.read_text().endswith(shipped_config("default").read_text())
     r = cli(tmp_path, "run", dest, "--dry-run")
     assert r.returncode == 0, r.stderr

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from prefixstudy.errors import UserError
+
 
 def schedule(n: int, rate: float, process: str = "poisson", burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
     """Send offsets (s) of n requests; the first is sent at 0.
@@ -18,7 +20,7 @@ def schedule(n: int, rate: float, process: str = "poisson", burstiness: float = 
     if n <= 0:
         return np.zeros(0)
     if not rate > 0:
-        raise ValueError(f"rate must be > 0, got {rate}")
+        raise UserError(f"rate must be > 0 req/s, got {rate}")
     if process == "constant":
         return np.arange(n) / rate
     # The rate enters the seed so points differ from each other but not between modes.
@@ -28,5 +30,5 @@ def schedule(n: int, rate: float, process: str = "poisson", burstiness: float = 
     elif process == "gamma":
         gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
     else:
-        raise ValueError(f"unknown arrival process {process!r}")
+        raise UserError(f"field 'arrivals.process': unknown arrival process {process!r}")
     return np.concatenate([[0.0], np.cumsum(gaps)])

@@ -11,12 +11,15 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT=${OUT:-/tmp/out}
 # SIGTERM before the device call's own limit: finished points are flushed, the run can be resumed.
 ps() { timeout -s TERM "${STUDY_TIMEOUT:-560}" python3 -m prefixstudy "$@"; }
-collect() {  # the newest run's files, flat, at most 8 (the device tool's limit)
+collect() {  # the newest run (by name: run ids are timestamps), as one archive plus its summary and manifest
   local run; run=$(ls -d /tmp/results/*/*/ 2>/dev/null | sort | tail -1)
   [ -n "$run" ] || return 0
   local name; name=$(basename "$(dirname "$run")")
   mkdir -p "$OUT/$name"
-  cp "$run"/{config.yaml,manifest.json,summary.csv,requests.parquet,iterations.parquet} "$OUT/$name/" 2>/dev/null
+  # requests.parquet/ and iterations.parquet/ are folders of per-point parts: the device tool
+  # brings back at most 8 files, so the run travels as one archive.
+  tar -czf "$OUT/$name/run.tgz" -C "$run" .
+  cp "$run"/{manifest.json,summary.csv} "$OUT/$name/" 2>/dev/null
   echo "$run" > "$OUT/$name/run_dir.txt"
 }
 case "$1" in

@@ -62,8 +62,9 @@ def point_result(requests: pd.DataFrame, iterations: pd.DataFrame, *, mode: str,
     study = str(config.get("study", "prefixstudy"))
     res: dict[str, Any] = {
         "date": str(manifest.get("started_at", "")),
-        "endpoint_type": "vllm-offline",
-        "backend": "vllm",
+        # The backend that answered, as the manifest recorded it (runs before backends: vllm).
+        "endpoint_type": f"{manifest.get('engine', 'vllm')}-offline",
+        "backend": manifest.get("engine", "vllm"),
         "label": f"{study}-{mode}",
         "model_id": model,
         "tokenizer_id": model,

@@ -1,6 +1,6 @@
 """``python -m prefixstudy``: the same command line as the ``prefixstudy`` script."""
 
-from prefixstudy.cli import main
+from prefixstudy.cli import entrypoint
 
 if __name__ == "__main__":
-    main()
+    entrypoint()

@@ -4,6 +4,7 @@ and exit code 2 here, and nowhere else."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -53,5 +54,26 @@ main.add_command(init.init)
 for _cmd in (report.report, report.compare, report.export_bench):
     main.add_command(_cmd)
 
+
+
+def entrypoint() -> None:
+    """The ``prefixstudy`` script: the CLI, then a quiet interpreter teardown when vLLM's native
+    libraries were loaded in this process (the local executor): their nanobind finalizers print
+    hundreds of "leaked function" lines at exit, after the results line.  Teardown itself still
+    runs (engine shared memory is released); only what it prints on stderr is dropped."""
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    if "triton" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    entrypoint()

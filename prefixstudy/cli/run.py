@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -125,9 +126,18 @@ def _overrides(sets, **flags) -> dict:
 
 
 def _console(verbose: bool) -> None:
-    """Quiet by default: prefixstudy's own progress and results only; -v shows the engines' logs."""
+    """Quiet by default: prefixstudy's own progress bar, a line per point and where the results
+    went.  vLLM's and torch's start-up notes (warnings about kernels and allocators the study does
+    not depend on) are held back; -v shows everything.  The variables reach engine processes too."""
     if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        # Engine processes, and multiprocessing's resource tracker, which reports at exit the shared
+        # memory vLLM leaves for it to clean up.
+        os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning,ignore::DeprecationWarning,"
+                                                "ignore:resource_tracker:UserWarning")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
 
 

@@ -33,7 +33,7 @@ ENGINE_ENV = {
     "NCCL_NVLS_ENABLE": "0",  # NVLink multicast: unreliable on shared hosts
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
 }
-FORWARD_ENV_PREFIXES = ("VLLM_",)  # VLLM_LOGGING_LEVEL and friends follow the driver
+FORWARD_ENV_PREFIXES = ("VLLM_", "TORCH_CPP_LOG_LEVEL")  # VLLM_LOGGING_LEVEL and friends follow the driver
 STAMPS = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
 
 

@@ -106,13 +106,17 @@ def connect(address: str, num_cpus: int | None = None) -> bool:
         return False
     if address == "local" and os.environ.get("RAY_ADDRESS"):
         address = os.environ["RAY_ADDRESS"]
+    # Quiet unless -v: the actors' own output (vLLM's and torch's start-up notes, per engine) stays in
+    # Ray's session logs, and Ray's notes (token authentication) stay out of the progress bar.  A
+    # failing actor still reaches the results as a failed point with its cause.
+    verbose = logging.getLogger().isEnabledFor(logging.INFO)
+    quiet = dict(log_to_driver=verbose, logging_level=logging.WARNING if verbose else logging.ERROR)
     if address == "local":
-        # A dead actor's engine processes share its process group, which the raylet kills after it.
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, namespace=NAMESPACE,
-                 logging_level=logging.WARNING)
+                 **quiet)
     else:
         try:
-            ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING)
+            ray.init(address=address, namespace=NAMESPACE, **quiet)
         except ConnectionError as e:
             raise UserError(f"ray.address '{address}': cannot reach a Ray cluster ({e})") from None
     return True

@@ -367,7 +367,9 @@ def e2e_cdf(requests_ok: pd.DataFrame, saturated: Mapping[tuple[str, float], boo
         ax.set_title(f"{MODE_LABELS[mode]}", color=MODE_COLORS[mode])
         ax.set_xlabel(f"{metric.removesuffix('_ms').upper()} latency (ms, log scale)")
         ax.grid(True, which="both", alpha=0.3)
-        if len(rates) <= 10:
+        if not ax.get_legend_handles_labels()[0]:  # a mode this study did not run
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, alpha=0.6)
+        elif len(rates) <= 10:
             ax.legend(fontsize=7, loc="lower right", title="offered rate", title_fontsize=7)
         else:
             cb = fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.01)

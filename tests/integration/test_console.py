@@ -1,0 +1,30 @@
+"""What a user sees: a default `prefixstudy run` (Ray, the real tiny engine) prints its progress
+bar, one line per point and where the results went; nothing of Ray's, vLLM's or torch's."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engine
+# A progress-bar state: an optional description, then tqdm's "NN%|bar| n/N [time, rate]".
+BAR = re.compile(r"^((starting|restarting) engine \(cache (ON|OFF)\)|cache (ON|OFF) @ [0-9.]+ req/s)?:?\s*"
+                 r"\d+%\|[^|]*\| *\d+/\d+ \[[^\]]*\]\s*$")
+
+
+def test_default_run_console_is_progress_points_and_results_only(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "prefixstudy", "run", "--modes", "on", "--rates", "8",
+                        "--num-requests", "4", "--set", "sweep.warmup_requests=1", "--set", "dataset.output_len=16",
+                        "--out", str(tmp_path)], cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [ln for ln in re.split(r"[\r\n]", r.stdout + r.stderr) if ln.strip() and not BAR.match(ln)]
+    (run,) = (tmp_path / "default").iterdir()
+    assert len(lines) == 3, lines
+    assert re.fullmatch(r"\[ ON      8 req/s\] ok 4/4  e2e [0-9.]+ ms  prefill [0-9.]+ ms  hit 0\.949", lines[0])
+    assert lines[1:] == [f"results: {run}", f"report: {run / 'report.html'}"]
+    assert (Path(run) / "summary.csv").is_file()

@@ -57,6 +57,20 @@ class IterationSample:
     generation_tokens: int
 
 
+class IterationRecorder:
+    """The iteration half of the protocol for a backend that gets samples pushed to it: append to
+    ``self.samples`` while it is a list (recording), ignore them while it is None."""
+
+    samples: list[IterationSample] | None = None
+
+    def begin_iterations(self) -> None:
+        self.samples = []
+
+    def end_iterations(self) -> list[IterationSample]:
+        out, self.samples = self.samples or [], None
+        return out
+
+
 class Engine(Protocol):
     """One mode's engine.  ``block_size`` and ``startup_s`` are known once ``start`` returns.
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from prefixstudy.engines.base import EngineConfigBase, IterationSample, RequestTrace
+from prefixstudy.engines.base import EngineConfigBase, IterationRecorder, IterationSample, RequestTrace
 
 
 class EchoEngineConfig(EngineConfigBase):
@@ -24,7 +24,7 @@ class EchoEngineConfig(EngineConfigBase):
     decode_ms_per_token: float = Field(0.0, ge=0)
 
 
-class EchoEngine:
+class EchoEngine(IterationRecorder):
     kind = "echo"
 
     def __init__(self, model: str, engine: EchoEngineConfig, mode: str, *, ray_workers: bool = False):
@@ -32,7 +32,6 @@ class EchoEngine:
         self.block_size = engine.block_size or 16
         self.startup_s = 0.0
         self.cache: set[int] = set()
-        self.samples: list[IterationSample] | None = None
         self.running = 0
         self.dead = False
 
@@ -53,13 +52,6 @@ class EchoEngine:
 
     async def reset_prefix_cache(self) -> None:
         self.cache.clear()
-
-    def begin_iterations(self) -> None:
-        self.samples = []
-
-    def end_iterations(self) -> list[IterationSample]:
-        out, self.samples = self.samples or [], None
-        return out
 
     def is_dead(self) -> bool:
         return self.dead

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from prefixstudy.engines.base import EngineConfigBase, IterationSample, RequestTrace
+from prefixstudy.engines.base import EngineConfigBase, IterationRecorder, IterationSample, RequestTrace
 from prefixstudy.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ def _stat_logger_class(engine: "VllmEngine"):
     return SinkLogger
 
 
-class VllmEngine:
+class VllmEngine(IterationRecorder):
     """start → (reset / iterations / generate)* → shutdown, for one mode."""
 
     kind = "vllm"
@@ -170,7 +170,6 @@ class VllmEngine:
         # Inside a Ray placement group on GPUs, vLLM's workers take the group's bundles.
         self.extra = ({"distributed_executor_backend": "ray"}
                       if ray_workers and "distributed_executor_backend" not in engine.extra_args else {})
-        self.samples: list[IterationSample] | None = None  # None: not recording
         self.llm = None
         self.block_size = 0
         self.startup_s = float("nan")
@@ -241,13 +240,6 @@ class VllmEngine:
                 return
             await asyncio.sleep(0.05)
         raise RuntimeError("engine refused to reset its prefix cache")
-
-    def begin_iterations(self) -> None:
-        self.samples = []
-
-    def end_iterations(self) -> list[IterationSample]:
-        out, self.samples = self.samples or [], None
-        return out
 
     def is_dead(self) -> bool:
         return bool(self.llm is None or getattr(self.llm, "errored", False))

@@ -15,6 +15,7 @@ import pandas as pd
 import yaml
 
 from prefixstudy.errors import UserError
+from prefixstudy.metrics.requests import measured
 from prefixstudy.results.store import (CONFIG, ITERATIONS, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv,
                                        atomic_write_parquet, atomic_write_text, read_table, write_json)
 from prefixstudy.schema import SUMMARY_COLUMNS, typed_iterations, typed_requests
@@ -37,8 +38,8 @@ class StudyResults:
 
     @property
     def measured(self) -> pd.DataFrame:
-        """Requests that count: not warm-up."""
-        return self.requests[~self.requests["warmup"]]
+        """The measured requests (not warm-ups), failed and unfinished ones included."""
+        return measured(self.requests)
 
 
 def find_run_dir(path: Path) -> Path:

@@ -134,3 +134,22 @@ def test_settle_heap_frees_cyclic_garbage_and_freezes_the_rest():
         assert gc.get_freeze_count() > 10_000  # the interpreter, pandas, pytest: all frozen with it
     finally:
         gc.unfreeze()
+
+
+def test_every_file_of_a_run_and_its_report_is_readable_by_all_under_the_default_umask(tmp_path):
+    import os
+    import stat
+
+    from prefixstudy.report import build_report
+
+    old = os.umask(0o022)
+    try:
+        run = run_study(cfg_with(**{"out": str(tmp_path)}), progress=False)
+        build_report(run)
+    finally:
+        os.umask(old)
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert {"report.html", "report.md", "summary.csv", "manifest.json", "on-50.parquet"} <= {p.name for p in files}
+    assert any(p.suffix == ".png" for p in files) and any(p.suffix == ".svg" for p in files)
+    assert {p.relative_to(run).as_posix(): oct(stat.S_IMODE(p.stat().st_mode)) for p in files
+            if stat.S_IMODE(p.stat().st_mode) != 0o644} == {}

@@ -42,19 +42,32 @@ REQUEST_COLUMNS: dict[str, str] = {
     "error": "str",  # "" when ok; "unfinished: ..." when cancelled at the point's end
 }
 
-# One row per engine iteration (a StatLogger.record call), per point.
+# One row per engine step, per point.  ``timing`` says where the step was timed:
+#   "engine":   inside the engine core (engines.vllm_steps): step_ms is the step's own busy time;
+#   "frontend": runs before that: step_ms is the gap between two StatLogger records seen by the
+#               frontend, so the first step after an idle spell carries the whole idle gap;
+#   "request":  a backend without steps (echo): one row per request, its whole span.
 ITERATION_COLUMNS: dict[str, str] = {
     "mode": "str",
     "rate": "float64",
-    "t_s": "float64",  # since the point's start (measured part only)
-    "step_ms": "float64",  # time since the previous record in this point (NaN for the first)
+    "repeat": "int64",
+    "timing": "str",
+    "step_start_s": "float64",  # since the point's start (measured part only)
+    "t_s": "float64",  # step end, since the point's start
+    "step_ms": "float64",  # (t_s - step_start_s) * 1000; never contains idle time when timing is "engine"
+    "prefill_tokens": "int64",  # prompt tokens computed this step
+    "cached_tokens": "int64",  # prompt tokens served from the prefix cache to requests first scheduled here
+    "decode_tokens": "int64",  # tokens computed for requests past their prompt
+    "context_tokens": "int64",  # KV tokens the scheduled requests attend to after the step
+    "num_prefill_reqs": "int64",
+    "num_decode_reqs": "int64",
     "num_running": "int64",
     "num_waiting": "int64",
     "kv_cache_usage": "float64",  # 0..1
-    "prefix_queries": "int64",  # tokens queried against the prefix cache this step
-    "prefix_hits": "int64",  # tokens found in it
-    "prompt_tokens": "int64",  # prompt tokens computed this step
-    "generation_tokens": "int64",  # tokens generated this step
+    "prefix_queries": "int64",  # prompt tokens looked up in the prefix cache this step
+    "prefix_hits": "int64",  # of those, found in it
+    "prompt_tokens": "int64",  # = prefill_tokens (the name older runs used)
+    "generation_tokens": "int64",  # tokens sampled this step
 }
 
 LATENCY_METRICS = ("ttft", "tpot", "e2e", "queue", "prefill", "decode")
@@ -100,7 +113,21 @@ def typed_requests(df: pd.DataFrame | None = None) -> pd.DataFrame:
 
 
 def typed_iterations(df: pd.DataFrame | None = None) -> pd.DataFrame:
-    return _typed(pd.DataFrame() if df is None else df, ITERATION_COLUMNS)
+    return _typed(_legacy_iterations(pd.DataFrame() if df is None else df), ITERATION_COLUMNS)
+
+
+def _legacy_iterations(df: pd.DataFrame) -> pd.DataFrame:
+    """Iterations of runs before engine step timing (StatLogger records): fill the new columns from
+    the old ones, and say how they were timed."""
+    if len(df.columns) == 0 or "prefill_tokens" in df:
+        return df
+    df = df.copy()
+    df["timing"] = df["timing"] if "timing" in df else "frontend"
+    df["prefill_tokens"] = df.get("prompt_tokens", 0)
+    df["decode_tokens"] = df.get("generation_tokens", 0)
+    if "t_s" in df and "step_ms" in df:
+        df["step_start_s"] = df["t_s"] - df["step_ms"] / 1e3
+    return df
 
 
 @dataclass

@@ -45,16 +45,22 @@ class RequestTrace:
 
 @dataclass
 class IterationSample:
-    """One engine iteration (scheduler step), as the engine reported it."""
+    """One engine step, on the engine host's monotonic clock.  ``start_mono`` is never before the
+    previous step's ``end_mono``, and idle time is never inside a step (see engines.vllm_steps)."""
 
-    t_mono: float
+    start_mono: float
+    end_mono: float
+    prefill_tokens: int  # prompt tokens computed in this step
+    cached_tokens: int  # prompt tokens served from the prefix cache to requests first scheduled here
+    queried_tokens: int  # prompt tokens of the requests first scheduled here (looked up in the cache)
+    decode_tokens: int  # tokens computed for requests past their prompt
+    context_tokens: int  # KV tokens the scheduled requests attend to, after this step
+    num_prefill_reqs: int
+    num_decode_reqs: int
+    sampled_tokens: int  # requests that sampled a token (decoding, or prompt finished)
     num_running: int
     num_waiting: int
-    kv_cache_usage: float
-    prefix_queries: int
-    prefix_hits: int
-    prompt_tokens: int
-    generation_tokens: int
+    kv_cache_usage: float  # 0..1
 
 
 class IterationRecorder:

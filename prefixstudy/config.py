@@ -76,6 +76,14 @@ class SweepConfig(BaseModel):
     prime_prefixes: bool = True
     max_point_duration_s: float = Field(900.0, gt=0)  # after this, open requests are cancelled
     request_timeout_s: float = Field(300.0, gt=0)  # per-request deadline from its send time
+    # Every rate this many times, each repeat with its own arrival draw (seed: arrivals.seed + repeat).
+    # Repeats run sweep after sweep (all rates, then all rates again), so drift spreads over them.
+    repeats: int = Field(1, ge=1)
+    # Run only these repeats (e.g. to give repeats to different machines and `prefixstudy merge`
+    # them); None: all.
+    only_repeats: list[int] | None = None
+    # The points still to run when a run is resumed (study.pending_configs); never saved.
+    run_points: list[tuple[float, int]] | None = Field(None, exclude=True)
 
     @field_validator("rates")
     @classmethod
@@ -98,8 +106,22 @@ class SweepConfig(BaseModel):
     def _unique_modes(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
 
+    @model_validator(mode="after")
+    def _repeats_in_range(self) -> "SweepConfig":
+        for k in self.only_repeats or ():
+            if not 0 <= k < self.repeats:
+                raise ValueError(f"only_repeats: {k} is not a repeat of 0..{self.repeats - 1}")
+        return self
+
     def requests_for(self, rate: float) -> int:
         return max(self.num_requests, math.ceil(rate * self.min_duration_s))
+
+    def points(self) -> list[tuple[float, int]]:
+        """(rate, repeat) in the order they run: the whole sweep, then again for the next repeat."""
+        if self.run_points is not None:
+            return list(self.run_points)
+        repeats = self.only_repeats if self.only_repeats is not None else range(self.repeats)
+        return [(rate, k) for k in repeats for rate in self.rates]
 
 
 class CheckConfig(BaseModel):

@@ -26,7 +26,7 @@ from prefixstudy.workloads.base import DatasetRow, expected_cached, group_prefix
 
 
 def make_record(mode: str, rate: float, index: int, request_id: str, row: DatasetRow, warmup: bool,
-                scheduled_s: float, t0: float, tr: RequestTrace, expected: int = 0) -> RequestRecord:
+                scheduled_s: float, t0: float, tr: RequestTrace, expected: int = 0, repeat: int = 0) -> RequestRecord:
     """Client times are on time.monotonic(); engine stamps are the engine's own monotonic stamps."""
     nan = float("nan")
     times = np.asarray(tr.token_times)
@@ -42,7 +42,7 @@ def make_record(mode: str, rate: float, index: int, request_id: str, row: Datase
         return (b - a) * 1e3 if a > 0 and b > 0 else nan
 
     return RequestRecord(
-        mode=mode, rate=rate, request_index=index, request_id=request_id, group=row.group, warmup=warmup,
+        mode=mode, rate=rate, repeat=repeat, request_index=index, request_id=request_id, group=row.group, warmup=warmup,
         prompt_tokens=len(row.prompt_token_ids), output_tokens=n, num_cached_tokens=tr.num_cached_tokens,
         expected_cached_tokens=expected,
         scheduled_s=scheduled_s, sent_s=tr.sent_mono - t0,
@@ -59,14 +59,19 @@ def make_record(mode: str, rate: float, index: int, request_id: str, row: Datase
     )
 
 
-def iteration_frame(mode: str, rate: float, samples: list[IterationSample], t0: float) -> pd.DataFrame:
+def iteration_frame(mode: str, rate: float, samples: list[IterationSample], t0: float, repeat: int = 0,
+                    timing: str = "engine") -> pd.DataFrame:
+    """Engine steps as iteration rows, times in seconds since the point's start ``t0``."""
     df = pd.DataFrame([asdict(s) for s in samples])
     if df.empty:
         return typed_iterations(df)
-    df["t_s"] = df.pop("t_mono") - t0
-    df["step_ms"] = df["t_s"].diff() * 1e3
-    df.insert(0, "mode", mode)
-    df.insert(1, "rate", rate)
+    df["step_start_s"] = df.pop("start_mono") - t0
+    df["t_s"] = df.pop("end_mono") - t0
+    df["step_ms"] = (df["t_s"] - df["step_start_s"]) * 1e3
+    df = df.rename(columns={"queried_tokens": "prefix_queries", "sampled_tokens": "generation_tokens"})
+    df["prefix_hits"] = df["cached_tokens"]
+    df["prompt_tokens"] = df["prefill_tokens"]
+    df["mode"], df["rate"], df["repeat"], df["timing"] = mode, rate, repeat, timing
     return typed_iterations(df)
 
 
@@ -97,9 +102,9 @@ class ModeSession:
         self.engine = make_engine(self.cfg, self.mode, ray_workers=self.ray_workers)
         await self.engine.start()
 
-    def _rid(self, kind: str, rate: float, i: int) -> str:
+    def _rid(self, kind: str, rate: float, i: int, repeat: int = 0) -> str:
         self._seq += 1  # request ids stay unique across points on one engine
-        return f"{self.mode}-{rate:g}-{kind}{i}-{self._seq}"
+        return f"{self.mode}-{rate:g}-r{repeat}-{kind}{i}-{self._seq}"
 
     def _warmup_rows(self, n: int) -> list[DatasetRow]:
         """Same group prefixes, fresh suffixes: warm-ups must not pre-cache measured suffixes."""
@@ -113,27 +118,28 @@ class ModeSession:
             out.append(DatasetRow(f"warmup{i}", base.prompt_token_ids[:keep] + suffix, base.output_len, base.group))
         return out
 
-    async def run_point(self, rate: float) -> PointResult:
+    async def run_point(self, rate: float, repeat: int = 0) -> PointResult:
         try:
-            return await self._run_point(rate)
+            return await self._run_point(rate, repeat)
         except Exception as e:  # the engine died or refused: the point is a failed row, the sweep goes on
-            return PointResult.failed(self.mode, rate, f"{type(e).__name__}: {e}",
+            return PointResult.failed(self.mode, rate, f"{type(e).__name__}: {e}", repeat,
                                       traceback=traceback.format_exc(limit=5))
 
-    async def _run_point(self, rate: float) -> PointResult:
+    async def _run_point(self, rate: float, repeat: int) -> PointResult:
         sw, eng = self.cfg.sweep, self.engine
         n = sw.requests_for(rate)
         rows = [self.rows[i % len(self.rows)] for i in range(n)]
+        # Each repeat its own draw; ON and OFF of one repeat the same one (they are paired by index).
         offsets = arrivals.schedule(n, rate, self.cfg.arrivals.process, self.cfg.arrivals.burstiness,
-                                    self.cfg.arrivals.seed)
+                                    self.cfg.arrivals.seed + repeat)
         started_at = time.time()
         await eng.reset_prefix_cache()
         settle_heap()
-        records, warm_groups, warmup_s = await self._prime_and_warm_up(rate)
+        records, warm_groups, warmup_s = await self._prime_and_warm_up(rate, repeat)
 
         eng.begin_iterations()
         t0 = time.monotonic()
-        ids = [self._rid("m", rate, i) for i in range(n)]
+        ids = [self._rid("m", rate, i, repeat) for i in range(n)]
         tasks = await self._dispatch(rows, offsets, ids, t0)
         duration_s = time.monotonic() - t0
         samples = eng.end_iterations()
@@ -142,29 +148,33 @@ class ModeSession:
             # Requests the deadline stopped before they were sent are still rows: never dropped.
             tr = tasks[i].result() if i < len(tasks) else \
                 RequestTrace(float("nan"), error="unfinished: not sent before max_point_duration_s")
-            records.append(make_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), t0, tr, exp[i]))
+            records.append(make_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), t0, tr, exp[i],
+                                       repeat))
         dead = eng.is_dead()
+        timing = getattr(eng, "step_timing", "engine")
         meta = {"status": "failed" if dead else "ok", "error": "engine died during the point" if dead else "",
                 "n_sent": n, "started_at": started_at, "duration_s": duration_s, "warmup_s": warmup_s,
-                "block_size": eng.block_size, "engine_startup_s": eng.startup_s}
+                "block_size": eng.block_size, "engine_startup_s": eng.startup_s, "step_timing": timing}
         req = typed_requests(pd.DataFrame([asdict(r) for r in records]))
-        return PointResult(self.mode, rate, req, iteration_frame(self.mode, rate, samples, t0), meta)
+        its = iteration_frame(self.mode, rate, samples, t0, repeat, timing)
+        return PointResult(self.mode, rate, req, its, meta, repeat)
 
-    async def _prime_and_warm_up(self, rate: float) -> tuple[list[RequestRecord], set[int], float]:
+    async def _prime_and_warm_up(self, rate: float, repeat: int) -> tuple[list[RequestRecord], set[int], float]:
         """Each group's prefix once (so ON's first measured request can hit), then the warm-ups,
         recorded apart.  Returns their records, the groups now cached, and the warm-up seconds."""
         warm_groups: set[int] = set()
         if self.cfg.sweep.prime_prefixes:
             for g, prefix in sorted(self.prefixes.items()):
                 if prefix:
-                    await self.engine.generate(prefix, 1, self._rid("prime", rate, g), RequestTrace(time.monotonic()))
+                    await self.engine.generate(prefix, 1, self._rid("prime", rate, g, repeat),
+                                               RequestTrace(time.monotonic()))
                     warm_groups.add(g)
         records: list[RequestRecord] = []
         tw = time.monotonic()
         for i, row in enumerate(self._warmup_rows(self.cfg.sweep.warmup_requests)):
-            rid = self._rid("warmup", rate, i)
+            rid = self._rid("warmup", rate, i, repeat)
             tr = await self._one(row, rid, time.monotonic())
-            records.append(make_record(self.mode, rate, i, rid, row, True, float("nan"), tw, tr))
+            records.append(make_record(self.mode, rate, i, rid, row, True, float("nan"), tw, tr, repeat=repeat))
             warm_groups.add(row.group)
         return records, warm_groups, time.monotonic() - tw
 

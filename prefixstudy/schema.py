@@ -18,6 +18,7 @@ MODES = ("on", "off")  # prefix caching enabled / disabled
 REQUEST_COLUMNS: dict[str, str] = {
     "mode": "str",  # "on" | "off"
     "rate": "float64",  # offered request rate of the point, req/s
+    "repeat": "int64",  # which repeat of the rate (0-based); each has its own arrival draw
     "request_index": "int64",  # position in the point's schedule; pairs ON with OFF
     "request_id": "str",
     "group": "int64",  # prefix group of the dataset row
@@ -76,7 +77,7 @@ PERCENTILES = (50, 90, 99)
 
 def summary_columns() -> list[str]:
     cols = [
-        "mode", "rate", "status", "n_sent", "n_ok", "n_failed", "n_unfinished",
+        "mode", "rate", "repeat", "status", "n_sent", "n_ok", "n_failed", "n_unfinished",
         "duration_s", "achieved_rate", "output_tok_s",
     ]
     for m in LATENCY_METRICS:
@@ -86,6 +87,12 @@ def summary_columns() -> list[str]:
         "prefill_share", "hit_rate_measured", "hit_rate_expected", "hit_rate_ok",
         "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "saturated", "error",
         "saturation_reason",  # why a point is saturated ("" when it is not); added after the first studies
+        # Saturation as measured in the point's arrival window (metrics.saturation):
+        "arrival_rate",  # the rate the schedule actually offered, req/s
+        "completion_ratio", "in_system_first", "in_system_last", "e2e_first_ms", "e2e_last_ms",
+        # From the engine's steps and the study's step-cost fit (metrics.engine_fit):
+        "step_timing", "busy_steps", "engine_prefill_share", "engine_prefill_share_lo", "engine_prefill_share_hi",
+        "decode_slowdown", "decode_slowdown_lo", "decode_slowdown_hi",
     ]
     return cols
 
@@ -136,6 +143,7 @@ class RequestRecord:
 
     mode: str
     rate: float
+    repeat: int
     request_index: int
     request_id: str
     group: int
@@ -171,7 +179,19 @@ class PointResult:
     requests: pd.DataFrame
     iterations: pd.DataFrame
     meta: dict = field(default_factory=dict)
+    repeat: int = 0
+
+    @property
+    def key(self) -> tuple[str, float, int]:
+        return (self.mode, float(self.rate), int(self.repeat))
 
     @classmethod
-    def failed(cls, mode: str, rate: float, error: str, **meta) -> "PointResult":
-        return cls(mode, rate, typed_requests(), typed_iterations(), {"status": "failed", "error": error, **meta})
+    def failed(cls, mode: str, rate: float, error: str, repeat: int = 0, **meta) -> "PointResult":
+        return cls(mode, rate, typed_requests(), typed_iterations(), {"status": "failed", "error": error, **meta},
+                   repeat)
+
+
+def point_key(p: dict) -> tuple[str, float, int]:
+    """A point's identity, from a manifest entry or a summary row (runs before repeats: repeat 0)."""
+    rep = p.get("repeat", 0)
+    return (p["mode"], float(p["rate"]), 0 if rep is None or rep != rep else int(rep))

@@ -21,7 +21,7 @@ from prefixstudy.results import find_run_dir, load
 from prefixstudy.results.provenance import base_manifest, device_name, now
 from prefixstudy.results.store import CONFIG
 from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
-from prefixstudy.schema import PointResult
+from prefixstudy.schema import PointResult, point_key
 from prefixstudy.workloads import DatasetRow, describe, load_rows
 
 log = logging.getLogger(__name__)
@@ -69,10 +69,10 @@ class Study:
     def point_done(self, res: PointResult) -> dict:
         row = self.writer.add(res)
         if not row["hit_rate_ok"]:
-            msg = (f"cache {res.mode.upper()} @ {res.rate:g} req/s: prefix hit rate {row['hit_rate_measured']:.3f}, "
-                   f"expected {row['hit_rate_expected']:.3f}")
+            msg = (f"cache {res.mode.upper()} @ {res.rate:g} req/s (repeat {res.repeat}): prefix hit rate "
+                   f"{row['hit_rate_measured']:.3f}, expected {row['hit_rate_expected']:.3f}")
             if self.cfg.checks.fail_on_hit_rate_mismatch:
-                self.writer.mark_failed(res.mode, res.rate, f"hit-rate check: {msg}")
+                self.writer.mark_failed(res.key, f"hit-rate check: {msg}")
                 raise StudyFailed(f"{msg} (checks.fail_on_hit_rate_mismatch is set)")
             log.warning("warning: %s", msg)
         return row
@@ -86,22 +86,22 @@ class Study:
         self.writer.save_manifest()
 
     def pending_configs(self) -> list[StudyConfig]:
-        """Configs restricted to the points still to run: one config when every mode lacks the same
-        rates (modes may then run side by side), else one per mode."""
+        """Configs restricted to the points (rate, repeat) still to run: one config when every mode
+        lacks the same points (modes may then run side by side), else one per mode."""
         cfg = self.cfg
-        done = {(p["mode"], p["rate"]) for p in self.writer.points if p.get("status") == "ok"}
-        pending = {m: [r for r in cfg.sweep.rates if (m, r) not in done] for m in cfg.sweep.modes}
-        pending = {m: rs for m, rs in pending.items() if rs}
+        done = {point_key(p) for p in self.writer.points if p.get("status") == "ok"}
+        pending = {m: [(r, k) for r, k in cfg.sweep.points() if (m, float(r), k) not in done] for m in cfg.sweep.modes}
+        pending = {m: pts for m, pts in pending.items() if pts}
         if not pending:
             return []
-        if len({tuple(rs) for rs in pending.values()}) == 1:
+        if len({tuple(pts) for pts in pending.values()}) == 1:
             groups = [(list(pending), next(iter(pending.values())))]
         else:
-            groups = [([m], rs) for m, rs in pending.items()]
+            groups = [([m], pts) for m, pts in pending.items()]
         out = []
-        for modes, rates in groups:
+        for modes, pts in groups:
             sub = cfg.model_copy(deep=True)
-            sub.sweep.modes, sub.sweep.rates = modes, rates
+            sub.sweep.modes, sub.sweep.run_points = modes, pts
             out.append(sub)
         return out
 

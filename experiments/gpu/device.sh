@@ -5,6 +5,9 @@
 #   unpack               join the parts and extract vLLM 0.26.0 + Ray 2.60.0 into /tmp/site
 #   study CONFIG [ARGS]  prefixstudy run CONFIG (a shipped name, e.g. h200-tp1, or a path) into /tmp/results, results copied to $OUT
 #   resume               prefixstudy run --resume the newest run in /tmp/results
+#   swap CONFIG GPU0_MODE REPEATS [ARGS]
+#                        like split, for some repeats only, with GPU 0 serving GPU0_MODE (GPU 1 the
+#                        other): run it twice with the modes swapped, so no mode owns a GPU
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -41,9 +44,18 @@ case "$1" in
     wait
     for m in on off; do grep -v "INFO\|^(.*) WARNING" /tmp/split-$m.log | tail -25 > "$OUT/$m.log"; done
     tar -czf "$OUT/runs.tgz" -C /tmp results-on results-off ;;
+  swap) shift; cfg=$1; m0=$2; reps=$3; shift 3
+    m1=$([ "$m0" = on ] && echo off || echo on); tag=$m0-$(echo "$reps" | tr -d '[], ' )
+    for i in 0 1; do m=$([ $i = 0 ] && echo "$m0" || echo "$m1")
+      CUDA_VISIBLE_DEVICES=$i VLLM_CACHE_ROOT=/tmp/vc-$m ps run "$cfg" --out "/tmp/swap-$tag/$m" --modes "$m" \
+        --executor local --no-report --quiet --set "sweep.only_repeats=$reps" "$@" > "/tmp/swap-$tag-$m.log" 2>&1 &
+    done
+    wait
+    for m in on off; do grep -v "INFO\|^(.*) WARNING" "/tmp/swap-$tag-$m.log" | tail -40 > "$OUT/$tag-$m.log"; done
+    tar -czf "$OUT/swap-$tag.tgz" -C /tmp "swap-$tag" ;;
   resume)
     run=$(ls -d /tmp/results/*/*/ | sort | tail -1)
     ps run --resume "$run" --no-report --quiet 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/resume.log"
     collect ;;
-  *) echo "usage: device.sh part NN | unpack | study CONFIG [ARGS] | split CONFIG [ARGS] | resume" >&2; exit 2 ;;
+  *) echo "usage: device.sh part NN | unpack | study CONFIG [ARGS] | split CONFIG [ARGS] | swap CONFIG MODE REPEATS [ARGS] | resume" >&2; exit 2 ;;
 esac

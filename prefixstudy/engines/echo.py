@@ -26,6 +26,7 @@ class EchoEngineConfig(EngineConfigBase):
 
 class EchoEngine(IterationRecorder):
     kind = "echo"
+    step_timing = "request"  # iteration rows are requests, not engine steps
 
     def __init__(self, model: str, engine: EchoEngineConfig, mode: str, *, ray_workers: bool = False):
         self.config, self.mode = engine, mode
@@ -88,9 +89,11 @@ class EchoEngine(IterationRecorder):
             self.running -= 1
         trace.num_cached_tokens = cached
         trace.first_token_ts, trace.last_token_ts = trace.token_times[0], trace.token_times[-1]
-        if self.samples is not None:
-            self.samples.append(IterationSample(time.monotonic(), self.running, 0, 0.0, len(prompt_token_ids),
-                                                cached, len(prompt_token_ids) - cached, output_len))
+        if self.samples is not None:  # no steps here: one sample per request, its whole span
+            n = len(prompt_token_ids)
+            self.samples.append(IterationSample(
+                trace.scheduled_ts, time.monotonic(), n - cached, cached, n, output_len - 1, n + output_len,
+                1, 1, output_len, self.running, 0, 0.0))
         return trace
 
     def shutdown(self) -> None:

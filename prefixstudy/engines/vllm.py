@@ -168,6 +168,7 @@ class VllmEngine:
     """start → (reset / iterations / generate)* → shutdown, for one mode."""
 
     kind = "vllm"
+    step_timing = "engine"  # iteration rows are engine steps, timed inside the engine core
 
     def __init__(self, model: str, engine: VllmEngineConfig, mode: str, *, ray_workers: bool = False):
         self.model, self.config, self.mode = model, engine, mode

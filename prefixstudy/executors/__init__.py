@@ -61,16 +61,21 @@ def pick_executor(cfg: "StudyConfig") -> Executor:
 
 
 def total_requests(cfg: "StudyConfig") -> int:
-    per_mode = sum(cfg.sweep.requests_for(r) for r in cfg.sweep.rates)
+    per_mode = sum(cfg.sweep.requests_for(r) for r, _ in cfg.sweep.points())
     return per_mode * len(cfg.sweep.modes)
 
 
-def point_line(mode: str, rate: float, s: dict, error: str = "") -> str:
+def repeat_tag(cfg: "StudyConfig", repeat: int) -> str:
+    """" (repeat 2/3)" on a study with repeats, "" otherwise."""
+    return f" (repeat {repeat + 1}/{cfg.sweep.repeats})" if cfg.sweep.repeats > 1 else ""
+
+
+def point_line(mode: str, rate: float, s: dict, error: str = "", tag: str = "") -> str:
     """The one console line a finished point gets."""
     def ms(v):
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
 
-    return (f"[{mode.upper():>3} {rate:>6g} req/s] ok {s.get('n_ok')}/{s.get('n_sent')}  "
+    return (f"[{mode.upper():>3} {rate:>6g} req/s{tag}] ok {s.get('n_ok')}/{s.get('n_sent')}  "
             f"e2e {ms(s.get('mean_e2e_ms'))} ms  prefill {ms(s.get('mean_prefill_ms'))} ms  "
             f"hit {s.get('hit_rate_measured', float('nan')):.3f}"
             + ("  SATURATED" if s.get("saturated") else "")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from prefixstudy.executors import StudySink, point_line, total_requests
+from prefixstudy.executors import StudySink, point_line, repeat_tag, total_requests
 from prefixstudy.runner import ModeSession
 
 if TYPE_CHECKING:
@@ -26,11 +26,12 @@ class LocalExecutor:
             for mode in cfg.sweep.modes:
                 bar.set_description(f"starting engine (cache {mode.upper()})")
                 async with ModeSession(cfg, mode, rows, progress=bar.update) as session:
-                    for rate in cfg.sweep.rates:
-                        bar.set_description(f"cache {mode.upper()} @ {rate:g} req/s")
-                        res = await session.run_point(rate)
+                    for rate, repeat in cfg.sweep.points():
+                        bar.set_description(f"cache {mode.upper()} @ {rate:g} req/s" + repeat_tag(cfg, repeat))
+                        res = await session.run_point(rate, repeat)
                         failed = res.meta.get("status") == "failed"
-                        bar.write(point_line(mode, rate, sink.point_done(res), res.meta.get("error", "") if failed else ""))
+                        bar.write(point_line(mode, rate, sink.point_done(res), res.meta.get("error", "") if failed else "",
+                                             repeat_tag(cfg, repeat)))
                         if failed and session.engine.is_dead():
                             bar.set_description(f"restarting engine (cache {mode.upper()})")
                             await session.restart()

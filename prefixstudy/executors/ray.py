@@ -24,7 +24,7 @@ from tqdm import tqdm
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines import engine_class
 from prefixstudy.errors import UserError
-from prefixstudy.executors import StudySink, point_line, total_requests
+from prefixstudy.executors import StudySink, point_line, repeat_tag, total_requests
 from prefixstudy.executors.ray_plan import actor_name, plan_parallel, summarize_actor_error
 from prefixstudy.runner import ModeSession
 from prefixstudy.schema import PointResult
@@ -77,8 +77,8 @@ class EngineActor:
                 **engine_class(self.session.cfg.engine.kind).versions(),
                 "startup_s": self.session.engine.startup_s, "block_size": self.session.engine.block_size}
 
-    async def run_point(self, rate: float) -> PointResult:
-        return await self.session.run_point(rate)
+    async def run_point(self, rate: float, repeat: int = 0) -> PointResult:
+        return await self.session.run_point(rate, repeat)
 
     async def recover(self) -> bool:
         """After a failed point: restart the engine if it died inside this (living) actor."""
@@ -197,19 +197,20 @@ class _ModeRunner:
             ex.all_up.set()
         await ex.all_up.wait()
         dead = False
-        for rate in ex.cfg.sweep.rates:
+        for rate, repeat in ex.cfg.sweep.points():
             if dead:  # only now, so a failure at the last point costs no engine start
                 await self._replace_actor()
                 dead = False
-            ex.bar.set_description(f"cache {self.mode.upper()} @ {rate:g} req/s")
+            ex.bar.set_description(f"cache {self.mode.upper()} @ {rate:g} req/s" + repeat_tag(ex.cfg, repeat))
             asked_at = time.time()
             try:
-                res = await self.actor.run_point.remote(rate)
+                res = await self.actor.run_point.remote(rate, repeat)
             except RayActorError as e:
-                res, dead = PointResult.failed(self.mode, rate, summarize_actor_error(e), started_at=asked_at), True
+                res, dead = PointResult.failed(self.mode, rate, summarize_actor_error(e), repeat,
+                                               started_at=asked_at), True
             except RayError as e:  # the call failed, the actor may live: recover() below will tell
                 res = PointResult.failed(self.mode, rate, f"{type(e).__name__}: {' '.join(str(e).split())}"[:500],
-                                         started_at=asked_at)
+                                         repeat, started_at=asked_at)
             self.finished_requests += ex.cfg.sweep.requests_for(rate)
             ex.point_done(res)
             if res.meta.get("status") == "failed" and not dead:
@@ -301,7 +302,8 @@ class RayExecutor:
     def point_done(self, res: PointResult) -> None:
         summary = self.sink.point_done(res)
         failed = res.meta.get("status") == "failed"
-        self.bar.write(point_line(res.mode, res.rate, summary, res.meta.get("error", "") if failed else ""))
+        self.bar.write(point_line(res.mode, res.rate, summary, res.meta.get("error", "") if failed else "",
+                                  repeat_tag(self.cfg, res.repeat)))
         self._refresh_bar()
 
     def _refresh_bar(self) -> None:

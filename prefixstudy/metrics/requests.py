@@ -11,7 +11,7 @@ import pandas as pd
 
 from prefixstudy.errors import UserError
 
-KEY = ["mode", "rate"]
+KEY = ["mode", "rate", "repeat"]  # one point
 SLO_KEYS = {"ttft": "ttft_ms", "e2e": "e2e_ms", "tpot": "tpot_ms"}
 SLO_ALIASES = {"e2el": "e2e"}  # vLLM's --goodput name
 
@@ -142,8 +142,9 @@ def meets_slo(requests: pd.DataFrame, slo: Mapping[str, float]) -> pd.Series:
 
 
 def point_durations(requests: pd.DataFrame) -> pd.DataFrame:
-    """Per point (mode, rate, duration_s): ``duration_s`` of its counted requests, as summary.csv has it."""
-    rows = [{"mode": m, "rate": r, "duration_s": duration_s(g)} for (m, r), g in counted(requests).groupby(KEY)]
+    """Per point (mode, rate, repeat, duration_s): ``duration_s`` of its counted requests, as summary.csv has it."""
+    rows = [{"mode": m, "rate": r, "repeat": k, "duration_s": duration_s(g)}
+            for (m, r, k), g in counted(requests).groupby(KEY)]
     return pd.DataFrame(rows, columns=KEY + ["duration_s"])
 
 
@@ -156,7 +157,7 @@ def goodput(requests: pd.DataFrame, slo: Mapping[str, float],
     """
     m = measured(requests)
     good = meets_slo(m, slo)
-    g = pd.DataFrame({"mode": m["mode"], "rate": m["rate"], "good": good.astype(int)})
+    g = pd.DataFrame({"mode": m["mode"], "rate": m["rate"], "repeat": m["repeat"], "good": good.astype(int)})
     g = g.groupby(KEY, sort=True).agg(n_good=("good", "sum"), n_measured=("good", "size")).reset_index()
     dur = durations[KEY + ["duration_s"]] if durations is not None else point_durations(requests)
     g = g.merge(dur, on=KEY, how="left")

@@ -6,31 +6,32 @@ import math
 
 import pandas as pd
 
-from prefixstudy.metrics.summary import ACHIEVED_MIN_RATIO, QUEUE_GROWTH_MIN, QUEUE_GROWTH_REL
+from prefixstudy.metrics.saturation import COMPLETION_MIN, GROWTH_MIN, GROWTH_REL, TREND_REL
 from prefixstudy.report.data import KEY, ReportData
 from prefixstudy.report.render import SAT_MARK
 from prefixstudy.results import StudyResults
 from prefixstudy.schema import MODES
 
 ESTIMATOR_TEXT = (
-    "Engine-level prefill share: we fit step_ms = a + b·prompt_tokens + c·generation_tokens "
-    "by ordinary least squares over every busy engine iteration (finite step_ms > 0 and at least "
-    "one token computed), pooled over both modes, because prefix caching changes how many prompt "
-    "tokens are computed, not what computing one costs; pooling also spans a wider range of "
-    "prompt-token counts, which makes b better determined. For each point the share is "
-    "b·Σprompt_tokens / Σstep_ms over that point's busy iterations: the fraction of engine busy "
-    "time spent computing prompt tokens. Caveats: step_ms is the time between two engine "
-    "records, so host overhead lands in a; attention cost grows with context length, which a "
-    "linear model averages over. Per-mode fits are shown for comparison. Request-level prefill "
-    "share is mean(prefill_ms) / mean(e2e_ms) over counted requests."
+    "Engine-level prefill share: every engine step is timed inside vLLM's engine core (a scheduler "
+    "subclass stamps each step's start and end; idle time is never inside a step). We fit "
+    "step_ms = a + b·prefill_tokens + e·prefill_requests + c·decode_tokens by least squares over the "
+    "study's busy steps, both modes pooled (caching changes how many prompt tokens a step computes, "
+    "not what one costs); e is a prefill's cost beyond its tokens (a cached prefill still attends to "
+    "its whole context). Per point the share is Σ(b·prefill_tokens + e·prefill_requests) / Σstep_ms, "
+    "and the decode slowdown is Σ(decode_tokens·step_ms) / Σ(decode_tokens·(step_ms − prefill cost)): "
+    "how much longer steps were, per decode token, for the prefill work they carried. Intervals: "
+    "95 % moving-block bootstrap of the steps (repeats resampled too), coefficients refitted on each "
+    "resample. Runs timed before this at the frontend keep only steps that follow a busy record."
 )
 SATURATION_TEXT = (
-    f"A point is saturated when its achieved rate is below {ACHIEVED_MIN_RATIO:.0%} of the "
-    f"offered rate, when a measured request was left unfinished, or when the waiting queue keeps "
-    f"growing: over the arrival window (first iteration to last scheduled arrival), mean num_waiting "
-    f"of the last third exceeds that of the first third by at least {QUEUE_GROWTH_MIN:g} requests and "
-    f"by at least {QUEUE_GROWTH_REL:.0%}. The knee rate of a mode is the highest offered rate below "
-    f"its first saturated rate. The saturated flag and its reason are summary.csv's."
+    f"A point is saturated when, within its arrival window, a sent request was left unfinished, fewer "
+    f"than {COMPLETION_MIN:.0%} of the arrivals completed within the window shifted by the early "
+    f"latency, the number of requests in the engine (running + waiting) rose from the first third to "
+    f"the last by at least {GROWTH_MIN:g} and {GROWTH_REL:.0%}, or mean E2E of the last third reached "
+    f"{TREND_REL:g}× the first third's. A saturated point's latency grows with how long it runs: it is "
+    f"a bound, and so is a gain measured there. The knee lies between the last rate where no repeat "
+    f"saturated and the next one."
 )
 COUNTED_TEXT = "Counted requests: warmup == False and error == \"\". Percentiles: linear interpolation."
 

@@ -60,7 +60,10 @@ def read_summary(path: Path) -> pd.DataFrame:
     if not path.is_file():
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     # An empty error field must stay "", not become NaN.
-    return pd.read_csv(path, converters={"error": str, "status": str, "mode": str})
+    df = pd.read_csv(path, converters={"error": str, "status": str, "mode": str, "saturation_reason": str})
+    if "repeat" not in df:  # runs before repeats
+        df.insert(2, "repeat", 0)
+    return df
 
 
 def load(path: str | Path) -> StudyResults:

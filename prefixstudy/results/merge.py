@@ -10,7 +10,7 @@ from prefixstudy.errors import UserError
 from prefixstudy.results import find_run_dir, load
 from prefixstudy.results.store import CONFIG
 from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
-from prefixstudy.schema import PointResult
+from prefixstudy.schema import PointResult, point_key
 
 
 def merge_runs(run_dirs: list[Path], out: Path) -> Path:
@@ -24,16 +24,17 @@ def merge_runs(run_dirs: list[Path], out: Path) -> Path:
     for r in runs:
         flat = flat_config(r.config)
         diff = sorted(k for k in base.keys() | flat.keys()
-                      if k not in ("sweep.modes", "out") and base.get(k) != flat.get(k))
+                      if k not in ("sweep.modes", "sweep.only_repeats", "out") and base.get(k) != flat.get(k))
         if diff:
             raise UserError(f"{r.path}: config differs from {runs[0].path} at field '{diff[0]}'; "
                             "only runs of one study can be merged")
         modes += [m for m in r.config.get("sweep", {}).get("modes", []) if m not in modes]
-    seen = [(p["mode"], p["rate"]) for r in runs for p in r.manifest.get("points", [])]
+    seen = [point_key(p) for r in runs for p in r.manifest.get("points", [])]
     if len(seen) != len(set(seen)):
-        raise UserError("merge: two runs hold the same point (mode and rate); merge runs of different modes")
+        raise UserError("merge: two runs hold the same point (mode, rate and repeat); merge runs of different "
+                        "modes or repeats")
     data = dict(runs[0].config)
-    data["sweep"] = {**data.get("sweep", {}), "modes": sorted(modes, key=["on", "off"].index)}
+    data["sweep"] = {**data.get("sweep", {}), "modes": sorted(modes, key=["on", "off"].index), "only_repeats": None}
     cfg = parse_config(data, str(runs[0].path / CONFIG))
     manifest = dict(runs[0].manifest)
     manifest.update(
@@ -50,11 +51,11 @@ def merge_runs(run_dirs: list[Path], out: Path) -> Path:
     writer.start()
     for r in runs:
         for p in r.manifest.get("points", []):
-            mode, rate = p["mode"], float(p["rate"])
-            meta = {k: v for k, v in p.items() if k not in ("mode", "rate")}
-            writer.add(PointResult(mode, rate, _at(r.requests, mode, rate), _at(r.iterations, mode, rate), meta))
+            key = point_key(p)
+            meta = {k: v for k, v in p.items() if k not in ("mode", "rate", "repeat")}
+            writer.add(PointResult(key[0], key[1], _at(r.requests, key), _at(r.iterations, key), meta, key[2]))
     return run_dir
 
 
-def _at(df, mode: str, rate: float):
-    return df[(df["mode"] == mode) & (df["rate"] == rate)]
+def _at(df, key: tuple[str, float, int]):
+    return df[(df["mode"] == key[0]) & (df["rate"] == key[1]) & (df["repeat"] == key[2])]

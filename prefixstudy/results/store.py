@@ -5,9 +5,10 @@ Layout of one run, ``<out>/<study>/<run-id>/``::
 
     config.yaml          the fully resolved StudyConfig
     manifest.json        versions, device, times, status of every point
-    requests.parquet/    schema.REQUEST_COLUMNS: one part per point, <mode>-<rate>.parquet
+    requests.parquet/    schema.REQUEST_COLUMNS: one part per point, <mode>-<rate>[-r<repeat>].parquet
     iterations.parquet/  schema.ITERATION_COLUMNS: one part per point
-    summary.csv          schema.SUMMARY_COLUMNS, one row per mode x rate
+    summary.csv          schema.SUMMARY_COLUMNS, one row per mode x rate x repeat
+    headline.csv         metrics.headline: one row per rate, over repeats, with intervals
 
 The parquet folders are parquet datasets: ``pandas.read_parquet("requests.parquet")`` reads all
 parts as one table.  Each point is written once, as its own part, so a long sweep costs no more
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ MANIFEST = "manifest.json"
 REQUESTS = "requests.parquet"
 ITERATIONS = "iterations.parquet"
 SUMMARY = "summary.csv"
+HEADLINE = "headline.csv"
 
 
 def _file_mode() -> int:
@@ -101,11 +104,24 @@ def atomic_write_parquet(path: Path, df: pd.DataFrame, columns: dict[str, str] |
         raise
 
 
-def part_name(mode: str, rate: float) -> str:
-    return f"{mode}-{rate:g}.parquet"
+def part_name(mode: str, rate: float, repeat: int = 0) -> str:
+    """``on-8.parquet`` for repeat 0 (the name runs before repeats used), ``on-8-r2.parquet`` after."""
+    return f"{mode}-{rate:g}{f'-r{repeat}' if repeat else ''}.parquet"
 
 
-def write_point_parts(run_dir: Path, mode: str, rate: float, requests: pd.DataFrame,
+_PART = re.compile(r"^(?P<mode>[a-z]+)-(?P<rate>.+?)(?:-r(?P<repeat>\d+))?$")
+
+
+def part_key(stem: str) -> tuple[str, float, int] | None:
+    """(mode, rate, repeat) of a part's file stem; None for a file that is not a part."""
+    m = _PART.match(stem)
+    try:
+        return (m["mode"], float(m["rate"]), int(m["repeat"] or 0)) if m else None
+    except ValueError:
+        return None
+
+
+def write_point_parts(run_dir: Path, key: tuple[str, float, int], requests: pd.DataFrame,
                       iterations: pd.DataFrame) -> None:
     """The point's rows as its own parts (replacing an earlier attempt at the same point)."""
     for name, df, cols in ((REQUESTS, requests, REQUEST_COLUMNS), (ITERATIONS, iterations, ITERATION_COLUMNS)):
@@ -113,18 +129,17 @@ def write_point_parts(run_dir: Path, mode: str, rate: float, requests: pd.DataFr
         if folder.is_file():  # a run from before the part folders, being resumed
             split_into_parts(folder, cols)
         folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_parquet(folder / part_name(mode, rate), df, cols)
+        atomic_write_parquet(folder / part_name(*key), df, cols)
 
 
-def drop_other_parts(run_dir: Path, keep: set[tuple[str, float]]) -> None:
+def drop_other_parts(run_dir: Path, keep: set[tuple[str, float, int]]) -> None:
     """Remove the parts of points not in ``keep`` (a resumed run's failed points, to run again)."""
     for name, cols in ((REQUESTS, REQUEST_COLUMNS), (ITERATIONS, ITERATION_COLUMNS)):
         folder = run_dir / name
         if folder.is_file():
             split_into_parts(folder, cols)
         for part in folder.glob("*.parquet") if folder.is_dir() else ():
-            mode, _, rate = part.stem.partition("-")
-            if (mode, float(rate)) not in keep:
+            if part_key(part.stem) not in keep:
                 part.unlink()
 
 
@@ -134,7 +149,7 @@ def split_into_parts(path: Path, columns: dict[str, str]) -> None:
     old = path.with_name(f".{path.name}.old")
     os.replace(path, old)
     path.mkdir()
-    for (mode, rate), part in df.groupby(["mode", "rate"], sort=False):
+    for (mode, rate), part in df.groupby(["mode", "rate"], sort=False):  # runs before repeats: repeat 0
         atomic_write_parquet(path / part_name(mode, rate), part, columns)
     old.unlink()
 
@@ -148,9 +163,9 @@ def read_table(path: Path) -> pd.DataFrame:
 
 
 def _part_key(p: Path) -> tuple:
-    """Parts in sweep order: ON before OFF, rates ascending (a name sort would put 16 before 2)."""
-    mode, _, rate = p.stem.partition("-")
-    try:
-        return ({"on": 0, "off": 1}.get(mode, 2), mode, float(rate))
-    except ValueError:
-        return (3, p.stem, 0.0)
+    """Parts in sweep order: ON before OFF, rates ascending (a name sort would put 16 before 2),
+    then repeats."""
+    k = part_key(p.stem)
+    if k is None:
+        return (3, p.stem, 0.0, 0)
+    return ({"on": 0, "off": 1}.get(k[0], 2), k[0], k[1], k[2])

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from prefixstudy.errors import UserError
-from prefixstudy.metrics.summary import summarize_point
+from prefixstudy.metrics.engine_fit import fit_step_cost
+from prefixstudy.metrics.headline import headline
+from prefixstudy.metrics.summary import add_engine_columns, summarize_point
 from prefixstudy.results.provenance import now
-from prefixstudy.results.store import (CONFIG, MANIFEST, SUMMARY, atomic_write_csv, atomic_write_text,
-                                       drop_other_parts, write_json, write_point_parts)
-from prefixstudy.schema import SUMMARY_COLUMNS, PointResult
+from prefixstudy.results.store import (CONFIG, HEADLINE, ITERATIONS, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv,
+                                       atomic_write_text, drop_other_parts, read_table, write_json, write_point_parts)
+from prefixstudy.schema import SUMMARY_COLUMNS, PointResult, point_key, typed_iterations, typed_requests
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
@@ -56,17 +58,17 @@ class ResultsWriter:
 
     def __init__(self, run_dir: Path, cfg: "StudyConfig", manifest: dict):
         self.dir, self.cfg, self.manifest = run_dir, cfg, manifest
-        self.points: list[dict] = []  # manifest entries, one per (mode, rate)
-        self.rows: dict[tuple[str, float], dict] = {}  # summary rows by (mode, rate)
+        self.points: list[dict] = []  # manifest entries, one per (mode, rate, repeat)
+        self.rows: dict[tuple[str, float, int], dict] = {}  # summary rows by (mode, rate, repeat)
 
     def keep(self, points: list[dict], summary: pd.DataFrame) -> None:
         """Carry over a resumed run's finished points; failed ones are left to run again."""
-        self.points = [p for p in points if p.get("status") == "ok"]
-        keys = {(p["mode"], float(p["rate"])) for p in self.points}
+        self.points = [{"repeat": 0, **p} for p in points if p.get("status") == "ok"]
+        keys = {point_key(p) for p in self.points}
         drop_other_parts(self.dir, keys)
         for r in summary.to_dict("records"):
-            if (r["mode"], float(r["rate"])) in keys:
-                self.rows[(r["mode"], float(r["rate"]))] = r
+            if point_key(r) in keys:
+                self.rows[point_key(r)] = {**r, "repeat": point_key(r)[2]}
 
     def start(self) -> None:
         from prefixstudy.config import dump_config
@@ -77,30 +79,42 @@ class ResultsWriter:
 
     def add(self, res: PointResult) -> dict:
         """Write one finished point; returns its summary row."""
-        key = (res.mode, float(res.rate))
-        point = {"mode": res.mode, "rate": res.rate, **{k: v for k, v in res.meta.items() if k != "traceback"}}
-        write_point_parts(self.dir, res.mode, res.rate, res.requests, res.iterations)
+        key = res.key
+        point = {"mode": res.mode, "rate": res.rate, "repeat": res.repeat,
+                 **{k: v for k, v in res.meta.items() if k != "traceback"}}
+        write_point_parts(self.dir, key, res.requests, res.iterations)
         row = summarize_point(res.requests, point, self.cfg.checks.hit_rate_tolerance, res.iterations)
         point.update(saturated=bool(row["saturated"]), hit_rate_ok=bool(row["hit_rate_ok"]),
                      accounting_ok=row["n_sent"] == row["n_ok"] + row["n_failed"] + row["n_unfinished"])
-        self.points = [p for p in self.points if (p["mode"], float(p["rate"])) != key] + [point]
+        self.points = [p for p in self.points if point_key(p) != key] + [point]
         self.rows[key] = row
         self._write_summary()
         self.save_manifest()
         return row
 
-    def mark_failed(self, mode: str, rate: float, error: str) -> None:
+    def mark_failed(self, key: tuple[str, float, int], error: str) -> None:
         """A finished point that a check failed after the fact (the hit-rate policy)."""
         for p in self.points:
-            if (p["mode"], float(p["rate"])) == (mode, float(rate)):
+            if point_key(p) == key:
                 p.update(status="failed", error=error)
-        self.rows[(mode, float(rate))].update(status="failed", error=error)
+        self.rows[key].update(status="failed", error=error)
         self._write_summary()
         self.save_manifest()
 
     def _write_summary(self) -> None:
-        rows = sorted(self.rows.values(), key=lambda r: (MODE_ORDER.get(r["mode"], 2), float(r["rate"])))
-        atomic_write_csv(self.dir / SUMMARY, pd.DataFrame(rows, columns=SUMMARY_COLUMNS))
+        """summary.csv and headline.csv from every point so far.  The step-cost fit pools the whole
+        study's steps, so each new point refits it and refills every row's engine columns."""
+        rows = sorted(self.rows.values(), key=lambda r: (MODE_ORDER.get(r["mode"], 2), float(r["rate"]), r["repeat"]))
+        summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+        its = typed_iterations(read_table(self.dir / ITERATIONS))
+        fit = fit_step_cost(its) if len(its) else None
+        summary = add_engine_columns(summary, its, fit)
+        atomic_write_csv(self.dir / SUMMARY, summary)
+        self.manifest["step_fit"] = fit.as_dict() if fit is not None else None
+        ok = summary[summary["status"] == "ok"]
+        if len(ok):
+            reqs = typed_requests(read_table(self.dir / REQUESTS))
+            atomic_write_csv(self.dir / HEADLINE, headline(reqs, ok, its, fit))
 
     def save_manifest(self, status: str | None = None) -> None:
         self.manifest["points"] = self.points

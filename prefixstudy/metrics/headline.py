@@ -1,0 +1,151 @@
+"""headline.csv: one row per rate, over its repeats, with intervals that hold.  The report's first
+screen is this table.
+
+* Latency per mode: mean and p90 E2E over every counted request of every repeat; the interval
+  is a hierarchical moving-block bootstrap (``metrics.bootstrap``): repeats, then blocks of
+  consecutive requests, so run-to-run spread and the correlation under load are both inside it.
+* The gain of caching, (OFF - ON) / OFF of the mean (and of p90), over the requests counted in
+  both modes, resampled *paired*: the same blocks of request indices in ON and OFF.
+* ``arrival_rate``: the mean over repeats of the rate each schedule actually offered; every
+  figure's x axis.
+* ``*_saturated``: any repeat of that mode was saturated there (``metrics.saturation``); a gain
+  where either mode saturated is a bound (``gain_is_bound``): the saturated mode's latency grows
+  with how long the point runs.
+* ``*_spread_pct``: (max - min) / mean of the repeats' mean E2E, the run-to-run spread.
+* Engine prefill share and decode slowdown per mode (``metrics.engine_fit``), pooled over the
+  repeats' busy steps, resampled like requests: repeats, then blocks of steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from prefixstudy.metrics import engine_fit
+from prefixstudy.metrics.bootstrap import gain, hierarchical, interval
+from prefixstudy.metrics.requests import counted, hit_rates
+
+MODES = ("on", "off")
+
+
+def _runs(ok: pd.DataFrame, cols: list[str]) -> list[np.ndarray]:
+    return [g.sort_values("request_index")[cols].to_numpy(float) for _, g in ok.groupby("repeat", sort=True)]
+
+
+def _latency(ok: pd.DataFrame, mode: str, seed) -> dict:
+    m = ok[ok["mode"] == mode]
+    out = {f"{mode}_mean_e2e_ms": float(m["e2e_ms"].mean()) if len(m) else math.nan,
+           f"{mode}_p90_e2e_ms": float(np.percentile(m["e2e_ms"], 90)) if len(m) else math.nan,
+           f"{mode}_mean_ttft_ms": float(m["ttft_ms"].mean()) if len(m) else math.nan,
+           f"{mode}_mean_tpot_ms": float(m["tpot_ms"].mean()) if len(m) else math.nan}
+    reps = hierarchical(_runs(m, ["e2e_ms"]), lambda r: np.array([r[:, 0].mean(), np.percentile(r[:, 0], 90)]),
+                        seed=seed)
+    reps = reps.reshape(-1, 2) if reps.size else np.full((1, 2), math.nan)
+    out[f"{mode}_mean_e2e_lo"], out[f"{mode}_mean_e2e_hi"] = interval(reps[:, 0])
+    out[f"{mode}_p90_e2e_lo"], out[f"{mode}_p90_e2e_hi"] = interval(reps[:, 1])
+    per_repeat = m.groupby("repeat")["e2e_ms"].mean()
+    out[f"{mode}_spread_pct"] = (float((per_repeat.max() - per_repeat.min()) / per_repeat.mean() * 100)
+                                 if len(per_repeat) > 1 else math.nan)
+    return out
+
+
+def _paired_gain(ok: pd.DataFrame, seed) -> dict:
+    on = ok[ok["mode"] == "on"][["repeat", "request_index", "e2e_ms"]]
+    off = ok[ok["mode"] == "off"][["repeat", "request_index", "e2e_ms"]]
+    p = on.merge(off, on=["repeat", "request_index"], suffixes=("_on", "_off"))
+    out = {"n_pairs": len(p)}
+    if p.empty:
+        return {**out, **{k: math.nan for k in ("gain_mean_e2e", "gain_mean_e2e_lo", "gain_mean_e2e_hi",
+                                                 "gain_p90_e2e", "gain_p90_e2e_lo", "gain_p90_e2e_hi")}}
+
+    def stat(r: np.ndarray) -> np.ndarray:
+        return np.array([gain(r[:, 0].mean(), r[:, 1].mean()),
+                         gain(np.percentile(r[:, 0], 90), np.percentile(r[:, 1], 90))])
+
+    est = stat(p[["e2e_ms_on", "e2e_ms_off"]].to_numpy(float))
+    reps = hierarchical(_runs(p, ["e2e_ms_on", "e2e_ms_off"]), stat, seed=seed).reshape(-1, 2)
+    out["gain_mean_e2e"], out["gain_p90_e2e"] = float(est[0]), float(est[1])
+    out["gain_mean_e2e_lo"], out["gain_mean_e2e_hi"] = interval(reps[:, 0])
+    out["gain_p90_e2e_lo"], out["gain_p90_e2e_hi"] = interval(reps[:, 1])
+    return out
+
+
+def _engine(busy: pd.DataFrame, fit: engine_fit.StepFit | None, mode: str, seed) -> dict:
+    """Engine prefill share and decode slowdown of one mode at one rate, over its repeats."""
+    keys = [f"{mode}_engine_prefill_share", f"{mode}_decode_slowdown"]
+    out = {k: math.nan for k in keys} | {f"{k}_{e}": math.nan for k in keys for e in ("lo", "hi")}
+    b = busy[busy["mode"] == mode]
+    if fit is None or b.empty:
+        return out
+    runs = [engine_fit.step_arrays(g) for _, g in b.groupby("repeat", sort=True)]
+    out[keys[0]], out[keys[1]] = engine_fit.stats(np.concatenate(runs), fit.coef)
+    reps = engine_fit.replicates(runs, fit, seed)
+    (out[f"{keys[0]}_lo"], out[f"{keys[0]}_hi"]), (out[f"{keys[1]}_lo"], out[f"{keys[1]}_hi"]) = \
+        interval(reps[:, 0]), interval(reps[:, 1])
+    return out
+
+
+def headline(requests: pd.DataFrame, summary: pd.DataFrame, iterations: pd.DataFrame | None = None,
+             fit: engine_fit.StepFit | None = None) -> pd.DataFrame:
+    """One row per rate (see the module docstring).  Pure: frames in, frame out, seeded by rate."""
+    ok = counted(requests)
+    busy = engine_fit.busy_steps(iterations) if iterations is not None and len(iterations) else None
+    rows = []
+    for rate in sorted(summary["rate"].unique()):
+        seed = np.random.SeedSequence([int(round(float(rate) * 1000))])
+        child = seed.spawn(4)
+        s = summary[summary["rate"] == rate]
+        at = ok[ok["rate"] == rate]
+        row = {"rate": float(rate), "n_repeats": int(s["repeat"].nunique()),
+               "arrival_rate": float(s["arrival_rate"].mean()) if "arrival_rate" in s else math.nan}
+        for i, mode in enumerate(MODES):
+            row |= _latency(at, mode, child[i])
+            sat = s[s["mode"] == mode]["saturated"].astype(bool)
+            row[f"{mode}_saturated"] = bool(sat.any()) if len(sat) else False
+            eng = busy[busy["rate"] == rate] if busy is not None else pd.DataFrame()
+            row |= _engine(eng, fit, mode, child[2 + i]) if len(eng) else _engine(eng, None, mode, 0)
+        row |= _paired_gain(at, seed)
+        row["gain_is_bound"] = bool(row["on_saturated"] or row["off_saturated"])
+        row["on_hit_rate"], row["on_hit_rate_expected"] = hit_rates(at[at["mode"] == "on"]) \
+            if (at["mode"] == "on").any() else (math.nan, math.nan)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def knee(head: pd.DataFrame, mode: str) -> tuple[float, float, float]:
+    """(knee, lo, hi) in actual arrival rate: between the last rate where no repeat of ``mode``
+    saturated (every lower rate too) and the next, whose repeats did; the knee is their midpoint.
+    (nan, nan, nan) if the lowest rate saturated; (nan, last, nan) if none did (the knee is beyond)."""
+    h = head.sort_values("arrival_rate")
+    last = math.nan
+    for x, sat in zip(h["arrival_rate"], h[f"{mode}_saturated"]):
+        if bool(sat):
+            return ((last + x) / 2 if math.isfinite(last) else math.nan, last, x)
+        last = float(x)
+    return (math.nan, last, math.nan)
+
+
+def rate_at_threshold(head: pd.DataFrame, mode: str, threshold_ms: float, metric: str = "p90_e2e") -> tuple:
+    """(rate, lo, hi): the arrival rate at which ``mode``'s ``metric`` crosses ``threshold_ms``,
+    linearly interpolated between the two rates around the crossing; lo/hi from the interval's
+    upper/lower curve.  A saturated rate counts as over any threshold.  NaN where the lowest rate
+    is already over; the highest rate (a bound) where none is."""
+    h = head.sort_values("arrival_rate")
+    x = h["arrival_rate"].to_numpy(float)
+    sat = h[f"{mode}_saturated"].to_numpy(bool)
+
+    def cross(col: str) -> float:
+        y = np.where(sat, np.inf, h[col].to_numpy(float))
+        for i in range(len(x)):
+            if not y[i] <= threshold_ms:
+                if i == 0:
+                    return math.nan
+                if not np.isfinite(y[i]):
+                    return float(x[i - 1])  # saturated next: no line to interpolate on
+                return float(x[i - 1] + (threshold_ms - y[i - 1]) * (x[i] - x[i - 1]) / (y[i] - y[i - 1]))
+        return float(x[-1]) if len(x) else math.nan
+
+    base = f"{mode}_{metric}"
+    return cross(f"{base}_ms"), cross(f"{base}_hi"), cross(f"{base}_lo")

@@ -1,0 +1,111 @@
+"""Is a point saturated?  Whether the engine kept up with the arrivals, judged inside the point's
+arrival window (its first to its last scheduled send), where a stationary system looks the same
+at the end as at the start.
+
+A point is **saturated** if any of these holds:
+
+1. a measured request that was sent was still open when the point ended (``n_unfinished``);
+2. **completions fell behind**: fewer than ``COMPLETION_MIN`` of the window's arrivals (and at
+   least ``MISSING_MIN`` fewer) completed within the window extended by the early latency (the
+   longest E2E of the first third of requests), i.e. requests did not leave as fast as they came;
+3. **the system filled up**: the number of requests in the engine (running + waiting, over the
+   engine's steps) rose from the first third of the window to the last by at least
+   ``GROWTH_MIN`` requests and ``GROWTH_REL`` of the first third's mean.  In vLLM v1 overload
+   below ``max_num_seqs`` shows as more *running* requests, not as waiting ones;
+4. **latency climbed**: mean E2E of the last third of requests (by schedule) is at least
+   ``TREND_REL`` x that of the first third.
+
+A saturated point's latency depends on how long it ran: it is a lower bound, and a gain
+measured there is a bound too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from prefixstudy.metrics.requests import counted, measured, open_at_end
+
+COMPLETION_MIN = 0.9
+MISSING_MIN = 2  # requests: one late request of a short point is not a trend
+GROWTH_MIN = 2.0  # requests
+GROWTH_REL = 0.5  # of the first third's mean
+TREND_REL = 1.5
+
+COLUMNS = ["arrival_rate", "completion_ratio", "in_system_first", "in_system_last", "e2e_first_ms",
+           "e2e_last_ms", "n_unfinished_open"]
+
+
+def arrival_rate(requests: pd.DataFrame) -> float:
+    """The rate the schedule actually offered: (n - 1) / (last - first scheduled send), measured
+    requests (sent or not).  A Poisson draw of 40 arrivals at "1 req/s" can be 0.8."""
+    s = measured(requests)["scheduled_s"].dropna().to_numpy(float)
+    span = s.max() - s.min() if s.size > 1 else 0.0
+    return (s.size - 1) / span if span > 0 else math.nan
+
+
+def _thirds(x: np.ndarray, v: np.ndarray) -> tuple[float, float]:
+    """Mean of ``v`` where ``x`` is in the first third and the last third of its range."""
+    if x.size < 3:
+        return math.nan, math.nan
+    lo, hi = x.min(), x.max()
+    third = (hi - lo) / 3
+    if third <= 0:
+        return math.nan, math.nan
+    return float(v[x <= lo + third].mean()), float(v[x >= hi - third].mean())
+
+
+def completion_ratio(requests: pd.DataFrame) -> float:
+    """Share of the window's arrivals that completed within the window extended by the early
+    latency (see the module docstring)."""
+    m = measured(requests)
+    sched = m["scheduled_s"].to_numpy(float)
+    if sched.size < 3:
+        return math.nan
+    a0, a1 = np.nanmin(sched), np.nanmax(sched)
+    ok = counted(m)
+    early = ok[ok["scheduled_s"] <= a0 + (a1 - a0) / 3]["e2e_ms"]
+    lag = float(early.max()) / 1e3 if len(early) else 0.0
+    done = (ok["sent_s"] + ok["e2e_ms"] / 1e3).to_numpy(float)
+    return float(((done >= a0) & (done <= a1 + lag)).sum() / sched.size)
+
+
+def in_system(iterations: pd.DataFrame | None, a0: float, a1: float) -> tuple[float, float]:
+    """Mean running + waiting over the engine's steps in the first and last third of [a0, a1]."""
+    if iterations is None or not len(iterations):
+        return math.nan, math.nan
+    it = iterations[(iterations["t_s"] >= a0) & (iterations["t_s"] <= a1)]
+    n = (it["num_running"] + it["num_waiting"]).to_numpy(float)
+    t = it["t_s"].to_numpy(float)
+    if t.size < 3:
+        return math.nan, math.nan
+    third = (a1 - a0) / 3
+    first, last = n[t <= a0 + third], n[t >= a1 - third]
+    return (float(first.mean()) if first.size else math.nan, float(last.mean()) if last.size else math.nan)
+
+
+def saturation(requests: pd.DataFrame, iterations: pd.DataFrame | None = None) -> dict:
+    """One point: the measured quantities (``COLUMNS``), ``saturated`` and ``reason`` (in words)."""
+    m = measured(requests)
+    sched = m["scheduled_s"].to_numpy(float)
+    a0, a1 = (np.nanmin(sched), np.nanmax(sched)) if sched.size else (math.nan, math.nan)
+    ok = counted(m)
+    e_first, e_last = _thirds(ok["scheduled_s"].to_numpy(float), ok["e2e_ms"].to_numpy(float))
+    n_first, n_last = in_system(iterations, a0, a1)
+    s = {"arrival_rate": arrival_rate(requests), "completion_ratio": completion_ratio(requests),
+         "in_system_first": n_first, "in_system_last": n_last, "e2e_first_ms": e_first, "e2e_last_ms": e_last,
+         "n_unfinished_open": int(open_at_end(requests).sum())}
+    why = []
+    if s["n_unfinished_open"]:
+        why.append(f"{s['n_unfinished_open']} unfinished")
+    missing = (1 - s["completion_ratio"]) * np.isfinite(sched).sum()
+    if s["completion_ratio"] < COMPLETION_MIN and missing >= MISSING_MIN - 1e-9:
+        why.append(f"completed {s['completion_ratio']:.0%} of arrivals in the window")
+    if n_last - n_first >= max(GROWTH_MIN, GROWTH_REL * n_first):
+        why.append(f"in system {n_first:.1f}->{n_last:.1f}")
+    if e_last >= TREND_REL * e_first:
+        why.append(f"E2E {e_first:.0f}->{e_last:.0f} ms")
+    s["saturated"], s["reason"] = bool(why), "; ".join(why)
+    return s

@@ -164,7 +164,10 @@ def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path
         e.run_dir = study.run_dir
         raise
     finally:
-        study.writer.save_manifest(status=status)
+        try:
+            study.writer.finish()
+        finally:
+            study.writer.save_manifest(status=status)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return study.run_dir

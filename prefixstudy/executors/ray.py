@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -119,7 +121,19 @@ def connect(address: str, num_cpus: int | None = None) -> bool:
             ray.init(address=address, namespace=NAMESPACE, **quiet)
         except ConnectionError as e:
             raise UserError(f"ray.address '{address}': cannot reach a Ray cluster ({e})") from None
+    _keep_sigterm_handler()
     return True
+
+
+def _keep_sigterm_handler() -> None:
+    """ray.init installs Ray's own failure-signal handler over ours: on 2 x H200 a SIGTERM (a
+    deadline's `timeout`) then killed the driver at once, leaving the manifest at "running" with
+    no summary of the points it had saved.  Put the study's handler back (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    if callable(handler):
+        signal.signal(signal.SIGTERM, handler)
 
 
 def alive_nodes() -> list[dict]:

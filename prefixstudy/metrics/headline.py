@@ -10,7 +10,8 @@ screen is this table.
   figure's x axis.
 * ``*_saturated``: any repeat of that mode was saturated there (``metrics.saturation``); a gain
   where either mode saturated is a bound (``gain_is_bound``): the saturated mode's latency grows
-  with how long the point runs.
+  with how long the point runs.  ``*_saturated_share``: the share of repeats that were; the knee
+  goes by the majority, so one repeat's transient does not move it.
 * ``*_spread_pct``: (max - min) / mean of the repeats' mean E2E, the run-to-run spread.
 * Engine prefill share and decode slowdown per mode (``metrics.engine_fit``), pooled over the
   repeats' busy steps, resampled like requests: repeats, then blocks of steps.
@@ -104,6 +105,7 @@ def headline(requests: pd.DataFrame, summary: pd.DataFrame, iterations: pd.DataF
             row |= _latency(at, mode, child[i])
             sat = s[s["mode"] == mode]["saturated"].astype(bool)
             row[f"{mode}_saturated"] = bool(sat.any()) if len(sat) else False
+            row[f"{mode}_saturated_share"] = float(sat.mean()) if len(sat) else math.nan
             eng = busy[busy["rate"] == rate] if busy is not None else pd.DataFrame()
             row |= _engine(eng, fit, mode, child[2 + i]) if len(eng) else _engine(eng, None, mode, 0)
         row |= _paired_gain(at, seed)
@@ -115,13 +117,14 @@ def headline(requests: pd.DataFrame, summary: pd.DataFrame, iterations: pd.DataF
 
 
 def knee(head: pd.DataFrame, mode: str) -> tuple[float, float, float]:
-    """(knee, lo, hi) in actual arrival rate: between the last rate where no repeat of ``mode``
-    saturated (every lower rate too) and the next, whose repeats did; the knee is their midpoint.
+    """(knee, lo, hi) in actual arrival rate: between the last rate where most repeats of ``mode``
+    kept up (every lower rate too) and the next, where most saturated; the knee is their midpoint.
     (nan, nan, nan) if the lowest rate saturated; (nan, last, nan) if none did (the knee is beyond)."""
     h = head.sort_values("arrival_rate")
+    share = h[f"{mode}_saturated_share"] if f"{mode}_saturated_share" in h else h[f"{mode}_saturated"].astype(float)
     last = math.nan
-    for x, sat in zip(h["arrival_rate"], h[f"{mode}_saturated"]):
-        if bool(sat):
+    for x, s in zip(h["arrival_rate"], share):
+        if s > 0.5:
             return ((last + x) / 2 if math.isfinite(last) else math.nan, last, x)
         last = float(x)
     return (math.nan, last, math.nan)

@@ -18,6 +18,11 @@ SLO_ALIASES = {"e2el": "e2e"}  # vLLM's --goodput name
 
 # ----------------------------------------------------------------- selection
 
+def with_repeat(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of runs before repeats (or hand-made frames) are repeat 0."""
+    return df if "repeat" in df else df.assign(repeat=0)
+
+
 def _errors(requests: pd.DataFrame) -> pd.Series:
     return requests["error"].fillna("").astype(str)
 
@@ -144,7 +149,7 @@ def meets_slo(requests: pd.DataFrame, slo: Mapping[str, float]) -> pd.Series:
 def point_durations(requests: pd.DataFrame) -> pd.DataFrame:
     """Per point (mode, rate, repeat, duration_s): ``duration_s`` of its counted requests, as summary.csv has it."""
     rows = [{"mode": m, "rate": r, "repeat": k, "duration_s": duration_s(g)}
-            for (m, r, k), g in counted(requests).groupby(KEY)]
+            for (m, r, k), g in counted(with_repeat(requests)).groupby(KEY)]
     return pd.DataFrame(rows, columns=KEY + ["duration_s"])
 
 
@@ -155,11 +160,11 @@ def goodput(requests: pd.DataFrame, slo: Mapping[str, float],
     ``durations`` (mode, rate, duration_s), e.g. summary.csv; default ``point_durations``.
     Columns: mode, rate, n_good, n_measured, duration_s, goodput_rps.
     """
-    m = measured(requests)
+    m = with_repeat(measured(requests))
     good = meets_slo(m, slo)
     g = pd.DataFrame({"mode": m["mode"], "rate": m["rate"], "repeat": m["repeat"], "good": good.astype(int)})
     g = g.groupby(KEY, sort=True).agg(n_good=("good", "sum"), n_measured=("good", "size")).reset_index()
-    dur = durations[KEY + ["duration_s"]] if durations is not None else point_durations(requests)
+    dur = with_repeat(durations)[KEY + ["duration_s"]] if durations is not None else point_durations(requests)
     g = g.merge(dur, on=KEY, how="left")
     g["goodput_rps"] = np.where(g["duration_s"] > 0, g["n_good"] / g["duration_s"], np.nan)
     return g

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.metrics import engine_fit
-from prefixstudy.metrics.requests import KEY, duration_s, hit_rate_ok, hit_rates, measured, percentile, split_outcomes
+from prefixstudy.metrics.requests import KEY, duration_s, with_repeat, hit_rate_ok, hit_rates, measured, percentile, split_outcomes
 from prefixstudy.metrics.saturation import saturation
 from prefixstudy.schema import LATENCY_METRICS, PERCENTILES, SUMMARY_COLUMNS
 
@@ -67,6 +67,8 @@ def summarize(requests: pd.DataFrame, points: list[dict], tolerance: float = 0.0
     """summary.csv: ``summarize_point`` of every point in ``points`` (dicts with mode, rate, repeat,
     status, error, n_sent), ON first, then by rate and repeat.  Without ``iterations`` the number of
     requests in the system is not looked at."""
+    requests = with_repeat(requests)
+    iterations = with_repeat(iterations) if iterations is not None else None
     rows = [summarize_point(_at(requests, p), p, tolerance,
                             _at(iterations, p) if iterations is not None and len(iterations) else None)
             for p in points]

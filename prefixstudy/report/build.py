@@ -19,10 +19,11 @@ import pandas as pd
 
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import counted, parse_slo
-from prefixstudy.report import bench_json, figures as plots, tables
+from prefixstudy.report import bench_json, figures as plots, first_screen, tables
 from prefixstudy.report.data import ReportData, analyze, norm_rate
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, write_report
-from prefixstudy.results import load
+from prefixstudy.results import HEADLINE, MANIFEST, find_run_dir, load, write_json
+from prefixstudy.results.finish import finish_run
 from prefixstudy.schema import MODES
 
 
@@ -62,25 +63,33 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
     done = d.done
     sat_rates = sorted(set(done.loc[done["saturated"], "rate"]))
     sat_map = {(m, float(r)): bool(s) for m, r, s in zip(done["mode"], done["rate"], done["saturated"])}
+    rate_map = dict(zip(d.points["nominal_rate"], d.points["rate"]))
     req_ok = counted(norm_rate(d.study.requests))
+    req_ok["rate"] = [rate_map.get(r, r) for r in req_ok["rate"]]
     it = norm_rate(d.study.iterations)
-    ts_modes, rate = _timeseries_point(done, point)
+    # The time series is one point's (repeat 0's) steps; --point names a configured rate.
+    ts_modes, rate = _timeseries_point(done.assign(rate=done["nominal_rate"]), point)
+    it = it[it["repeat"] == 0]
     which = "chosen with --point" if point else "the highest rate at which both modes are unsaturated (else the highest)"
     specs = [
+        ("e2e_intervals", lambda: first_screen.e2e_with_intervals(d.head),
+         "Figure 0. Mean E2E with 95 % intervals (repeats and blocks of requests resampled) and p90, vs the "
+         "actual arrival rate; log scale."),
         ("e2e_vs_rate", lambda: plots.e2e_vs_rate(done, peers),
-         "Figure 1. Mean (solid) and p99 (dashed) end-to-end latency vs offered rate."),
+         "Figure 1. Mean (solid) and p99 (dashed) end-to-end latency vs actual arrival rate."),
         ("ttft_vs_rate", lambda: plots.ttft_vs_rate(done, peers),
-         "Figure 2. Mean (solid) and p99 (dashed) time to first token vs offered rate."),
+         "Figure 2. Mean (solid) and p99 (dashed) time to first token vs actual arrival rate."),
         ("latency_breakdown", lambda: plots.latency_breakdown(done),
          "Figure 3. Mean queue / prefill / decode time per request; the label is the request-level prefill share."),
         ("max_rate_vs_threshold", lambda: plots.max_rate_vs_threshold(d.curves, d.knees),
          "Figure 4. Highest offered rate whose p90 E2E (left) / p90 TTFT (right) meets a threshold, "
          "vs the threshold; dotted: knee rate."),
         ("caching_gain", lambda: plots.caching_gain(d.gains, sat_rates),
-         "Figure 5. Caching gain (OFF − ON) / OFF of mean E2E and mean TTFT, with seeded bootstrap 95 % CIs."),
+         "Figure 5. Caching gain (OFF − ON) / OFF of mean E2E (paired block bootstrap over repeats) and mean "
+         "TTFT (independent bootstrap), 95 % CIs."),
         ("engine_timeseries", lambda: plots.engine_timeseries(
             it, rate, {m: sat_map.get((m, rate), False) for m in MODES}, ts_modes),
-         f"Figure 6. Engine state over time at {rate:g} req/s ({which})."),
+         f"Figure 6. Engine state over time at {rate:g} req/s set, first repeat ({which})."),
         ("e2e_cdf", lambda: plots.e2e_cdf(req_ok, sat_map),
          "Figure 7. CDF of end-to-end latency at each offered rate."),
         ("prefill_share", lambda: plots.prefill_share(done),
@@ -123,6 +132,9 @@ def _model_blocks(model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
 def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
     f = {x.stem: x for x in figs}
     b: list[tuple] = [("meta", tables.meta_line(d.study))]
+    if len(d.head):
+        b += [("headline", t) for t in first_screen.why_sentences(d.head)]
+        b += [("table", first_screen.headline_table(d.head)), ("fig", f["e2e_intervals"])]
     b += [("headline", t) for t in tables.headline_paragraphs(d)]
     if d.slo:
         b.append(("p", "SLOs (ms): " + ", ".join(f"{k} ≤ {v:g}" for k, v in d.slo.items())
@@ -136,9 +148,11 @@ def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str]
           ("h2", "Where the time goes"), ("fig", f["latency_breakdown"]),
           ("h2", "Highest rate meeting a latency threshold"), ("fig", f["max_rate_vs_threshold"]),
           ("h2", "Caching gain"),
-          ("p", "Gain = (OFF − ON) / OFF of the mean over counted requests; 95 % CI from 1000 seeded bootstrap "
-                "resamples of each mode independently. Paired Δ = OFF − ON of the same request_index "
-                "(the same scheduled request) at the same rate; > 0 means ON was faster."),
+          ("p", "E2E gain = (OFF − ON) / OFF of the mean over requests counted in both modes; its 95 % CI "
+                "resamples repeats, then blocks of consecutive request indices, the same blocks in ON and OFF "
+                "(metrics.headline). TTFT gain: 1000 seeded bootstrap resamples of each mode independently. "
+                "Paired Δ = OFF − ON of the same request (repeat and request_index) at the same rate; > 0 "
+                "means ON was faster."),
           ("fig", f["caching_gain"]), ("table", tables.gain_table(d)),
           ("h2", "Prefill share"), ("p", tables.ESTIMATOR_TEXT), ("table", tables.fit_table(d)),
           ("fig", f["prefill_share"]), ("table", tables.prefill_table(d)),
@@ -162,7 +176,12 @@ def build_report(results_dir: str | Path, slo: dict[str, float] | str | None = N
     ``peers``: vllm-bench-serve JSON files overlaid on figures 1 and 2.  ``point``: the
     rate (optionally "MODE RATE") of the engine time series.
     """
-    study = load(results_dir)
+    run = find_run_dir(Path(results_dir))
+    if not (run / HEADLINE).is_file():  # a run cut short before its end, or older than headline.csv
+        manifest = load(run).manifest
+        finish_run(run, manifest)
+        write_json(run / MANIFEST, manifest)
+    study = load(run)
     slo = parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
     point = parse_point(point) if isinstance(point, str) or point is None else point
     if study.requests.empty:

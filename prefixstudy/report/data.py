@@ -1,9 +1,10 @@
 """Stage: report (data).  One study in, everything the report shows out: no drawing, no files.
 
-The per-point numbers are summary.csv's (``summary_points``), never recomputed; what the
-report adds is what summary.csv does not hold: the step-time fit and the engine-level
-prefill share, the caching gain and paired differences, goodput for an SLO, knee rates,
-the headline threshold and the max-rate curves, all from ``prefixstudy.metrics``.
+The per-point numbers are summary.csv's (``summary_points``, averaged over a rate's repeats) and
+headline.csv's (per rate, with intervals), never recomputed; what the report adds is what those
+do not hold: paired differences, goodput for an SLO, the max-rate curves, all from
+``prefixstudy.metrics``.  Every rate is shown at the rate the schedule actually offered (the
+mean ``arrival_rate`` of its repeats); ``nominal_rate`` keeps the configured one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.errors import UserError
-from prefixstudy.metrics import compare, engine_fit, requests as reqs, summary
+from prefixstudy.metrics import compare, engine_fit, headline as hl, requests as reqs, summary
 from prefixstudy.results import StudyResults
 from prefixstudy.schema import MODES, SUMMARY_COLUMNS
 
@@ -30,9 +31,9 @@ class ReportData:
 
     study: StudyResults
     label: str
-    points: pd.DataFrame  # summary.csv, one row per point, plus prefill_share_engine (and goodput with an SLO)
+    points: pd.DataFrame  # summary.csv, one row per mode x rate (repeats averaged), plus goodput with an SLO
     manifest_points: pd.DataFrame  # mode, rate, status, error: every point the run knows of
-    knees: dict[str, float]
+    knees: dict[str, float]  # midpoint knee in actual arrival rate (metrics.headline.knee)
     fit: pd.DataFrame  # pooled fit, then per-mode fits
     gains: pd.DataFrame
     paired: pd.DataFrame
@@ -41,6 +42,7 @@ class ReportData:
     threshold_source: str
     curves: dict[str, pd.DataFrame]
     headline: dict[str, Any]
+    head: pd.DataFrame = field(default_factory=pd.DataFrame)  # headline.csv, x = actual arrival rate
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -65,20 +67,34 @@ def _as_bool(v) -> bool:
 
 
 def summary_points(study: StudyResults) -> pd.DataFrame:
-    """summary.csv as the report reads it: one row per (mode, rate), saturated as bool.
+    """summary.csv as the report reads it: one row per (mode, rate), saturated as bool; a rate's
+    repeats averaged (saturated if any repeat was; the reasons of each, tagged r0, r1, ...).
 
     A column an older summary.csv lacks is blank (NaN, or "" for text); nothing is recomputed.
     """
     if not len(study.summary):
         raise UserError(f"{study.path}: summary.csv is missing or empty; no point was summarized")
-    p = norm_rate(study.summary).drop_duplicates(KEY, keep="last")
+    p = norm_rate(study.summary)
     for c in SUMMARY_COLUMNS:
         if c not in p and c not in TEXT_COLUMNS:
             p[c] = math.nan
     for c, blank in TEXT_COLUMNS.items():
         p[c] = p[c].astype(object).where(p[c].notna(), blank).astype(str) if c in p else blank
     p["saturated"] = p["saturated"].map(_as_bool).astype(bool)
-    return p.sort_values(KEY).reset_index(drop=True)
+    p["saturation_reason"] = [f"r{int(k)}: {r}" if r and p["repeat"].max() > 0 else r
+                              for k, r in zip(p["repeat"], p["saturation_reason"])]
+    num = [c for c in p.columns if c not in KEY + ["repeat"] and pd.api.types.is_numeric_dtype(p[c])
+           and not pd.api.types.is_bool_dtype(p[c])]
+    g = p.groupby(KEY, sort=True)
+    out = g[num].mean()
+    out["repeats"] = g["repeat"].nunique()
+    out["saturated"] = g["saturated"].any()
+    out["saturation_reason"] = g["saturation_reason"].agg(lambda s: "; ".join(x for x in s if x))
+    out["status"] = g["status"].agg(lambda s: "failed" if (s == "failed").all() else "ok")
+    out["error"] = g["error"].agg(lambda s: next((x for x in s if x), ""))
+    out = out.reset_index()
+    out["prefill_share_engine"] = out["engine_prefill_share"]
+    return out.sort_values(KEY).reset_index(drop=True)
 
 
 def manifest_points(study: StudyResults, points: pd.DataFrame) -> pd.DataFrame:
@@ -111,7 +127,7 @@ def choose_threshold(points: pd.DataFrame, slo: dict[str, float], threshold_ms: 
             r = p.iloc[0]
             return (2.0 * float(r["p90_e2e_ms"]),
                     f"2 × caching {mode.upper()}'s p90 E2E at its lowest rate "
-                    f"({r['rate']:g} req/s: {r['p90_e2e_ms']:.1f} ms)")
+                    f"({r['rate']:.2f} req/s: {r['p90_e2e_ms']:.1f} ms)")
     return math.nan, "no finished point"
 
 
@@ -129,22 +145,25 @@ def max_rate_curves(done: pd.DataFrame) -> dict[str, pd.DataFrame]:
             for metric, title in (("p90_e2e_ms", "p90 E2E"), ("p90_ttft_ms", "p90 TTFT"))}
 
 
-def step_fit(iterations: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """Pooled then per-mode step-time fits, and a note when the pooled one is poor or undetermined."""
-    if not len(iterations):
-        return pd.DataFrame(), []
-    fit = pd.concat([engine_fit.fit_step_cost(iterations), engine_fit.fit_step_cost(iterations, by="mode")],
-                    ignore_index=True)
-    pooled = fit.iloc[0]
-    coef = pooled[["a_ms", "b_ms_per_prompt_token", "c_ms_per_gen_token"]].astype(float)
-    if not np.isfinite(coef).all():
-        return fit, ["The step-time fit is undetermined (too few busy iterations, or prompt and generated "
-                     "token counts that do not vary independently); no engine-level prefill share."]
-    if pooled["r2"] < 0.5 or (coef < 0).any():
-        return fit, [f"The pooled step-time fit is poor (R² = {pooled['r2']:.2f}"
-                     + (", a negative coefficient" if (coef < 0).any() else "")
-                     + "); read the engine-level prefill share as rough."]
-    return fit, []
+def step_fit(manifest: dict) -> tuple[pd.DataFrame, list[str]]:
+    """The study's step-cost fit (recorded in the manifest by results.finish), and a note when it
+    is poor or undetermined."""
+    f = manifest.get("step_fit")
+    timing = manifest.get("step_timing") or []
+    if not f:
+        return pd.DataFrame(), ["No step-cost fit: too few engine steps (or a backend without steps); "
+                                "no engine-level prefill share."]
+    fit = pd.DataFrame([f])
+    notes = []
+    if "frontend" in timing:
+        notes.append("This run's steps were timed at the frontend (before engine step timing): steps that "
+                     "followed an idle spell were left out of the fit; read the engine columns as rough.")
+    coef = np.array([f[k] for k in engine_fit.COEF_NAMES], dtype=float)
+    if f["r2"] < 0.5 or (coef[[1, 3]] < 0).any():
+        notes.append(f"The step-cost fit is poor (R² = {f['r2']:.2f}"
+                     + (", a negative coefficient" if (coef[[1, 3]] < 0).any() else "")
+                     + "); read the engine-level prefill share as rough.")
+    return fit, notes
 
 
 def gains_and_pairs(requests: pd.DataFrame, n_boot: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -160,14 +179,35 @@ def gains_and_pairs(requests: pd.DataFrame, n_boot: int, seed: int) -> tuple[pd.
 
 def _with_extras(points: pd.DataFrame, requests: pd.DataFrame, iterations: pd.DataFrame,
                  slo: dict[str, float]) -> pd.DataFrame:
-    """summary.csv plus the engine-level prefill share and, with an SLO, goodput over summary.csv's durations."""
-    share = (engine_fit.engine_prefill_share(iterations) if len(iterations)
-             else pd.DataFrame(columns=KEY + ["prefill_share_engine"]))
-    points = points.merge(share[KEY + ["prefill_share_engine"]], on=KEY, how="left")
+    """summary.csv plus, with an SLO, goodput over summary.csv's durations (repeats pooled)."""
     if slo:
-        gp = reqs.goodput(requests, slo, durations=points[KEY + ["duration_s"]])
+        gp = reqs.goodput(requests, slo, durations=reqs.with_repeat(norm_rate(durations_of(points, requests))))
+        gp = gp.groupby(KEY, as_index=False).agg(n_good=("n_good", "sum"), n_measured=("n_measured", "sum"),
+                                                 duration_s=("duration_s", "sum"))
+        gp["goodput_rps"] = np.where(gp["duration_s"] > 0, gp["n_good"] / gp["duration_s"], np.nan)
         points = points.merge(gp[KEY + ["n_good", "goodput_rps"]], on=KEY, how="left")
     return points
+
+
+def durations_of(points: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """Per point and repeat: summary.csv's duration_s (the report's points are repeat means)."""
+    return reqs.point_durations(requests)
+
+
+def gains_from_head(head: pd.DataFrame, ttft: pd.DataFrame) -> pd.DataFrame:
+    """headline.csv's paired block-bootstrap E2E gains, plus the TTFT gains (independent resampling)."""
+    e2e = pd.DataFrame({"rate": head["rate"], "metric": "e2e_ms", "gain": head["gain_mean_e2e"],
+                        "ci_lo": head["gain_mean_e2e_lo"], "ci_hi": head["gain_mean_e2e_hi"],
+                        "n_on": head["n_pairs"], "n_off": head["n_pairs"]})
+    return pd.concat([e2e, ttft[ttft["metric"] == "ttft_ms"]], ignore_index=True)
+
+
+def to_actual(df: pd.DataFrame, rate_map: dict[float, float]) -> pd.DataFrame:
+    """``rate`` as the actual arrival rate, the configured one kept as ``nominal_rate``."""
+    df = df.copy()
+    df["nominal_rate"] = df["rate"]
+    df["rate"] = [rate_map.get(float(r), float(r)) for r in df["rate"]]
+    return df
 
 
 def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_ms: float | None = None,
@@ -175,14 +215,20 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     """Everything one report shows for ``study`` (see ReportData)."""
     slo = dict(slo or {})
     req, it = norm_rate(study.requests), norm_rate(study.iterations)
-    points = _with_extras(summary_points(study), req, it, slo)
+    head = norm_rate(study.headline)
+    rate_map = {float(r): float(a) for r, a in zip(head.get("rate", []), head.get("arrival_rate", []))
+                if math.isfinite(a)}
+    nominal = _with_extras(summary_points(study), req, it, slo)
+    points = to_actual(nominal, rate_map)
     done = points[points["status"] != "failed"]
-    knees = {m: summary.knee_rate(done, m) for m in MODES}
+    knees = {m: hl.knee(head, m)[0] if len(head) else math.nan for m in MODES}
     y, y_src = choose_threshold(done, slo, threshold_ms)
     headline = {"threshold_ms": y, "threshold_source": y_src, "knees": knees,
-                "sustains": {m: summary.max_rate_meeting(done, "p90_e2e_ms", y, m) if math.isfinite(y)
-                             else math.nan for m in MODES}}
+                "sustains": {m: hl.rate_at_threshold(head, m, y) if math.isfinite(y) and len(head)
+                             else (math.nan,) * 3 for m in MODES}}
     gains, paired = gains_and_pairs(req, n_boot, seed)
-    fit, notes = step_fit(it)
-    return ReportData(study, study_label(study), points, manifest_points(study, points), knees, fit, gains,
-                      paired, slo, y, y_src, max_rate_curves(done), headline, notes)
+    gains = to_actual(gains_from_head(head, gains) if len(head) else gains, rate_map)
+    fit, notes = step_fit(study.manifest)
+    return ReportData(study, study_label(study), points, to_actual(manifest_points(study, nominal), rate_map),
+                      knees, fit, gains,
+                      to_actual(paired, rate_map), slo, y, y_src, max_rate_curves(done), headline, head, notes)

@@ -91,13 +91,14 @@ def _saturation_sentence(d: ReportData, mode: str) -> str | None:
         return None
     sat = p[p["saturated"]]
     if sat.empty:
-        return (f"Caching {mode.upper()}: no point saturated (up to {p['rate'].max():g} req/s); "
-                f"knee rate ≥ {p['rate'].max():g} req/s.")
+        return (f"Caching {mode.upper()}: no point saturated (up to {p['rate'].max():.2f} req/s); "
+                f"knee ≥ {p['rate'].max():.2f} req/s.")
     knee = d.knees[mode]
-    knee_txt = (f"knee rate {rate_text(knee)} req/s" if math.isfinite(knee)
-                else "no knee: already saturated at the lowest rate")
-    why = "; ".join(f"{r['rate']:g}: {r['saturation_reason']}" for _, r in sat.iterrows() if r["saturation_reason"])
-    return f"Caching {mode.upper()}: saturated at {rates_list(sat['rate'])}{f' ({why})' if why else ''}; {knee_txt}."
+    knee_txt = (f"knee ≈ {knee:.1f} req/s (midway between the last rate where most repeats kept up and the next)"
+                if math.isfinite(knee) else "no knee: already saturated at the lowest rate")
+    why = "; ".join(f"{r['rate']:.2f}: {r['saturation_reason']}" for _, r in sat.iterrows() if r["saturation_reason"])
+    return (f"Caching {mode.upper()}: saturated at {', '.join(f'{r:.2f}' for r in sat['rate'])} req/s"
+            f"{f' ({why})' if why else ''}; {knee_txt}.")
 
 
 def headline_paragraphs(d: ReportData) -> list[str]:
@@ -105,10 +106,12 @@ def headline_paragraphs(d: ReportData) -> list[str]:
     y, sus = h["threshold_ms"], h["sustains"]
     out = []
     if math.isfinite(y):
-        out.append(f"Caching ON sustains {rate_text(sus['on'])} req/s at p90 E2E ≤ {y:.1f} ms; "
-                   f"OFF sustains {rate_text(sus['off'])} req/s. Threshold: {h['threshold_source']}. "
-                   "A rate counts only if it and every lower rate of that mode meet the threshold and are "
-                   "unsaturated.")
+        def at(m):
+            r, lo, hi = sus[m]
+            return f"{r:.1f} req/s [{fmt(lo, '.1f')}, {fmt(hi, '.1f')}]" if math.isfinite(r) else "no rate"
+        out.append(f"At p90 E2E ≤ {y:.1f} ms caching ON sustains {at('on')} and OFF {at('off')} (actual arrival "
+                   f"rates, interpolated where p90 crosses the threshold; the interval from p90's 95 % interval; "
+                   f"a saturated rate counts as over). Threshold: {h['threshold_source']}.")
     out += [s for s in (_saturation_sentence(d, m) for m in MODES) if s]
     failed = d.manifest_points[d.manifest_points["status"].isin(["failed", "interrupted"])]
     if len(failed):
@@ -150,7 +153,8 @@ def prefill_table(d: ReportData) -> pd.DataFrame:
         "mode": p["mode"].str.upper(),
         "rate (req/s)": [mark(r, s) for r, s in zip(p["rate"], p["saturated"])],
         "request level: mean prefill / mean E2E": p["prefill_share"].map(pct),
-        "engine level: b·Σprompt / Σstep": p["prefill_share_engine"].map(pct),
+        "engine level: Σ(b·prefill + e·requests) / Σstep": p["prefill_share_engine"].map(pct),
+        "decode slowdown": p["decode_slowdown"].map(lambda v: fmt(v, ".2f") + "×" if v == v else "–"),
     })
 
 
@@ -159,12 +163,13 @@ def fit_table(d: ReportData) -> pd.DataFrame:
     if f.empty:
         return f
     return pd.DataFrame({
-        "fit": f["group"].map(lambda g: "pooled (used)" if g == "pooled" else f"{g.upper()} only"),
         "a (ms/step)": f["a_ms"].map(lambda v: fmt(v, ".3f")),
-        "b (ms/prompt token)": f["b_ms_per_prompt_token"].map(lambda v: fmt(v, ".5f")),
-        "c (ms/generated token)": f["c_ms_per_gen_token"].map(lambda v: fmt(v, ".4f")),
+        "b (ms/prefill token)": f["b_ms_per_prefill_token"].map(lambda v: fmt(v, ".5f")),
+        "e (ms/prefill request)": f["e_ms_per_prefill_req"].map(lambda v: fmt(v, ".3f")),
+        "c (ms/decode token)": f["c_ms_per_decode_token"].map(lambda v: fmt(v, ".4f")),
         "R²": f["r2"].map(lambda v: fmt(v, ".3f")),
-        "iterations": f["n"].astype(str),
+        "RMSE (ms)": f["rmse_ms"].map(lambda v: fmt(v, ".2f")),
+        "busy steps": f["n"].astype(str),
     })
 
 

@@ -54,6 +54,7 @@ def merge_runs(run_dirs: list[Path], out: Path) -> Path:
             key = point_key(p)
             meta = {k: v for k, v in p.items() if k not in ("mode", "rate", "repeat")}
             writer.add(PointResult(key[0], key[1], _at(r.requests, key), _at(r.iterations, key), meta, key[2]))
+    writer.finish()
     return run_dir
 
 

@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from prefixstudy.errors import UserError
-from prefixstudy.metrics.engine_fit import fit_step_cost
-from prefixstudy.metrics.headline import headline
-from prefixstudy.metrics.summary import add_engine_columns, summarize_point
+from prefixstudy.metrics.summary import summarize_point
 from prefixstudy.results.provenance import now
-from prefixstudy.results.store import (CONFIG, HEADLINE, ITERATIONS, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv,
-                                       atomic_write_text, drop_other_parts, read_table, write_json, write_point_parts)
-from prefixstudy.schema import SUMMARY_COLUMNS, PointResult, point_key, typed_iterations, typed_requests
+from prefixstudy.results.finish import finish_run
+from prefixstudy.results.store import (CONFIG, MANIFEST, SUMMARY, atomic_write_csv, atomic_write_text,
+                                       drop_other_parts, write_json, write_point_parts)
+from prefixstudy.schema import SUMMARY_COLUMNS, PointResult, point_key
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
@@ -102,19 +101,16 @@ class ResultsWriter:
         self.save_manifest()
 
     def _write_summary(self) -> None:
-        """summary.csv and headline.csv from every point so far.  The step-cost fit pools the whole
-        study's steps, so each new point refits it and refills every row's engine columns."""
         rows = sorted(self.rows.values(), key=lambda r: (MODE_ORDER.get(r["mode"], 2), float(r["rate"]), r["repeat"]))
-        summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-        its = typed_iterations(read_table(self.dir / ITERATIONS))
-        fit = fit_step_cost(its) if len(its) else None
-        summary = add_engine_columns(summary, its, fit)
-        atomic_write_csv(self.dir / SUMMARY, summary)
-        self.manifest["step_fit"] = fit.as_dict() if fit is not None else None
-        ok = summary[summary["status"] == "ok"]
-        if len(ok):
-            reqs = typed_requests(read_table(self.dir / REQUESTS))
-            atomic_write_csv(self.dir / HEADLINE, headline(reqs, ok, its, fit))
+        atomic_write_csv(self.dir / SUMMARY, pd.DataFrame(rows, columns=SUMMARY_COLUMNS))
+
+    def finish(self) -> None:
+        """What needs the whole study: the step-cost fit over every point's steps, the engine
+        columns of summary.csv it fills, and headline.csv.  Run once at the end of a run (also an
+        interrupted one), a merge and a report: refitting after every point cost seconds between
+        points of a GPU sweep."""
+        finish_run(self.dir, self.manifest)
+        self.save_manifest()
 
     def save_manifest(self, status: str | None = None) -> None:
         self.manifest["points"] = self.points

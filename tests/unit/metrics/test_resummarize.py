@@ -2,6 +2,12 @@
 
 This pins the definitions (counted request, saturation, hit rate, percentiles) across refactors:
 a column whose meaning changes on purpose must be listed here, with the reason.
+
+Changed on purpose, and every committed summary.csv regenerated with it:
+* issue 13: ``saturated`` / ``saturation_reason`` (the rule now looks at the requests in the system,
+  completions and the E2E trend inside the arrival window), and the new columns after them; the
+  engine columns come from the study-wide step-cost fit (``results.finish``), so they are
+  compared after the same fit.
 """
 
 from __future__ import annotations
@@ -19,15 +25,20 @@ RUNS = sorted(p.parent.name for p in (REPO / "experiments/results").glob("*/summ
 
 @pytest.mark.parametrize("run", RUNS)
 def test_committed_summary_is_reproduced(run):
-    from prefixstudy.metrics.summary import summarize
+    from prefixstudy.metrics.engine_fit import fit_step_cost
+    from prefixstudy.metrics.summary import add_engine_columns, summarize
+    from prefixstudy.schema import typed_iterations
 
     d = REPO / "experiments/results" / run
     req = pd.read_parquet(d / "requests.parquet")
     it = pd.read_parquet(d / "iterations.parquet")
     points = json.loads((d / "manifest.json").read_text())["points"]
-    committed = pd.read_csv(d / "summary.csv", converters={"error": str, "status": str, "mode": str})
+    committed = pd.read_csv(d / "summary.csv", converters={"error": str, "status": str, "mode": str,
+                                                            "saturation_reason": str, "step_timing": str})
     tol = 0.05
     got = summarize(req, points, tol, it)
+    its = typed_iterations(it)
+    got = add_engine_columns(got, its, fit_step_cost(its))
     assert list(got.columns[:len(committed.columns)]) == list(committed.columns)  # new columns go at the end
     assert len(got) == len(committed) > 0
     for c in committed.columns:

@@ -1,0 +1,187 @@
+"""Issue 13's instruments on synthetic series with known answers: saturation, the step-cost fit,
+the engine prefill share and decode slowdown, block bootstraps, headline.csv, knee and threshold."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from prefixstudy.metrics import bootstrap, engine_fit, headline, saturation
+from prefixstudy.schema import typed_iterations, typed_requests
+
+
+def point(e2e_ms, gap_s=1.0, mode="on", rate=1.0, repeat=0, errors=None):
+    """Requests scheduled every ``gap_s`` s and sent on time, with these E2E."""
+    n = len(e2e_ms)
+    return typed_requests(pd.DataFrame({
+        "mode": mode, "rate": rate, "repeat": repeat, "request_index": range(n), "warmup": False,
+        "scheduled_s": np.arange(n) * gap_s, "sent_s": np.arange(n) * gap_s, "e2e_ms": e2e_ms,
+        "ttft_ms": 10.0, "tpot_ms": 1.0, "prompt_tokens": 100, "output_tokens": 10,
+        "num_cached_tokens": 90 if mode == "on" else 0, "expected_cached_tokens": 90 if mode == "on" else 0,
+        "error": errors if errors is not None else ""}))
+
+
+def steps(in_system, t=None, mode="on", rate=1.0):
+    t = np.arange(len(in_system), dtype=float) if t is None else np.asarray(t, dtype=float)
+    return typed_iterations(pd.DataFrame({"mode": mode, "rate": rate, "timing": "engine", "t_s": t,
+                                          "step_ms": 10.0, "num_running": in_system, "decode_tokens": 1}))
+
+
+# ----------------------------------------------------------------- saturation
+
+def test_steady_point_is_not_saturated():
+    s = saturation.saturation(point([100.0] * 12), steps([1] * 12))
+    assert s["arrival_rate"] == 1.0 and s["completion_ratio"] == 1.0
+    assert (s["in_system_first"], s["in_system_last"]) == (1.0, 1.0)
+    assert (s["e2e_first_ms"], s["e2e_last_ms"]) == (100.0, 100.0)
+    assert not s["saturated"] and s["reason"] == ""
+
+
+def test_running_requests_that_pile_up_saturate_below_max_num_seqs():
+    # Nobody waits (num_waiting 0), but running rises 4 -> 12: vLLM v1 overload below max_num_seqs.
+    s = saturation.saturation(point([100.0] * 12), steps([4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12]))
+    assert (s["in_system_first"], s["in_system_last"]) == (4.0, 12.0)
+    assert s["saturated"] and s["reason"] == "in system 4.0->12.0"
+    # +3 from 8 is under +50 %: a busy but steady engine
+    s = saturation.saturation(point([100.0] * 12), steps([8, 8, 8, 8, 9, 9, 9, 9, 11, 11, 11, 11]))
+    assert not s["saturated"]
+
+
+def test_latency_that_climbs_through_the_point_saturates_it():
+    # thirds by schedule (12 requests over 11 s): first t <= 3.67 (4 requests), last t >= 7.33 (4)
+    e2e = [100.0] * 4 + [150.0] * 4 + [160.0] * 4
+    s = saturation.saturation(point(e2e), steps([1] * 12))
+    assert (s["e2e_first_ms"], s["e2e_last_ms"]) == (100.0, 160.0)
+    assert s["saturated"] and s["reason"] == "E2E 100->160 ms"
+    assert not saturation.saturation(point([100.0] * 4 + [140.0] * 8), steps([1] * 12))["saturated"]  # 1.4x
+
+
+def test_completions_that_fall_behind_saturate_the_point():
+    # Early E2E 100 ms; the last 3 of 12 take 5 s and finish after the window (last send 11 s + 0.1 s).
+    e2e = [100.0] * 9 + [5000.0] * 3
+    s = saturation.saturation(point(e2e), steps([1] * 12))
+    assert s["completion_ratio"] == 0.75
+    assert "completed 75% of arrivals in the window" in s["reason"]
+    # one late request of twelve (92 %) is not a trend
+    assert saturation.saturation(point([100.0] * 11 + [5000.0]), steps([1] * 12))["completion_ratio"] == 11 / 12
+    assert "completed" not in saturation.saturation(point([100.0] * 11 + [5000.0]), steps([1] * 12))["reason"]
+
+
+def test_unfinished_sent_request_saturates_and_arrival_rate_is_the_schedules():
+    r = point([100.0] * 5, gap_s=0.25, errors=["", "", "", "", "unfinished: cancelled at max_point_duration_s"])
+    s = saturation.saturation(r, None)
+    assert s["arrival_rate"] == 4.0  # 4 gaps over 1 s
+    assert s["n_unfinished_open"] == 1 and s["saturated"] and s["reason"].startswith("1 unfinished")
+
+
+# ----------------------------------------------------------------- step-cost fit
+
+def cost_steps(n=200, seed=0, mode="off", rate=8.0, repeat=0, a=5.0, b=0.02, e=1.5, c=0.1):
+    """Engine steps whose cost is exactly a + b*prefill + e*prefill_reqs + c*decode."""
+    rng = np.random.default_rng(seed)
+    nreq = rng.integers(0, 3, n)
+    pt = nreq * rng.integers(50, 1300, n)
+    dec = rng.integers(1, 60, n)
+    ms = a + b * pt + e * nreq + c * dec
+    t_end = np.cumsum(ms) / 1e3
+    return typed_iterations(pd.DataFrame({
+        "mode": mode, "rate": rate, "repeat": repeat, "timing": "engine", "step_start_s": t_end - ms / 1e3,
+        "t_s": t_end, "step_ms": ms, "prefill_tokens": pt, "num_prefill_reqs": nreq, "decode_tokens": dec,
+        "num_running": dec, "num_waiting": 0}))
+
+
+def test_fit_recovers_the_step_cost_and_the_share_is_exact():
+    it = pd.concat([cost_steps(seed=1), cost_steps(seed=2, mode="on")], ignore_index=True)
+    fit = engine_fit.fit_step_cost(it, n_boot=20)
+    assert fit.coef == pytest.approx([5.0, 0.02, 1.5, 0.1], rel=1e-9)
+    assert fit.r2 == pytest.approx(1.0) and fit.n == 400 and fit.rmse_ms == pytest.approx(0.0, abs=1e-9)
+    a = engine_fit.step_arrays(it[it["mode"] == "off"])
+    prefill = 0.02 * a[:, 0] + 1.5 * a[:, 1]
+    share, slowdown = engine_fit.stats(a, fit.coef)
+    assert share == pytest.approx(prefill.sum() / a[:, 3].sum(), rel=1e-9)
+    assert slowdown == pytest.approx((a[:, 2] * a[:, 3]).sum() / (a[:, 2] * (a[:, 3] - prefill)).sum(), rel=1e-9)
+    cols = engine_fit.engine_columns(it, fit).set_index("mode")
+    assert cols.loc["off", "engine_prefill_share"] == pytest.approx(share, rel=1e-9)
+    assert cols.loc["off", "busy_steps"] == 200 and cols.loc["off", "step_timing"] == "engine"
+    # the coefficients are exact in every refit; the interval is the spread of which steps a point had
+    assert cols.loc["off", "engine_prefill_share_lo"] < share < cols.loc["off", "engine_prefill_share_hi"]
+
+
+def test_frontend_timed_steps_after_idle_are_not_busy_time():
+    # Old runs: the first record after an idle spell (nothing in flight before it) carries the gap.
+    it = typed_iterations(pd.DataFrame({
+        "mode": "on", "rate": 1.0, "t_s": [1.0, 1.02, 1.04, 3.0, 3.02], "step_ms": [np.nan, 20, 20, 1960, 20],
+        "prompt_tokens": [62, 0, 0, 62, 0], "generation_tokens": [1, 1, 1, 1, 1],
+        "num_running": [1, 1, 0, 1, 1], "num_waiting": 0}))
+    assert (it["timing"] == "frontend").all() and it["prefill_tokens"].tolist() == [62, 0, 0, 62, 0]
+    assert engine_fit.busy_steps(it)["t_s"].tolist() == [1.02, 1.04, 3.02]  # 1960 ms after idle: dropped
+
+
+def test_echo_request_rows_are_not_steps():
+    it = cost_steps(n=10).assign(timing="request")
+    assert engine_fit.busy_steps(it).empty and engine_fit.fit_step_cost(it) is None
+
+
+def test_per_request_term_dropped_when_prompts_are_all_alike():
+    it = cost_steps(n=50, seed=3)
+    it["prefill_tokens"] = it["num_prefill_reqs"] * 1214  # tokens = 1214 x requests: e not identifiable
+    it["step_ms"] = 5.0 + 0.02 * it["prefill_tokens"] + 0.1 * it["decode_tokens"]
+    fit = engine_fit.fit_step_cost(it, n_boot=5)
+    assert fit.coef == pytest.approx([5.0, 0.02, 0.0, 0.1], rel=1e-9, abs=1e-12)
+
+
+# ----------------------------------------------------------------- bootstraps
+
+def test_block_indices_are_runs_of_consecutive_items():
+    idx = bootstrap.block_indices(16, np.random.default_rng(0))
+    assert len(idx) == 16 and bootstrap.block_length(16) == 4
+    assert all((idx[i + 1] - idx[i]) % 16 == 1 for i in range(0, 16, 4) for i in range(i, i + 3))
+
+
+def test_block_bootstrap_of_a_trend_is_wider_than_an_iid_one():
+    # A queue that builds up: consecutive values correlate; blocks keep that, iid resampling hides it.
+    x = np.repeat(np.arange(10.0), 10)[:, None] * 100 + 1000
+    block = bootstrap.interval(bootstrap.hierarchical([x], lambda r: r[:, 0].mean(), seed=1))
+    rng = np.random.default_rng(1)
+    iid = bootstrap.interval([x[rng.integers(0, 100, 100), 0].mean() for _ in range(400)])
+    assert block[1] - block[0] > 1.3 * (iid[1] - iid[0])
+
+
+def test_repeats_put_run_to_run_spread_in_the_interval():
+    runs = [np.full((30, 1), 100.0), np.full((30, 1), 120.0), np.full((30, 1), 110.0)]
+    lo, hi = bootstrap.interval(bootstrap.hierarchical(runs, lambda r: r[:, 0].mean(), seed=0))
+    assert lo < 105 and hi > 115  # within each run there is no spread at all
+    assert bootstrap.interval(bootstrap.hierarchical(runs[:1], lambda r: r[:, 0].mean(), seed=0)) == (100.0, 100.0)
+
+
+# ----------------------------------------------------------------- headline, knee, threshold
+
+def test_headline_pairs_on_with_off_and_marks_bounds():
+    reqs = pd.concat([point([50.0] * 10, mode="on", repeat=k) for k in (0, 1)]
+                     + [point([100.0] * 10, mode="off", repeat=k) for k in (0, 1)], ignore_index=True)
+    summ = pd.DataFrame({"mode": ["on", "on", "off", "off"], "rate": 1.0, "repeat": [0, 1, 0, 1],
+                         "arrival_rate": [1.0, 1.0, 1.0, 1.0], "saturated": [False, False, False, True]})
+    h = headline.headline(reqs, summ).iloc[0]
+    assert h["n_repeats"] == 2 and h["n_pairs"] == 20 and h["arrival_rate"] == 1.0
+    assert h["gain_mean_e2e"] == 0.5 and (h["gain_mean_e2e_lo"], h["gain_mean_e2e_hi"]) == (0.5, 0.5)
+    assert h["on_mean_e2e_ms"] == 50.0 and h["off_p90_e2e_ms"] == 100.0 and h["on_spread_pct"] == 0.0
+    assert h["off_saturated"] and not h["on_saturated"] and h["gain_is_bound"]
+    assert (h["on_hit_rate"], h["on_hit_rate_expected"]) == (0.9, 0.9)
+
+
+def test_knee_and_rate_at_threshold_interpolate_on_actual_rates():
+    head = pd.DataFrame({"arrival_rate": [0.8, 4.2, 8.5, 16.4, 22.7],
+                         "off_saturated": [False, False, False, False, True],
+                         "off_p90_e2e_ms": [100.0, 120.0, 200.0, 1000.0, 3000.0],
+                         "off_p90_e2e_lo": [90.0, 110.0, 180.0, 900.0, 2500.0],
+                         "off_p90_e2e_hi": [110.0, 130.0, 220.0, 1100.0, 3500.0]})
+    assert headline.knee(head, "off") == ((16.4 + 22.7) / 2, 16.4, 22.7)
+    rate, lo, hi = headline.rate_at_threshold(head, "off", 600.0)
+    assert rate == pytest.approx(8.5 + 400 / 800 * 7.9)
+    assert lo == pytest.approx(8.5 + 380 / 880 * 7.9) and hi == pytest.approx(8.5 + 420 / 720 * 7.9)
+    assert headline.rate_at_threshold(head, "off", 5000.0)[0] == 16.4  # next is saturated: a bound
+    assert math.isnan(headline.rate_at_threshold(head, "off", 50.0)[0])
+    assert headline.knee(head.assign(off_saturated=False), "off")[1] == 22.7

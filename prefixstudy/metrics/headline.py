@@ -77,8 +77,10 @@ def _engine(busy: pd.DataFrame, fit: engine_fit.StepFit | None, mode: str, seed)
     """Engine prefill share and decode slowdown of one mode at one rate, over its repeats."""
     keys = [f"{mode}_engine_prefill_share", f"{mode}_decode_slowdown"]
     out = {k: math.nan for k in keys} | {f"{k}_{e}": math.nan for k in keys for e in ("lo", "hi")}
+    if fit is None or busy.empty:
+        return out
     b = busy[busy["mode"] == mode]
-    if fit is None or b.empty:
+    if b.empty:
         return out
     runs = [engine_fit.step_arrays(g) for _, g in b.groupby("repeat", sort=True)]
     out[keys[0]], out[keys[1]] = engine_fit.stats(np.concatenate(runs), fit.coef)
@@ -107,7 +109,7 @@ def headline(requests: pd.DataFrame, summary: pd.DataFrame, iterations: pd.DataF
             row[f"{mode}_saturated"] = bool(sat.any()) if len(sat) else False
             row[f"{mode}_saturated_share"] = float(sat.mean()) if len(sat) else math.nan
             eng = busy[busy["rate"] == rate] if busy is not None else pd.DataFrame()
-            row |= _engine(eng, fit, mode, child[2 + i]) if len(eng) else _engine(eng, None, mode, 0)
+            row |= _engine(eng, fit, mode, child[2 + i])
         row |= _paired_gain(at, seed)
         row["gain_is_bound"] = bool(row["on_saturated"] or row["off_saturated"])
         row["on_hit_rate"], row["on_hit_rate_expected"] = hit_rates(at[at["mode"] == "on"]) \

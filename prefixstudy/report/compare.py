@@ -137,8 +137,8 @@ def side_by_side(labels: list[str], datas: list[ReportData]) -> pd.DataFrame:
         rows.append({"study": lab, "run": str(d.study.path), "vLLM": str(d.study.manifest.get("vllm_version", "?")),
                      "knee ON (req/s)": rt(d.knees["on"]), "knee OFF (req/s)": rt(d.knees["off"]),
                      "p90 E2E threshold (ms)": tables.fmt(h["threshold_ms"]),
-                     "ON sustains (req/s)": rt(h["sustains"]["on"]),
-                     "OFF sustains (req/s)": rt(h["sustains"]["off"])})
+                     "ON sustains (req/s)": rt(h["sustains"]["on"][0]),
+                     "OFF sustains (req/s)": rt(h["sustains"]["off"][0])})
     return pd.DataFrame(rows)
 
 

@@ -98,11 +98,11 @@ def summary_points(study: StudyResults) -> pd.DataFrame:
 
 
 def manifest_points(study: StudyResults, points: pd.DataFrame) -> pd.DataFrame:
-    rows = [{"mode": str(p.get("mode", "")), "rate": float(p.get("rate", math.nan)),
+    rows = [{"mode": str(p.get("mode", "")), "rate": float(p.get("rate", math.nan)), "repeat": int(p.get("repeat", 0)),
              "status": str(p.get("status", "")), "error": str(p.get("error") or "")}
             for p in study.manifest.get("points", []) or [] if isinstance(p, dict)]
-    mp = norm_rate(pd.DataFrame(rows, columns=["mode", "rate", "status", "error"]))
-    known = points[KEY + ["status", "error"]]
+    mp = norm_rate(pd.DataFrame(rows, columns=["mode", "rate", "repeat", "status", "error"]))
+    known = points[KEY + ["status", "error"]].assign(repeat=0)
     mp = pd.concat([mp, known[~known.set_index(KEY).index.isin(mp.set_index(KEY).index)]])
     return mp.sort_values(KEY).reset_index(drop=True)
 

@@ -200,7 +200,9 @@ def all_points_table(d: ReportData) -> pd.DataFrame:
     mp = d.manifest_points
     sat = d.points.set_index(KEY)["saturated"]
     return pd.DataFrame({
-        "point": [f"{m.upper()} @ {r:g} req/s" for m, r in zip(mp["mode"], mp["rate"])],
+        "point": [f"{m.upper()} @ {n:g} req/s" + (f" repeat {int(k)}" if mp["repeat"].max() > 0 else "")
+                  + (f" (actual {r:.2f})" if r != n else "")
+                  for m, n, k, r in zip(mp["mode"], mp["nominal_rate"], mp["repeat"], mp["rate"])],
         "status": mp["status"],
         "saturated": ["yes" if sat.get((m, r), False) else "no" for m, r in zip(mp["mode"], mp["rate"])],
         "error": mp["error"],

@@ -68,7 +68,8 @@ def test_run_by_name_from_anywhere(tmp_path):
     assert r.stdout.startswith("ok: study default, 30 dataset rows, modes on,off, rates 1,2,4,8 req/s, executor ")
     r = cli(tmp_path, "run", "h200-tp1", "--dry-run")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("ok: study h200-tp1, 1920 dataset rows, modes on,off, rates 1,2,4,8,16,24,32,48,64")
+    assert r.stdout.startswith("ok: study h200-tp1, 960 dataset rows, modes on,off, rates 1,4,8,12,16,20,24,28,32,48,64 "
+                               "req/s x 3 repeats")
 
 
 def test_run_unknown_name_is_one_line(tmp_path):
@@ -120,7 +121,7 @@ def test_recorded_results_find_the_moved_model_folders():
     from prefixstudy.config import parse_config
 
     repo = Path(__file__).resolve().parents[3]
-    recorded = yaml.safe_load((repo / "experiments/results/h200-tp1/config.yaml").read_text())
+    recorded = yaml.safe_load((repo / "experiments/results/h200-tp1-gc/config.yaml").read_text())
     assert recorded["model"].endswith("experiments/models/mistral-7b-v0.3")
     cfg = parse_config(recorded, "config.yaml")
     assert cfg.model == str(shipped_model_dir("mistral-7b-v0.3").resolve())

@@ -41,8 +41,9 @@ def test_generate_fills_the_trace_and_iteration_samples():
     tr, samples, again = asyncio.run(go())
     assert (len(tr.token_times), tr.num_cached_tokens, tr.error) == (5, 48, "")
     assert tr.queued_ts <= tr.scheduled_ts <= tr.first_token_ts <= tr.last_token_ts
-    assert [(s.prefix_queries, s.prefix_hits, s.prompt_tokens, s.generation_tokens) for s in samples] == \
-        [(50, 0, 50, 5), (50, 48, 2, 5)]
+    # echo has no steps: one sample per request (queried, cached, prefill, decode, sampled tokens)
+    assert [(s.queried_tokens, s.cached_tokens, s.prefill_tokens, s.decode_tokens, s.sampled_tokens)
+            for s in samples] == [(50, 0, 50, 4, 5), (50, 48, 2, 4, 5)]
     assert again == []  # handed over once
 
 

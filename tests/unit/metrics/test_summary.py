@@ -39,7 +39,9 @@ def test_summary_arithmetic_exact():
     assert row["hit_rate_measured"] == pytest.approx(0.64) and row["hit_rate_expected"] == pytest.approx(0.64)
     assert row["hit_rate_ok"] is True
     assert row["dispatch_lag_p50_ms"] == 1.5
-    assert row["saturated"] is False
+    assert row["arrival_rate"] == 1.0  # 3 gaps over 3 s, whatever the configured rate
+    # E2E climbs through the point (first third 150 ms, last 350): latency trend, saturated
+    assert row["saturated"] is True and row["saturation_reason"] == "E2E 150->350 ms"
 
 
 def test_failures_and_unfinished_are_counted_not_dropped():

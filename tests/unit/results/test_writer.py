@@ -91,7 +91,7 @@ def test_hit_rate_mismatch_warns_by_default(tmp_path, caplog):
 
 def test_hit_rate_mismatch_fails_the_run_when_asked(tmp_path):
     s = study(tmp_path, **{"checks.fail_on_hit_rate_mismatch": True})
-    with pytest.raises(StudyFailed, match=r"cache OFF @ 4 req/s: prefix hit rate 0\.949, expected 0\.000"):
+    with pytest.raises(StudyFailed, match=r"cache OFF @ 4 req/s \(repeat 0\): prefix hit rate 0\.949, expected 0\.000"):
         s.point_done(point("off", 4.0, 1152))
     (p,) = json.loads((tmp_path / "manifest.json").read_text())["points"]
     assert p["status"] == "failed" and p["error"].startswith("hit-rate check:")
@@ -109,7 +109,8 @@ def test_resume_keeps_ok_points_and_plans_the_rest(tmp_path):
     req = load(tmp_path).requests
     assert sorted(set(zip(req["mode"], req["rate"]))) == [("on", 1.0), ("on", 2.0)]
     plans = Study(w.cfg, w2).pending_configs()
-    assert [(c.sweep.modes, c.sweep.rates) for c in plans] == [(["on"], [4.0]), (["off"], [1.0, 2.0, 4.0])]
+    assert [(c.sweep.modes, c.sweep.points()) for c in plans] == [
+        (["on"], [(4.0, 0)]), (["off"], [(1.0, 0), (2.0, 0), (4.0, 0)])]
 
 
 def test_point_cap_shorter_than_the_schedule_is_refused():

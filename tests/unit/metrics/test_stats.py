@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prefixstudy.metrics import compare, engine_fit, requests, summary
+from prefixstudy.metrics import compare, requests, summary
 from prefixstudy.errors import UserError
 
 

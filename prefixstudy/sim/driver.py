@@ -84,6 +84,8 @@ class Simulator:
                 i += 1
             if self.clock_s > deadline_s:
                 self._abort([r.request_id for r in pending[:i]])
+                for tr in traces.values():  # the real runner cancels at the deadline: later tokens never arrive
+                    tr.token_times = [t for t in tr.token_times if t <= deadline_s]
                 break
             if not self.sched.has_unfinished_requests():
                 self.clock_s = max(self.clock_s, pending[i].arrival_s)  # idle: jump to the next arrival

@@ -9,6 +9,7 @@ callee's signature, and dataclass fields that one release lacks are set only whe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import logging
 from dataclasses import dataclass
@@ -36,13 +37,20 @@ class SchedulerSpec:
     tensor_parallel_size: int = 1
 
 
+@functools.lru_cache(maxsize=None)
+def _accepted(fn: Callable) -> frozenset[str] | None:
+    """The keyword names ``fn`` takes (None: any); cached, as the driver calls it every step."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    return frozenset(params)
+
+
 def call_with_supported(fn: Callable, **kwargs) -> Any:
     """Call ``fn`` with the keyword arguments its signature names: a release that dropped or has
     not yet grown a parameter still builds."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return fn(**kwargs)
-    return fn(**{k: v for k, v in kwargs.items() if k in params})
+    names = _accepted(fn)
+    return fn(**kwargs) if names is None else fn(**{k: v for k, v in kwargs.items() if k in names})
 
 
 def set_if_field(obj: Any, name: str, value: Any) -> None:
@@ -107,7 +115,7 @@ def build_scheduler(spec: SchedulerSpec, arch: Arch, vc=None):
 
     sched = call_with_supported(
         Scheduler, vllm_config=vc, kv_cache_config=kvc, structured_output_manager=StructuredOutputManager(vc),
-        include_finished_set=False, log_stats=True, block_size=sched_bs, hash_block_size=hash_bs)
+        include_finished_set=False, log_stats=False, block_size=sched_bs, hash_block_size=hash_bs)
     hasher = None
     if spec.prefix_caching:
         # Without the request block hasher a request carries no block hashes, and prefix caching

@@ -20,9 +20,11 @@ from prefixstudy.cli.run import _console, _csv_floats, _csv_modes, _overrides
 @click.option("--rates", callback=_csv_floats, help="Comma-separated request rates, req/s.")
 @click.option("--modes", callback=_csv_modes, help="Comma-separated subset of on,off.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config field, dotted.")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Simulate points in this many processes.")
 @click.option("--report/--no-report", default=True, show_default=True, help="Build the report at the end.")
 @click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
-def simulate(config, calibration, gpu, tp, out, rates, modes, sets, report, verbose):
+def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, report, verbose):
     """Predict a study: CONFIG's sweep on the simulated engine (the whole sweep in seconds)."""
     from prefixstudy.config import load_config
     from prefixstudy.configs import resolve_config
@@ -31,7 +33,7 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, report, verb
     cfg = load_config(resolve_config(config), _overrides(sets, rates=rates, modes=modes, out=out))
     from prefixstudy.sim.run import simulate as run_sim
 
-    run_dir = run_sim(cfg, calibration, gpu, tp, out)
+    run_dir = run_sim(cfg, calibration, gpu, tp, out, jobs)
     click.echo(f"results: {run_dir}")
     if report:
         from prefixstudy.report import build_report

@@ -71,8 +71,10 @@ def _has_kv_size(cfg: StudyConfig) -> bool:
 
 
 def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, tp: int | None = None,
-             out: Path | None = None) -> Path:
-    """Every mode x rate of ``cfg`` in virtual time; returns the results folder."""
+             out: Path | None = None, jobs: int = 1) -> Path:
+    """Every mode x rate of ``cfg`` in virtual time; returns the results folder.  ``jobs`` > 1
+    simulates points in that many processes (each point resets the prefix cache, so a point does
+    not depend on the ones before it; the scheduler is pure Python and holds the GIL)."""
     rows = load_rows(cfg)
     target = make_target(cfg, Path(calibration), gpu_name, tp, rows)
     run_dir = new_run_dir(cfg, out)
@@ -87,9 +89,15 @@ def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, t
     writer.start()
     target.cost.save(run_dir / COST_FILE)
     wall0 = time.perf_counter()
-    for session in sessions(cfg, rows, target):
-        for rate in cfg.sweep.rates:
-            writer.add(session.run_point(rate))
+    if jobs > 1:
+        from prefixstudy.sim.pool import run_points
+
+        for res in run_points(cfg, target, jobs):
+            writer.add(res)
+    else:
+        for session in sessions(cfg, rows, target):
+            for rate in cfg.sweep.rates:
+                writer.add(session.run_point(rate))
     manifest["sim"]["wall_s"] = time.perf_counter() - wall0
     writer.save_manifest(status="complete")
     return run_dir

@@ -71,3 +71,12 @@ def test_a_cpu_calibration_cannot_price_a_gpu(calibration, tmp_path):
 def test_a_folder_without_a_manifest_is_refused(tmp_path):
     with pytest.raises(UserError, match="no readable manifest.json"):
         simulate(load_config(None, OVERRIDES), tmp_path, out=tmp_path / "out")
+
+
+def test_points_in_worker_processes_match_the_hand_schedule(calibration, tmp_path):
+    """--jobs 2: each point in a spawned worker with a fresh scheduler; the same numbers."""
+    cfg = load_config(None, OVERRIDES)
+    s = load(simulate(cfg, calibration, out=tmp_path / "out", jobs=2)).summary.set_index(["mode", "rate"])
+    assert list(s.index) == [("on", 1.0), ("on", 2.0), ("off", 1.0), ("off", 2.0)]
+    assert list(s.mean_e2e_ms) == pytest.approx([4.46, 4.46, 4.94, 4.94])
+    assert list(s.n_ok) == [3, 3, 3, 3]

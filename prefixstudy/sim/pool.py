@@ -26,15 +26,17 @@ def _init(cfg: StudyConfig, target: SimTarget) -> None:
                    vc=vllm_config(scheduler_spec(cfg, target, cfg.sweep.modes[0])))
 
 
-def _point(mode: str, rate: float) -> PointResult:
+def _point(mode: str, rate: float, repeat: int) -> PointResult:
     w = _WORKER
-    return SimSession(w["cfg"], mode, w["rows"], w["target"], w["vc"]).run_point(rate)
+    return SimSession(w["cfg"], mode, w["rows"], w["target"], w["vc"]).run_point(rate, repeat)
 
 
 def run_points(cfg: StudyConfig, target: SimTarget, jobs: int) -> Iterator[PointResult]:
     """Every mode x rate of ``cfg``, yielded in the sweep's order (ON first, then by rate); the
     highest rates, the longest points, are started first."""
-    points = [(m, r) for m in cfg.sweep.modes for r in cfg.sweep.rates]
+    from prefixstudy.sim.run import sweep_points
+
+    points = [(m, r, k) for m in cfg.sweep.modes for r, k in sweep_points(cfg)]
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init, initargs=(cfg, target)) as pool:
         futures = {p: pool.submit(_point, *p) for p in sorted(points, key=lambda p: -p[1])}

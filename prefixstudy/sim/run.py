@@ -70,6 +70,12 @@ def _has_kv_size(cfg: StudyConfig) -> bool:
     return extra.get("num_gpu_blocks_override") is not None or getattr(cfg.engine, "kv_cache_memory_bytes", None)
 
 
+def sweep_points(cfg: StudyConfig) -> list[tuple[float, int]]:
+    """(rate, repeat) of the sweep: ``sweep.points()`` where the config has repeats, else repeat 0."""
+    points = getattr(cfg.sweep, "points", None)
+    return points() if callable(points) else [(r, 0) for r in cfg.sweep.rates]
+
+
 def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, tp: int | None = None,
              out: Path | None = None, jobs: int = 1) -> Path:
     """Every mode x rate of ``cfg`` in virtual time; returns the results folder.  ``jobs`` > 1
@@ -96,8 +102,8 @@ def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, t
             writer.add(res)
     else:
         for session in sessions(cfg, rows, target):
-            for rate in cfg.sweep.rates:
-                writer.add(session.run_point(rate))
+            for rate, repeat in sweep_points(cfg):
+                writer.add(session.run_point(rate, repeat))
     manifest["sim"]["wall_s"] = time.perf_counter() - wall0
     writer.save_manifest(status="complete")
     return run_dir

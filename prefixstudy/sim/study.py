@@ -100,7 +100,8 @@ class SimSession:
             out.append(self.sim.run([SimRequest(rid, prompt, n_out, self.sim.clock_s)], record=False)[rid])
         return out
 
-    def run_point(self, rate: float) -> PointResult:
+    def run_point(self, rate: float, repeat: int = 0) -> PointResult:
+        """One point; ``repeat`` k draws the arrival schedule with seed + k, as the runner does."""
         from prefixstudy.runner import ModeSession
 
         started_at, wall0 = time.time(), time.perf_counter()
@@ -119,7 +120,7 @@ class SimSession:
         n = sw.requests_for(rate)
         rows = [self.rows[i % len(self.rows)] for i in range(n)]
         offsets = arrivals.schedule(n, rate, self.cfg.arrivals.process, self.cfg.arrivals.burstiness,
-                                    self.cfg.arrivals.seed)
+                                    self.cfg.arrivals.seed + repeat)
         t0 = self.sim.clock_s
         ids = [f"{self.mode}-{rate:g}-m{i}-{self._seq}" for i in range(n)]
         reqs = [SimRequest(ids[i], r.prompt_token_ids, r.output_len, t0 + float(offsets[i])) for i, r in enumerate(rows)]
@@ -133,8 +134,10 @@ class SimSession:
         meta = {"status": "ok", "error": "", "n_sent": n, "started_at": started_at,
                 "duration_s": self.sim.clock_s - t0, "warmup_s": t0 - tw, "block_size": self.target.block_size,
                 "engine_startup_s": 0.0, "sim_wall_s": time.perf_counter() - wall0, "sim_steps": len(self.sim.steps)}
-        req = typed_requests(pd.DataFrame([asdict(r) for r in records]))
-        return PointResult(self.mode, rate, req, _iterations(self.mode, rate, self.sim.steps, t0), meta)
+        req = typed_requests(pd.DataFrame([{**asdict(r), "repeat": repeat} for r in records]))
+        its = _iterations(self.mode, rate, self.sim.steps, t0).assign(repeat=repeat)
+        # Releases of prefixstudy before repeats have no PointResult.repeat: pass it only when set.
+        return PointResult(self.mode, rate, req, typed_iterations(its), meta, *([repeat] if repeat else []))
 
 
 def _record(mode, rate, index, rid, row, warmup, scheduled_s, t0, tr: SimTrace, expected, timeout_s):

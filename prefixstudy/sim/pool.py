@@ -13,7 +13,7 @@ from typing import Iterator
 
 from prefixstudy.config import StudyConfig
 from prefixstudy.schema import PointResult
-from prefixstudy.sim.study import SimSession, SimTarget, scheduler_spec
+from prefixstudy.sim.study import SimSession, SimTarget, scheduler_spec, sweep_points
 
 _WORKER: dict = {}
 
@@ -34,8 +34,6 @@ def _point(mode: str, rate: float, repeat: int) -> PointResult:
 def run_points(cfg: StudyConfig, target: SimTarget, jobs: int) -> Iterator[PointResult]:
     """Every mode x rate of ``cfg``, yielded in the sweep's order (ON first, then by rate); the
     highest rates, the longest points, are started first."""
-    from prefixstudy.sim.run import sweep_points
-
     points = [(m, r, k) for m in cfg.sweep.modes for r, k in sweep_points(cfg)]
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init, initargs=(cfg, target)) as pool:

@@ -17,7 +17,8 @@ from prefixstudy.results.provenance import base_manifest, package_version
 from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
 from prefixstudy.sim.cost import CostModel, fit_study
 from prefixstudy.sim.hardware import transfer
-from prefixstudy.sim.study import DEFAULT_BLOCK_SIZE, SimTarget, block_count, model_dir_or_error, sessions
+from prefixstudy.sim.study import (DEFAULT_BLOCK_SIZE, SimTarget, block_count, model_dir_or_error, sessions,
+                                   sweep_points)
 from prefixstudy.workloads import describe, load_rows
 
 COST_FILE = "cost_model.json"
@@ -68,12 +69,6 @@ def make_target(cfg: StudyConfig, calibration: Path, gpu_name: str | None, tp: i
 def _has_kv_size(cfg: StudyConfig) -> bool:
     extra = getattr(cfg.engine, "extra_args", {}) or {}
     return extra.get("num_gpu_blocks_override") is not None or getattr(cfg.engine, "kv_cache_memory_bytes", None)
-
-
-def sweep_points(cfg: StudyConfig) -> list[tuple[float, int]]:
-    """(rate, repeat) of the sweep: ``sweep.points()`` where the config has repeats, else repeat 0."""
-    points = getattr(cfg.sweep, "points", None)
-    return points() if callable(points) else [(r, 0) for r in cfg.sweep.rates]
 
 
 def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, tp: int | None = None,

@@ -166,6 +166,12 @@ def _iterations(mode: str, rate: float, steps: list[dict], t0: float) -> pd.Data
     return typed_iterations(df)
 
 
+def sweep_points(cfg: StudyConfig) -> list[tuple[float, int]]:
+    """(rate, repeat) of the sweep: ``sweep.points()`` where the config has repeats, else repeat 0."""
+    points = getattr(cfg.sweep, "points", None)
+    return points() if callable(points) else [(r, 0) for r in cfg.sweep.rates]
+
+
 def sessions(cfg: StudyConfig, rows: list[DatasetRow], target: SimTarget) -> list[SimSession]:
     """One session per mode; the VllmConfig is resolved once and shared (it takes seconds)."""
     lim = engine_limits(cfg)

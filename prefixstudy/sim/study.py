@@ -130,7 +130,7 @@ class SimSession:
         records = [_record(self.mode, rate, i, f"warmup{i}", r, True, math.nan, tw, t, 0, sw.request_timeout_s)
                    for i, (r, t) in enumerate(zip(wrows, wtr))]
         records += [_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), t0, traces[ids[i]],
-                            exp[i], sw.request_timeout_s) for i in range(n)]
+                            exp[i], sw.request_timeout_s, t0 + sw.max_point_duration_s) for i in range(n)]
         meta = {"status": "ok", "error": "", "n_sent": n, "started_at": started_at,
                 "duration_s": self.sim.clock_s - t0, "warmup_s": t0 - tw, "block_size": self.target.block_size,
                 "engine_startup_s": 0.0, "sim_wall_s": time.perf_counter() - wall0, "sim_steps": len(self.sim.steps)}
@@ -140,11 +140,16 @@ class SimSession:
         return PointResult(self.mode, rate, req, typed_iterations(its), meta, *([repeat] if repeat else []))
 
 
-def _record(mode, rate, index, rid, row, warmup, scheduled_s, t0, tr: SimTrace, expected, timeout_s):
+def _record(mode, rate, index, rid, row, warmup, scheduled_s, t0, tr: SimTrace, expected, timeout_s,
+            deadline_s: float = math.inf):
     """The runner's record of one request, from virtual stamps.  Tokens later than the request's
-    timeout after its send never reach the real client: they are cut and the request is unfinished."""
+    timeout after its send never reach the real client: they are cut and the request is unfinished.
+    A request due after the point's deadline is never sent, as in the runner."""
     from prefixstudy.runner import make_record
 
+    if tr.arrival_s > deadline_s:
+        rt = RequestTrace(math.nan, error="unfinished: not sent before max_point_duration_s")
+        return make_record(mode, rate, index, rid, row, warmup, scheduled_s, t0, rt, expected)
     times = [t for t in tr.token_times if t - tr.arrival_s <= timeout_s]
     rt = RequestTrace(tr.arrival_s, times, tr.num_cached_tokens, tr.arrival_s, tr.scheduled_s,
                       times[0] if times else math.nan, times[-1] if times else math.nan)

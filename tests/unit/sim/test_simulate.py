@@ -80,3 +80,13 @@ def test_points_in_worker_processes_match_the_hand_schedule(calibration, tmp_pat
     assert list(s.index) == [("on", 1.0), ("on", 2.0), ("off", 1.0), ("off", 2.0)]
     assert list(s.mean_e2e_ms) == pytest.approx([4.46, 4.46, 4.94, 4.94])
     assert list(s.n_ok) == [3, 3, 3, 3]
+
+
+def test_the_point_deadline_leaves_late_arrivals_unsent(calibration, tmp_path):
+    """Constant arrivals at 1 req/s, a 1.5 s point: requests 0 and 1 are sent, request 2 (due at
+    2 s) is not, and is a row with the runner's error, never dropped."""
+    cfg = load_config(None, {**OVERRIDES, "sweep.rates": [1], "sweep.max_point_duration_s": 1.5})
+    req = load(simulate(cfg, calibration, out=tmp_path / "out")).measured
+    on = req[req["mode"] == "on"].sort_values("request_index")
+    assert list(on.error) == ["", "", "unfinished: not sent before max_point_duration_s"]
+    assert list(on.output_tokens) == [4, 4, 0]

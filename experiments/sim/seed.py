@@ -1,0 +1,67 @@
+"""The seed's answer from a simulated run: E2E curves with error bars, prefill share, knees and
+throughput at latency thresholds.
+
+    PYTHONPATH=. python experiments/sim/seed.py SIM_RUN_DIR [--accuracy experiments/results/sim-accuracy/accuracy.csv]
+
+The error bar of a point is the larger |relative mean-E2E error| of the TP 1 -> TP 2 and TP 2 -> TP 1
+transfer checks at the same mode and the nearest measured rate: the measured error of carrying a fit
+to hardware it was not fitted on, which grows with load.  Writes seed.md into SIM_RUN_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from prefixstudy.metrics.summary import knee_rate, max_rate_meeting
+
+THRESHOLDS_MS = (500, 1000, 2000)
+
+
+def transfer_band(acc: pd.DataFrame):
+    """band(mode, rate) -> relative error bar (see the module doc)."""
+    t = acc[acc["check"].str.startswith("transfer")].assign(
+        err=lambda d: (d["mean_e2e_ms_sim"] / d["mean_e2e_ms_meas"] - 1).abs())
+
+    def band(mode: str, rate: float) -> float:
+        m = t[t["mode"] == mode]
+        nearest = m.loc[(m["rate"] - rate).abs() == (m["rate"] - rate).abs().min()]
+        return float(nearest["err"].max())
+
+    return band
+
+
+def report(run: Path, band) -> str:
+    s = pd.read_csv(run / "summary.csv")
+    lines = [f"Simulated: {run}. Error bars: the TP 1 <-> TP 2 transfer error at the same mode and nearest rate.",
+             "", "| rate | ON mean E2E (ms) | OFF mean E2E (ms) | saved | ON / OFF prefill share | ON / OFF saturated |",
+             "|---|---|---|---|---|---|"]
+    on, off = s[s["mode"] == "on"].set_index("rate"), s[s["mode"] == "off"].set_index("rate")
+    for r in on.index.intersection(off.index):
+        a, b = on.loc[r], off.loc[r]
+        lines.append(f"| {r:g} | {a.mean_e2e_ms:.1f} ± {a.mean_e2e_ms * band('on', r):.1f} | {b.mean_e2e_ms:.1f} ± "
+                     f"{b.mean_e2e_ms * band('off', r):.1f} | {(1 - a.mean_e2e_ms / b.mean_e2e_ms) * 100:.1f} % | "
+                     f"{a.prefill_share:.3f} / {b.prefill_share:.3f} | {bool(a.saturated)} / {bool(b.saturated)} |")
+    lines += ["", f"Knee (highest rate before the first saturated one): ON {knee_rate(s, 'on'):g}, "
+              f"OFF {knee_rate(s, 'off'):g} req/s.", "",
+              "| mean E2E threshold (ms) | ON max rate | OFF max rate |", "|---|---|---|"]
+    for t in THRESHOLDS_MS:
+        lines.append(f"| {t} | {max_rate_meeting(s, 'mean_e2e_ms', t, 'on'):g} | "
+                     f"{max_rate_meeting(s, 'mean_e2e_ms', t, 'off'):g} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--accuracy", type=Path, default=Path("experiments/results/sim-accuracy/accuracy.csv"))
+    a = ap.parse_args()
+    text = report(a.run, transfer_band(pd.read_csv(a.accuracy)))
+    (a.run / "seed.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

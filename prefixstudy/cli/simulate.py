@@ -1,0 +1,41 @@
+"""``prefixstudy simulate``: a study config replayed through vLLM's own scheduler in virtual time,
+priced by a step-cost model fitted on a calibration study; writes a real run's results layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from prefixstudy.cli.run import _console, _csv_floats, _csv_modes, _overrides
+
+
+@click.command()
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option("--calibration", required=True, type=click.Path(path_type=Path),
+              help="A study's results folder whose engine steps fit the step cost (or a cost_model.json).")
+@click.option("--gpu", help="Simulate this GPU (model/gpus.py names); default: the calibration's.")
+@click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel degree; default: the config's.")
+@click.option("--out", type=click.Path(path_type=Path), help="Results root (default: the config's 'out').")
+@click.option("--rates", callback=_csv_floats, help="Comma-separated request rates, req/s.")
+@click.option("--modes", callback=_csv_modes, help="Comma-separated subset of on,off.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config field, dotted.")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Simulate points in this many processes.")
+@click.option("--report/--no-report", default=True, show_default=True, help="Build the report at the end.")
+@click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
+def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, report, verbose):
+    """Predict a study: CONFIG's sweep on the simulated engine (the whole sweep in seconds)."""
+    from prefixstudy.config import load_config
+    from prefixstudy.configs import resolve_config
+
+    _console(verbose)
+    cfg = load_config(resolve_config(config), _overrides(sets, rates=rates, modes=modes, out=out))
+    from prefixstudy.sim.run import simulate as run_sim
+
+    run_dir = run_sim(cfg, calibration, gpu, tp, out, jobs)
+    click.echo(f"results: {run_dir}")
+    if report:
+        from prefixstudy.report import build_report
+
+        click.echo(f"report: {build_report(run_dir)}")

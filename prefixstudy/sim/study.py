@@ -1,0 +1,194 @@
+"""Stage: sim, as a study.  ``simulate`` replays a study config through the simulator and writes
+the results layout of a real run (requests.parquet, iterations.parquet, summary.csv, manifest),
+so every analysis, figure and report works on it unchanged.
+
+Per mode, one scheduler (one engine); per point, the real runner's protocol in virtual time:
+reset the prefix cache, prime each group's prefix, run the warm-ups one by one, then the measured
+requests on the same seeded arrival schedule, cut at ``sweep.max_point_duration_s``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+
+from prefixstudy import arrivals
+from prefixstudy.config import StudyConfig
+from prefixstudy.engines.base import RequestTrace
+from prefixstudy.errors import UserError
+from prefixstudy.model.arch import Arch, load_arch
+from prefixstudy.sim.cost import CostModel
+from prefixstudy.sim.driver import SimRequest, Simulator, SimTrace
+from prefixstudy.sim.hardware import num_gpu_blocks
+from prefixstudy.sim.vllm_setup import SchedulerSpec, build_scheduler, vllm_config
+from prefixstudy.schema import PointResult, typed_iterations, typed_requests
+from prefixstudy.workloads.base import DatasetRow, expected_cached, group_prefixes
+
+EPOCH_S = 1.0  # the virtual clock starts here: the records treat a stamp of 0 as "none"
+DEFAULT_BLOCK_SIZE = 16  # vLLM's GPU default; the CPU build's 128 must be asked for explicitly
+
+
+@dataclass(frozen=True)
+class SimTarget:
+    """The engine simulated: its hardware and limits, and the cost model priced for it."""
+
+    gpu: str
+    tp: int
+    num_gpu_blocks: int
+    block_size: int
+    cost: CostModel
+
+
+def engine_limits(cfg: StudyConfig) -> dict:
+    """The scheduler limits a config's engine section sets (defaults: vLLM's, as VllmEngineConfig)."""
+    e = cfg.engine
+    extra = getattr(e, "extra_args", {}) or {}
+    return {"max_num_batched_tokens": getattr(e, "max_num_batched_tokens", 8192),
+            "max_num_seqs": getattr(e, "max_num_seqs", 256), "max_model_len": e.max_model_len,
+            "enable_chunked_prefill": bool(extra.get("enable_chunked_prefill", True)),
+            "num_gpu_blocks_override": extra.get("num_gpu_blocks_override"),
+            "gpu_memory_utilization": getattr(e, "gpu_memory_utilization", 0.9),
+            "kv_cache_memory_bytes": getattr(e, "kv_cache_memory_bytes", None)}
+
+
+def block_count(cfg: StudyConfig, arch: Arch, gpu, tp: int, block_size: int) -> int:
+    """engine.extra_args.num_gpu_blocks_override, else kv_cache_memory_bytes, else from memory."""
+    lim = engine_limits(cfg)
+    if lim["num_gpu_blocks_override"] is not None:
+        n = lim["num_gpu_blocks_override"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+            raise UserError("field 'engine.extra_args.num_gpu_blocks_override': must be an integer >= 2")
+        return n
+    if lim["kv_cache_memory_bytes"] is not None:
+        return int(lim["kv_cache_memory_bytes"] // (block_size * arch.kv_bytes_per_token(2) / tp))
+    n = num_gpu_blocks(arch, gpu, tp, lim["gpu_memory_utilization"], block_size)
+    if n < 2:
+        raise UserError(f"--gpu {gpu.name}: the weights leave no room for a KV cache at TP {tp}")
+    return n
+
+
+def scheduler_spec(cfg: StudyConfig, target: SimTarget, mode: str) -> SchedulerSpec:
+    lim = engine_limits(cfg)
+    return SchedulerSpec(model_dir=cfg.model, prefix_caching=mode == "on", num_gpu_blocks=target.num_gpu_blocks,
+                         block_size=target.block_size, max_num_batched_tokens=lim["max_num_batched_tokens"],
+                         max_num_seqs=lim["max_num_seqs"], max_model_len=lim["max_model_len"],
+                         enable_chunked_prefill=lim["enable_chunked_prefill"], tensor_parallel_size=target.tp)
+
+
+class SimSession:
+    """One mode's simulated engine, many points (the runner's ModeSession, in virtual time)."""
+
+    def __init__(self, cfg: StudyConfig, mode: str, rows: list[DatasetRow], target: SimTarget, vc=None):
+        self.cfg, self.mode, self.rows, self.target = cfg, mode, rows, target
+        spec = scheduler_spec(cfg, target, mode)
+        sched, hasher = build_scheduler(spec, load_arch(cfg.model), vc)
+        self.sim = Simulator(sched, hasher, target.cost)
+        self.sim.clock_s = EPOCH_S
+        self.prefixes = group_prefixes(rows)
+        self._seq = 0
+
+    def _one_at_a_time(self, kind: str, rate: float, prompts: list[tuple[list[int], int]]) -> list[SimTrace]:
+        out = []
+        for prompt, n_out in prompts:
+            self._seq += 1
+            rid = f"{self.mode}-{rate:g}-{kind}-{self._seq}"
+            out.append(self.sim.run([SimRequest(rid, prompt, n_out, self.sim.clock_s)], record=False)[rid])
+        return out
+
+    def run_point(self, rate: float, repeat: int = 0) -> PointResult:
+        """One point; ``repeat`` k draws the arrival schedule with seed + k, as the runner does."""
+        from prefixstudy.runner import ModeSession
+
+        started_at, wall0 = time.time(), time.perf_counter()
+        sw = self.cfg.sweep
+        self.sim.reset_prefix_cache()
+        warm_groups = {g for g, p in self.prefixes.items() if p} if sw.prime_prefixes else set()
+        self._one_at_a_time("prime", rate, [(self.prefixes[g], 1) for g in sorted(warm_groups)])
+        # The runner's own warm-up rows (same prefixes, fresh suffixes), taken from it, not re-derived.
+        lo = min(min(r.prompt_token_ids) for r in self.rows)
+        hi = max(max(r.prompt_token_ids) for r in self.rows) + 1
+        shim = SimpleNamespace(rows=self.rows, prefixes=self.prefixes, token_range=(lo, hi))
+        wrows = ModeSession._warmup_rows(shim, sw.warmup_requests)
+        tw = self.sim.clock_s
+        wtr = self._one_at_a_time("warmup", rate, [(r.prompt_token_ids, r.output_len) for r in wrows])
+        warm_groups |= {r.group for r in wrows}
+        n = sw.requests_for(rate)
+        rows = [self.rows[i % len(self.rows)] for i in range(n)]
+        offsets = arrivals.schedule(n, rate, self.cfg.arrivals.process, self.cfg.arrivals.burstiness,
+                                    self.cfg.arrivals.seed + repeat)
+        t0 = self.sim.clock_s
+        ids = [f"{self.mode}-{rate:g}-m{i}-{self._seq}" for i in range(n)]
+        reqs = [SimRequest(ids[i], r.prompt_token_ids, r.output_len, t0 + float(offsets[i])) for i, r in enumerate(rows)]
+        self.sim.steps = []
+        traces = self.sim.run(reqs, deadline_s=t0 + sw.max_point_duration_s)
+        exp = expected_cached(rows, self.prefixes, self.target.block_size, warm_groups) if self.mode == "on" else [0] * n
+        records = [_record(self.mode, rate, i, f"warmup{i}", r, True, math.nan, tw, t, 0, sw.request_timeout_s)
+                   for i, (r, t) in enumerate(zip(wrows, wtr))]
+        records += [_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), t0, traces[ids[i]],
+                            exp[i], sw.request_timeout_s, t0 + sw.max_point_duration_s) for i in range(n)]
+        meta = {"status": "ok", "error": "", "n_sent": n, "started_at": started_at,
+                "duration_s": self.sim.clock_s - t0, "warmup_s": t0 - tw, "block_size": self.target.block_size,
+                "engine_startup_s": 0.0, "sim_wall_s": time.perf_counter() - wall0, "sim_steps": len(self.sim.steps)}
+        req = typed_requests(pd.DataFrame([{**asdict(r), "repeat": repeat} for r in records]))
+        its = _iterations(self.mode, rate, self.sim.steps, t0).assign(repeat=repeat)
+        # Releases of prefixstudy before repeats have no PointResult.repeat: pass it only when set.
+        return PointResult(self.mode, rate, req, typed_iterations(its), meta, *([repeat] if repeat else []))
+
+
+def _record(mode, rate, index, rid, row, warmup, scheduled_s, t0, tr: SimTrace, expected, timeout_s,
+            deadline_s: float = math.inf):
+    """The runner's record of one request, from virtual stamps.  Tokens later than the request's
+    timeout after its send never reach the real client: they are cut and the request is unfinished.
+    A request due after the point's deadline is never sent, as in the runner."""
+    from prefixstudy.runner import make_record
+
+    if tr.arrival_s > deadline_s:
+        rt = RequestTrace(math.nan, error="unfinished: not sent before max_point_duration_s")
+        return make_record(mode, rate, index, rid, row, warmup, scheduled_s, t0, rt, expected)
+    times = [t for t in tr.token_times if t - tr.arrival_s <= timeout_s]
+    rt = RequestTrace(tr.arrival_s, times, tr.num_cached_tokens, tr.arrival_s, tr.scheduled_s,
+                      times[0] if times else math.nan, times[-1] if times else math.nan)
+    if len(times) < len(tr.token_times):
+        rt.error = f"unfinished: request_timeout_s ({timeout_s:g} s) passed"
+    elif len(times) < row.output_len:
+        rt.error = "unfinished: cancelled at max_point_duration_s"
+    return make_record(mode, rate, index, rid, row, warmup, scheduled_s, t0, rt, expected)
+
+
+def _iterations(mode: str, rate: float, steps: list[dict], t0: float) -> pd.DataFrame:
+    df = pd.DataFrame(steps)
+    if df.empty:
+        return typed_iterations(df)
+    df["t_s"] -= t0
+    df["step_start_s"] -= t0
+    df.insert(0, "mode", mode)
+    df.insert(1, "rate", rate)
+    return typed_iterations(df)
+
+
+def sweep_points(cfg: StudyConfig) -> list[tuple[float, int]]:
+    """(rate, repeat) of the sweep: ``sweep.points()`` where the config has repeats, else repeat 0."""
+    points = getattr(cfg.sweep, "points", None)
+    return points() if callable(points) else [(r, 0) for r in cfg.sweep.rates]
+
+
+def sessions(cfg: StudyConfig, rows: list[DatasetRow], target: SimTarget) -> list[SimSession]:
+    """One session per mode; the VllmConfig is resolved once and shared (it takes seconds)."""
+    lim = engine_limits(cfg)
+    spec = scheduler_spec(cfg, target, cfg.sweep.modes[0])
+    if lim["max_num_batched_tokens"] < lim["max_model_len"] and not lim["enable_chunked_prefill"]:
+        raise UserError("field 'engine.max_num_batched_tokens': below max_model_len needs chunked prefill")
+    vc = vllm_config(spec)
+    return [SimSession(cfg, m, rows, target, vc) for m in cfg.sweep.modes]
+
+
+def model_dir_or_error(cfg: StudyConfig) -> Path:
+    d = cfg.model_dir()
+    if d is None:
+        raise UserError(f"field 'model': the simulator needs a model folder with config.json, got '{cfg.model}'")
+    return d

@@ -1,0 +1,39 @@
+"""``prefixstudy simulate`` bad input: one line on stderr naming the flag or file, exit 2, no
+results folder.  Driven through the real CLI in a subprocess; none gets as far as importing vLLM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def one_line_exit_2(r: subprocess.CompletedProcess, text: str) -> None:
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and text in lines[0], r.stderr
+
+
+def test_a_calibration_folder_without_a_manifest(tmp_path):
+    r = cli("simulate", "h200-tp1", "--calibration", tmp_path, "--out", tmp_path / "out")
+    one_line_exit_2(r, f"--calibration {tmp_path}: no readable manifest.json")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_gpu(tmp_path):
+    r = cli("simulate", "h200-tp1", "--calibration", "experiments/results/h200-tp1", "--gpu", "B300",
+            "--out", tmp_path / "out")
+    one_line_exit_2(r, "--gpu 'B300': unknown GPU (known: A100-SXM4-40GB")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_calibration_is_required(tmp_path):
+    r = cli("simulate", "h200-tp1", "--out", tmp_path / "out")
+    one_line_exit_2(r, "Missing option '--calibration'")

@@ -1,0 +1,92 @@
+"""``simulate`` end to end on the tiny Llama: a calibration whose steps cost exactly
+1 ms + 0.01 ms per prompt token + 0.1 ms per decode token, requests that never overlap, so every
+latency is a sum worked out by hand; the results layout is the real run's."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from prefixstudy.config import load_config
+from prefixstudy.errors import UserError
+from prefixstudy.results import load
+from prefixstudy.sim.run import simulate
+
+from pathlib import Path
+
+TINY = str(Path(__file__).resolve().parents[3] / "prefixstudy/configs/models/tiny-llama")
+
+OVERRIDES = {
+    "model": TINY, "study": "simtest",
+    "dataset.prefix_len": 48, "dataset.suffix_len": 16, "dataset.output_len": 4,
+    "sweep.rates": [1, 2], "sweep.num_requests": 3, "sweep.warmup_requests": 1,
+    "arrivals.process": "constant", "engine.block_size": 16,
+    "engine.extra_args": {"num_gpu_blocks_override": 64},
+}
+
+
+@pytest.fixture
+def calibration(tmp_path):
+    """A CPU study's folder with engine-timed steps costing the unit model exactly."""
+    d = tmp_path / "calib"
+    (d / "iterations.parquet").mkdir(parents=True)
+    steps = pd.DataFrame({"prefill_tokens": [64, 0, 16, 0, 200], "decode_tokens": [0, 1, 1, 3, 2],
+                          "context_tokens": [64, 65, 81, 200, 500]})
+    steps["step_ms"] = 1 + 0.01 * steps.prefill_tokens + 0.1 * steps.decode_tokens
+    steps["context_tokens"] = 0  # constant: left out of the fit
+    steps["mode"], steps["rate"], steps["timing"] = "on", 1.0, "engine"
+    steps.to_parquet(d / "iterations.parquet" / "on-1.parquet")
+    (d / "manifest.json").write_text(json.dumps({"device": "cpu", "points": [{"block_size": 16}]}))
+    (d / "config.yaml").write_text(yaml.safe_dump({"model": TINY}))
+    return d
+
+
+def test_simulated_study_matches_the_hand_schedule(calibration, tmp_path, tiny_vllm_config):
+    cfg = load_config(None, OVERRIDES)
+    res = load(simulate(cfg, calibration, out=tmp_path / "out"))
+    s = res.summary.set_index(["mode", "rate"])
+    assert list(s.n_ok) == [3, 3, 3, 3] and set(s.status) == {"ok"}
+    # OFF: 64-token prefill 1.64 ms, then 3 decodes of 1.1 ms; ON: 48 cached, 16 computed: 1.16 ms
+    assert s.loc[("off", 1.0), "mean_e2e_ms"] == pytest.approx(1.64 + 3.3)
+    assert s.loc[("on", 1.0), "mean_e2e_ms"] == pytest.approx(1.16 + 3.3)
+    assert s.loc[("on", 2.0), "mean_ttft_ms"] == pytest.approx(1.16)
+    assert s.loc[("on", 1.0), "hit_rate_measured"] == pytest.approx(48 / 64) and bool(s.loc[("on", 1.0), "hit_rate_ok"])
+    m = res.requests[~res.requests.warmup]
+    assert set(m.num_cached_tokens[m["mode"] == "on"]) == {48}
+    assert m.dispatch_lag_ms.abs().max() < 1e-9  # sent exactly on schedule (up to float rounding)
+    it = res.iterations[(res.iterations["mode"] == "off") & (res.iterations.rate == 1.0)]
+    assert list(it.prompt_tokens) == [64, 0, 0, 0] * 3 and list(it.step_ms) == pytest.approx([1.64, 1.1, 1.1, 1.1] * 3)
+    assert res.manifest["sim"]["num_gpu_blocks"] == 64 and res.manifest["engine"] == "sim"
+
+
+def test_a_cpu_calibration_cannot_price_a_gpu(calibration, tmp_path):
+    cfg = load_config(None, OVERRIDES)
+    with pytest.raises(UserError, match="--gpu H200-SXM: the calibration study ran on the CPU"):
+        simulate(cfg, calibration, gpu_name="H200-SXM", out=tmp_path / "out")
+
+
+def test_a_folder_without_a_manifest_is_refused(tmp_path):
+    with pytest.raises(UserError, match="no readable manifest.json"):
+        simulate(load_config(None, OVERRIDES), tmp_path, out=tmp_path / "out")
+
+
+def test_points_in_worker_processes_match_the_hand_schedule(calibration, tmp_path):
+    """--jobs 2: each point in a spawned worker with a fresh scheduler; the same numbers."""
+    cfg = load_config(None, OVERRIDES)
+    s = load(simulate(cfg, calibration, out=tmp_path / "out", jobs=2)).summary.set_index(["mode", "rate"])
+    assert list(s.index) == [("on", 1.0), ("on", 2.0), ("off", 1.0), ("off", 2.0)]
+    assert list(s.mean_e2e_ms) == pytest.approx([4.46, 4.46, 4.94, 4.94])
+    assert list(s.n_ok) == [3, 3, 3, 3]
+
+
+def test_the_point_deadline_leaves_late_arrivals_unsent(calibration, tmp_path):
+    """Constant arrivals at 1 req/s, a 1.5 s point: requests 0 and 1 are sent, request 2 (due at
+    2 s) is not, and is a row with the runner's error, never dropped."""
+    cfg = load_config(None, {**OVERRIDES, "sweep.rates": [1], "sweep.max_point_duration_s": 1.5})
+    req = load(simulate(cfg, calibration, out=tmp_path / "out")).measured
+    on = req[req["mode"] == "on"].sort_values("request_index")
+    assert list(on.error) == ["", "", "unfinished: not sent before max_point_duration_s"]
+    assert list(on.output_tokens) == [4, 4, 0]

@@ -10,7 +10,7 @@ import pandas as pd
 
 from prefixstudy.metrics.requests import (KEY, counted, duration_s, hit_rate_ok, hit_rates, measured,
                                           open_at_end, percentile, split_outcomes)
-from prefixstudy.schema import LATENCY_METRICS, PERCENTILES, SUMMARY_COLUMNS
+from prefixstudy.schema import LATENCY_METRICS, PERCENTILES, SERVER_COLUMNS, SUMMARY_COLUMNS
 
 ACHIEVED_MIN_RATIO = 0.95  # achieved below this share of the keep-up rate means the engine fell behind
 QUEUE_GROWTH_MIN = 2.0  # requests
@@ -148,6 +148,8 @@ def summarize_point(requests: pd.DataFrame, meta: dict, tolerance: float = 0.05,
     sat = saturation(requests, iterations, row["achieved_rate"])
     row["saturated"], row["saturation_reason"] = sat["saturated"], sat["reason"]
     row["error"] = meta.get("error", "") or ""
+    for c in SERVER_COLUMNS:  # HTTP backends put them in the point's meta (None: the server has no such metric)
+        row[c] = math.nan if meta.get(c) is None else float(meta[c])
     return {c: row[c] for c in SUMMARY_COLUMNS}
 
 

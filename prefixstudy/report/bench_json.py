@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics.requests import counted, measured, meets_slo, split_outcomes
+from prefixstudy.metrics.requests import measured, meets_slo, split_outcomes
 from prefixstudy.errors import UserError, read_text
 from prefixstudy.report.data import summary_points
 from prefixstudy.results import StudyResults, write_json

@@ -234,7 +234,7 @@ class HttpEngine:
         buf, usage = b"", {}
         async for chunk in r.content.iter_any():
             now = time.monotonic()  # before parsing: the arrival time of every token in this chunk
-            buf += chunk
+            buf += chunk.replace(b"\r\n", b"\n")  # SSE allows CRLF line ends; a stray CR is stripped below
             *messages, buf = buf.split(b"\n\n")
             for msg in messages:
                 data = msg.strip().removeprefix(b"data:").strip()

@@ -8,7 +8,8 @@ once, ``burstiness`` only for gamma arrivals.  Only counted requests (measured, 
 the latency fields, as vLLM only counts successful ones; ``failed`` counts errors only, and the
 requests a point's cap stopped (never sent, or still open) are reported apart (``unfinished``,
 ``never_sent``).  With ``detailed`` (vLLM's ``--save-detailed``) the per-request arrays
-``input_lens``, ``output_lens``, ``ttfts`` (s), ``start_times`` and ``errors`` are added.
+``input_lens``, ``output_lens``, ``ttfts`` (s), ``start_times`` and ``errors`` are added (and
+vLLM 0.32's ``latencies`` and ``queue_times``).
 ``layout="sweep"`` writes vLLM's ``bench sweep`` layout (``SERVE-enable_prefix_caching=True-
 BENCH-request_rate=4/summary.json``), which ``vllm bench sweep plot`` reads.  Differences:
 
@@ -145,6 +146,10 @@ def _detailed(m: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
         "ttfts": [float(t) if g and math.isfinite(t) else 0.0 for t, g in zip(ttft, good)],
         "start_times": [_f(s) for s in m["sent_s"]],  # seconds since the point's start
         "errors": m["error"].fillna("").astype(str).tolist(),
+        # vLLM 0.32 adds these two: E2E (s; 0.0 for a failed request) and the wait between the
+        # scheduled arrival and the send (s; --max-concurrency slots, or the loop's lag).
+        "latencies": [float(e) / 1e3 if g and math.isfinite(e) else 0.0 for e, g in zip(m["e2e_ms"], good)],
+        "queue_times": [_f(q / 1e3) for q in m["dispatch_lag_ms"]],
     }
 
 

@@ -60,6 +60,21 @@ class HttpEngineConfig(EngineConfigBase):
         return {m: u.rstrip("/") for m, u in v.items()}
 
 
+def _check_reachable(mode: str, url: str) -> None:
+    """Before any results folder exists: something must answer at the URL (a server still loading
+    may answer /health with an error; start() waits for it to become healthy)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{url}/health", timeout=5).close()
+    except urllib.error.HTTPError:
+        pass  # it answers
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise UserError(f"field 'engine.targets.{mode}': nothing answers at {url} ({reason})") from None
+
+
 def _first_line(text: str, limit: int = 200) -> str:
     lines = text.strip().splitlines()
     return lines[0][:limit] if lines else ""
@@ -91,6 +106,8 @@ class HttpEngine:
             if mode not in engine.targets:
                 raise UserError(f"field 'engine.targets.{mode}': no server URL for caching {mode.upper()} "
                                 f"(set it, or --target-{mode})")
+        for mode in modes:
+            _check_reachable(mode, engine.targets[mode])
 
     @classmethod
     def versions(cls) -> dict[str, Any]:

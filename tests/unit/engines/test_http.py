@@ -6,6 +6,7 @@ tests/integration/test_http_study.py."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from pathlib import Path
 
@@ -132,3 +133,12 @@ def test_http_config_reads_yaml_on_off_keys_and_needs_a_url_per_mode():
     only_on = parse_config({"engine": {"kind": "http", "targets": {"on": "http://a"}}}, "x")
     with pytest.raises(UserError, match="field 'engine.targets.off': no server URL for caching OFF"):
         HttpEngine.check_config("m", only_on.engine, ["on", "off"])
+
+
+def test_a_target_where_nothing_answers_is_refused_before_the_run():
+    with socket.socket() as s:  # a port nobody listens on: bound here, never listening
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        cfg = parse_config({"engine": {"kind": "http", "targets": {"on": url}}}, "x")
+        with pytest.raises(UserError, match=f"field 'engine.targets.on': nothing answers at {url}"):
+            HttpEngine.check_config("m", cfg.engine, ["on"])

@@ -142,15 +142,19 @@ class ModeSession:
         samples = eng.end_iterations()
         server = await _optional_hook(eng, "end_point") or {}
         exp = expected_cached(rows, self.prefixes, eng.block_size, warm_groups) if self.mode == "on" else [0] * n
+        gaps = []
         for i in range(n):
             # Requests the deadline stopped before they were sent are still rows: never dropped.
             tr = tasks[i].result() if i < len(tasks) else \
                 RequestTrace(float("nan"), error="unfinished: not sent before max_point_duration_s")
             records.append(make_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), t0, tr, exp[i]))
+            if records[-1].error == "":
+                gaps.append(np.diff(tr.token_times) * 1e3)
         dead = eng.is_dead()
         meta = {"status": "failed" if dead else "ok", "error": "engine died during the point" if dead else "",
                 "n_sent": n, "started_at": started_at, "duration_s": duration_s, "warmup_s": warmup_s,
-                "block_size": eng.block_size, "engine_startup_s": eng.startup_s, **server}
+                "block_size": eng.block_size, "engine_startup_s": eng.startup_s, **server,
+                "itl_ms": itl_summary(gaps, self.cfg.percentiles)}
         req = typed_requests(pd.DataFrame([asdict(r) for r in records]))
         return PointResult(self.mode, rate, req, iteration_frame(self.mode, rate, samples, t0), meta)
 
@@ -219,6 +223,18 @@ class ModeSession:
         except Exception as e:
             tr.error = f"{type(e).__name__}: {e}".strip()[:500]
         return tr
+
+
+def itl_summary(gaps: list[np.ndarray], percentiles) -> dict[str, float | None]:
+    """Every inter-token gap (ms) of a point's counted requests, pooled as `vllm bench serve` pools
+    them: median, std and percentiles (keys ``median``, ``std``, ``p<q>``).  requests.parquet keeps
+    per-request summaries only, so the point's metadata carries these for the bench export."""
+    v = np.concatenate(gaps) if gaps else np.zeros(0)
+    if not v.size:
+        return {}
+    out = {"median": float(np.median(v)), "std": float(v.std())}
+    out.update({f"p{int(q) if int(q) == q else q}": float(np.percentile(v, q)) for q in percentiles})
+    return out
 
 
 async def _optional_hook(engine, name: str):

@@ -13,8 +13,9 @@ vLLM 0.32's ``latencies`` and ``queue_times``).
 ``layout="sweep"`` writes vLLM's ``bench sweep`` layout (``SERVE-enable_prefix_caching=True-
 BENCH-request_rate=4/summary.json``), which ``vllm bench sweep plot`` reads.  Differences:
 
-* ITL: requests.parquet keeps per-request ITL summaries, not every gap, so only ``mean_itl_ms``
-  (token-weighted, exact) is written; median/std/percentiles of ITL and the ``itls`` array are not.
+* ITL: ``mean_itl_ms`` is the token-weighted mean of the per-request means; median, std and
+  percentiles of every gap come from the point's manifest entry (``itl_ms``, runs made since it
+  was added; older runs have only the mean).  The per-request ``itls`` array is not written.
 * ``max_output_tokens_per_s`` comes from the engine's iteration records (generated tokens per
   1-second bucket), not from client token timestamps; 0 where there are none (HTTP backends).
 * Extra keys, which vLLM writes for ``--metadata`` too: ``enable_prefix_caching``,
@@ -91,12 +92,13 @@ def _traffic(config: dict, rate: float) -> dict[str, Any]:
 def point_result(requests: pd.DataFrame, iterations: pd.DataFrame, *, mode: str, rate: float,
                  duration_s: float, config: dict, manifest: dict, saturated: bool | None = None,
                  slo: dict[str, float] | None = None, started_at: Any = None,
-                 detailed: bool = False) -> dict[str, Any]:
+                 detailed: bool = False, itl: dict[str, float] | None = None) -> dict[str, Any]:
     """One point as a vllm-bench-serve result dict.
 
     ``requests``/``iterations``: this point's rows only.  ``duration_s``: the point's
     duration (summary.csv's, so throughputs agree with it).  ``started_at``: the point's start
-    (epoch s; default the run's).
+    (epoch s; default the run's).  ``itl``: the point's pooled ITL stats (the runner's
+    ``itl_summary``, in the manifest); without them only ``mean_itl_ms`` is written.
     """
     m = measured(requests)
     ok, n_failed, n_unfinished = split_outcomes(requests)
@@ -129,7 +131,7 @@ def point_result(requests: pd.DataFrame, iterations: pd.DataFrame, *, mode: str,
         res.update(_detailed(m, ok))
     res.update(_peaks(ok, iterations))
     res["rtfx"] = 0.0  # vLLM's inverse real-time factor is for audio input; 0 for text, as it writes
-    res.update(_latency_fields(ok, config.get("percentiles") or BENCH_PERCENTILES))
+    res.update(_latency_fields(ok, config.get("percentiles") or BENCH_PERCENTILES, itl))
     res.update(_extras(config, manifest, mode, saturated))
     return res
 
@@ -153,7 +155,7 @@ def _detailed(m: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def _latency_fields(ok: pd.DataFrame, percentiles=BENCH_PERCENTILES) -> dict[str, Any]:
+def _latency_fields(ok: pd.DataFrame, percentiles=BENCH_PERCENTILES, itl: dict | None = None) -> dict[str, Any]:
     """vLLM's latency fields over counted requests: mean/median/std/percentiles of ttft, tpot, e2el."""
     res: dict[str, Any] = {}
     for name, col in _VLLM_METRICS.items():
@@ -168,6 +170,7 @@ def _latency_fields(ok: pd.DataFrame, percentiles=BENCH_PERCENTILES) -> dict[str
             res[f"p{_percentile_key(float(p))}_{name}_ms"] = _f(np.percentile(v, p)) if v.size else 0.0
         if name == "tpot":
             res["mean_itl_ms"] = _mean_itl(ok)
+            res.update({f"{k}_itl_ms": _f(v) for k, v in (itl or {}).items()})
     return res
 
 
@@ -230,11 +233,11 @@ def sweep_path(mode: str, rate: float) -> Path:
     return Path(f"SERVE-enable_prefix_caching={mode == 'on'}-BENCH-request_rate={rate_text}") / "summary.json"
 
 
-def _point_started(manifest: dict, mode: str, rate: float) -> Any:
+def _manifest_point(manifest: dict, mode: str, rate: float) -> dict:
     for p in manifest.get("points", []):
         if p.get("mode") == mode and np.isclose(float(p.get("rate", math.nan)), rate):
-            return p.get("started_at")
-    return None
+            return p
+    return {}
 
 
 def export_bench(study: StudyResults, out_dir: Path | None = None, points: pd.DataFrame | None = None,
@@ -264,7 +267,8 @@ def export_bench(study: StudyResults, out_dir: Path | None = None, points: pd.Da
         res = point_result(req, it, mode=mode, rate=rate, duration_s=float(p["duration_s"]),
                            config=study.config, manifest=study.manifest,
                            saturated=None if sat is None or pd.isna(sat) else bool(sat), slo=slo,
-                           started_at=_point_started(study.manifest, mode, rate), detailed=detailed)
+                           started_at=_manifest_point(study.manifest, mode, rate).get("started_at"),
+                           detailed=detailed, itl=_manifest_point(study.manifest, mode, rate).get("itl_ms"))
         if layout == "sweep":
             path = out_dir / sweep_path(mode, rate)
             write_json(path, [{**res, "run_number": 0}])

@@ -22,8 +22,7 @@ from prefixstudy.study import run_study
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_bench"
 GPU = ["gpu-0.26-on-4.json", "gpu-0.26-off-4.json"]
 CPU = ["cpu-poisson-4.json", "cpu-detailed-8.json", "cpu-gamma-8.json", "cpu-inf.json"]
-# What requests.parquet cannot give (per-request ITL summaries, not every gap; no text).
-NOT_WRITTEN = {"median_itl_ms", "std_itl_ms", "p50_itl_ms", "p90_itl_ms", "p99_itl_ms", "p95_itl_ms"}
+# Not written: the per-request gap arrays (requests.parquet keeps per-request ITL summaries) and text.
 DETAILED_NOT_WRITTEN = {"itls", "generated_texts"}
 
 ECHO = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "dataset.prefix_len": 40,
@@ -53,10 +52,10 @@ def exported(study, tmp_path_factory) -> dict[tuple[str, float], dict]:
 
 
 @pytest.mark.parametrize("name", GPU + CPU)
-def test_export_has_every_key_of_a_real_file_but_the_itl_spread(exported, name):
+def test_export_has_every_key_of_a_real_file_but_the_gap_arrays(exported, name):
     ours, theirs = exported[("on", 25.0)], real(name)
     metadata = {"enable_prefix_caching", "gpu"}  # cpu-detailed-8's --metadata keys; we write both too
-    assert set(theirs) - set(ours) - metadata - NOT_WRITTEN - DETAILED_NOT_WRITTEN == set()
+    assert set(theirs) - set(ours) - metadata - DETAILED_NOT_WRITTEN == set()
     # --metadata values are text in vLLM's file (enable_prefix_caching "True"); a sweep writes a bool, as we do.
     for key in set(theirs) & set(ours) - metadata - {"max_concurrency", "request_goodput", "request_rate", "label"}:
         if theirs[key] is not None and ours[key] is not None:  # same JSON type as vLLM writes
@@ -76,6 +75,9 @@ def test_export_formats_match_vllm(exported):
     assert [k for k in on if re.fullmatch(r"p[\d.]+_e2el_ms", k)] == ["p50_e2el_ms", "p90_e2el_ms", "p95_e2el_ms",
                                                                        "p99_e2el_ms"]
     assert on["request_goodput"] == pytest.approx(on["request_throughput"])  # echo answers in well under 1 s
+    # ITL spread over every gap of the point (the manifest's itl_ms), at the run's percentiles.
+    assert [k for k in on if k.endswith("_itl_ms")] == ["mean_itl_ms", "median_itl_ms", "std_itl_ms", "p50_itl_ms",
+                                                        "p90_itl_ms", "p95_itl_ms", "p99_itl_ms"]
 
 
 def test_detailed_arrays_as_vllm_save_detailed(exported, study):

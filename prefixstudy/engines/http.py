@@ -30,6 +30,7 @@ from prefixstudy.errors import UserError
 log = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's GPU default, assumed only when the server does not say
+KEEPALIVE_S = 3.0  # < VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), the server's idle-connection timeout
 
 
 class HttpEngineConfig(EngineConfigBase):
@@ -122,9 +123,11 @@ class HttpEngine:
         import aiohttp
 
         t0 = time.monotonic()
-        # No connection limit (requests are never queued in the client) and long keep-alive: every
-        # request after the first reuses an open connection.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=300, force_close=False)
+        # No connection limit (requests are never queued in the client); idle connections are kept for
+        # KEEPALIVE_S, under vLLM's (uvicorn's) 5 s: the client drops an idle connection before the
+        # server closes it, so a request never goes out on a connection the server is closing (seen:
+        # ServerDisconnectedError on the reset after a point, with a 300 s client keep-alive).
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S, force_close=False)
         self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
         await self.wait_healthy(self.config.health_timeout_s, self.alive)
         if self.model_name is None:
@@ -162,11 +165,21 @@ class HttpEngine:
             raise UserError(f"field 'engine.served_model': {self.base}/v1/models lists no model; name it")
         return str(models[0])
 
+    async def _idempotent(self, method: str, url: str):
+        """A control request (reset, metrics), sent again once if the connection dropped under it:
+        unlike a measured request, repeating it changes nothing."""
+        import aiohttp
+
+        try:
+            return await self.session.request(method, url)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            return await self.session.request(method, url)
+
     async def _metrics_text(self) -> str | None:
         if not self.config.metrics_path:
             return None
         try:
-            async with self.session.get(f"{self.base}{self.config.metrics_path}") as r:
+            async with await self._idempotent("get", f"{self.base}{self.config.metrics_path}") as r:
                 return await r.text() if r.status == 200 else None
         except Exception:
             return None
@@ -177,7 +190,7 @@ class HttpEngine:
         url = f"{self.base}{self.config.reset_path}"
         # Requests of the previous point may still be finishing; vLLM refuses ({"success": false}) until idle.
         for _ in range(100):
-            async with self.session.post(url) as r:
+            async with await self._idempotent("post", url) as r:
                 if r.status in (404, 405):
                     self.reset_supported = False
                     log.warning("warning: %s has no %s (vLLM: start it with VLLM_SERVER_DEV_MODE=1); the prefix "

@@ -6,6 +6,7 @@ over repeats of each point's p50 and p99 lag.  Not a test: the machines are shar
 
     python benchmarks/dispatch.py                 # stand-in, then the real engine
     python benchmarks/dispatch.py --no-engine     # stand-in only (seconds)
+    python benchmarks/dispatch.py --no-engine --target http://127.0.0.1:8000   # and engine.kind http
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ async def main(args) -> None:
     print(f"echo engine (answers at once), ~20 s of arrivals a point (20-500 requests), median of {args.repeats}:")
     async with ModeSession(echo, "on", load_rows(echo)) as s:
         await measure(s, [1, 8, 64, 200, 500], args.repeats)
+    if args.target:
+        # The HTTP backend: the loop also reads every response's event stream (aiohttp, one pooled session).
+        http = load_config(None, {**SHAPE, "engine": {"kind": "http", "targets": {"on": args.target}}})
+        print(f"http engine against {args.target}, 16-token outputs:")
+        async with ModeSession(http, "on", load_rows(http)) as s:
+            await measure(s, [1, 8, 64], max(1, args.repeats // 2))
     if args.no_engine:
         return
     cfg = load_config(None, {**SHAPE, "engine.dtype": "float32", "engine.kv_cache_memory_bytes": 2**29})
@@ -60,4 +67,5 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-engine", action="store_true")
+    ap.add_argument("--target", help="base URL of a running vllm serve (VLLM_SERVER_DEV_MODE=1) to measure over HTTP")
     asyncio.run(main(ap.parse_args()))

@@ -21,6 +21,8 @@ def schedule(n: int, rate: float, process: str = "poisson", burstiness: float = 
         return np.zeros(0)
     if not rate > 0:
         raise UserError(f"rate must be > 0 req/s, got {rate}")
+    if np.isinf(rate):  # --request-rate inf: everything at once, as vllm bench serve
+        return np.zeros(n)
     if process == "constant":
         return np.arange(n) / rate
     # The rate enters the seed so points differ from each other but not between modes.

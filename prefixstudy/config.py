@@ -11,7 +11,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from prefixstudy.engines.echo import EchoEngineConfig
+from prefixstudy.engines.http import HttpEngineConfig
 from prefixstudy.engines.vllm import VllmEngineConfig
+from prefixstudy.engines.vllm_server import VllmServerEngineConfig
 from prefixstudy.errors import UserError, read_text
 
 _STRICT = ConfigDict(extra="forbid")
@@ -19,8 +21,9 @@ _STRICT = ConfigDict(extra="forbid")
 
 # One config class per backend, told apart by ``engine.kind`` (default: vllm).  A new backend adds
 # its class here.
-EngineConfig = Annotated[Union[VllmEngineConfig, EchoEngineConfig], Field(discriminator="kind")]
-ENGINE_KINDS = ("vllm", "echo")
+EngineConfig = Annotated[Union[VllmEngineConfig, EchoEngineConfig, HttpEngineConfig, VllmServerEngineConfig],
+                         Field(discriminator="kind")]
+ENGINE_KINDS = ("vllm", "echo", "http", "vllm-server")
 
 
 class DatasetConfig(BaseModel):
@@ -65,6 +68,21 @@ class ArrivalConfig(BaseModel):
     burstiness: float = Field(1.0, gt=0)  # gamma shape; 1.0 is Poisson
     seed: int = 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _burstiness_means_gamma(cls, data):
+        # As `vllm bench serve --burstiness`: a burstiness without a process asks for gamma arrivals.
+        if isinstance(data, dict) and "burstiness" in data and "process" not in data:
+            data = {**data, "process": "gamma"}
+        return data
+
+    @model_validator(mode="after")
+    def _burstiness_needs_gamma(self) -> "ArrivalConfig":
+        if self.burstiness != 1.0 and self.process != "gamma":
+            raise ValueError(f"burstiness {self.burstiness:g} applies to gamma arrivals only, and process is "
+                             f"{self.process}; drop it or set arrivals.process: gamma")
+        return self
+
 
 class SweepConfig(BaseModel):
     model_config = _STRICT
@@ -84,13 +102,15 @@ class SweepConfig(BaseModel):
     only_repeats: list[int] | None = None
     # The points still to run when a run is resumed (study.pending_configs); never saved.
     run_points: list[tuple[float, int]] | None = Field(None, exclude=True)
+    max_concurrency: int | None = Field(None, gt=0)  # at most this many requests open; None: no limit
 
     @field_validator("rates")
     @classmethod
     def _positive_rates(cls, v: list[float]) -> list[float]:
         for r in v:
-            if not (r > 0 and math.isfinite(r)):
-                raise ValueError(f"every rate must be a finite number > 0 req/s, got {r}")
+            # inf: every request at once (as `vllm bench serve --request-rate inf`).
+            if not (r > 0 and (math.isfinite(r) or r == math.inf)):
+                raise ValueError(f"every rate must be a number > 0 req/s or inf, got {r}")
         return sorted(set(v))
 
     @field_validator("modes", mode="before")
@@ -114,6 +134,8 @@ class SweepConfig(BaseModel):
         return self
 
     def requests_for(self, rate: float) -> int:
+        if math.isinf(rate):  # everything at once: the duration is not the schedule's to set
+            return self.num_requests
         return max(self.num_requests, math.ceil(rate * self.min_duration_s))
 
     def points(self) -> list[tuple[float, int]]:
@@ -157,6 +179,28 @@ class StudyConfig(BaseModel):
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     checks: CheckConfig = Field(default_factory=CheckConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    # Added with the peers' flags (--label, --metadata, --percentiles, --goodput): what the run is
+    # called and carries, and what its bench export and report use.
+    label: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0], min_length=1)
+    goodput: dict[Literal["ttft", "tpot", "e2e"], float] = Field(default_factory=dict)  # SLO, ms
+
+    @field_validator("percentiles")
+    @classmethod
+    def _percentiles(cls, v: list[float]) -> list[float]:
+        for p in v:
+            if not 0 < p <= 100:
+                raise ValueError(f"every percentile must be in (0, 100], got {p:g}")
+        return sorted(set(v))
+
+    @field_validator("goodput")
+    @classmethod
+    def _goodput(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, ms in v.items():
+            if not (ms > 0 and math.isfinite(ms)):
+                raise ValueError(f"{k}: the objective must be a finite number of ms > 0, got {ms}")
+        return v
 
     @model_validator(mode="before")
     @classmethod

@@ -95,9 +95,11 @@ class ModeSession:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        await _optional_hook(self.engine, "aclose")
         self.engine.shutdown()
 
     async def restart(self) -> None:
+        await _optional_hook(self.engine, "aclose")
         self.engine.shutdown()
         self.engine = make_engine(self.cfg, self.mode, ray_workers=self.ray_workers)
         await self.engine.start()
@@ -137,24 +139,30 @@ class ModeSession:
         settle_heap()
         records, warm_groups, warmup_s = await self._prime_and_warm_up(rate, repeat)
 
+        await _optional_hook(eng, "begin_point")
         eng.begin_iterations()
         t0 = time.monotonic()
         ids = [self._rid("m", rate, i, repeat) for i in range(n)]
         tasks = await self._dispatch(rows, offsets, ids, t0)
         duration_s = time.monotonic() - t0
         samples = eng.end_iterations()
+        server = await _optional_hook(eng, "end_point") or {}
         exp = expected_cached(rows, self.prefixes, eng.block_size, warm_groups) if self.mode == "on" else [0] * n
+        gaps = []
         for i in range(n):
             # Requests the deadline stopped before they were sent are still rows: never dropped.
             tr = tasks[i].result() if i < len(tasks) else \
                 RequestTrace(float("nan"), error="unfinished: not sent before max_point_duration_s")
             records.append(make_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), t0, tr, exp[i],
                                        repeat))
+            if records[-1].error == "":
+                gaps.append(np.diff(tr.token_times) * 1e3)
         dead = eng.is_dead()
         timing = getattr(eng, "step_timing", "engine")
         meta = {"status": "failed" if dead else "ok", "error": "engine died during the point" if dead else "",
                 "n_sent": n, "started_at": started_at, "duration_s": duration_s, "warmup_s": warmup_s,
-                "block_size": eng.block_size, "engine_startup_s": eng.startup_s, "step_timing": timing}
+                "block_size": eng.block_size, "engine_startup_s": eng.startup_s, "step_timing": timing, **server,
+                "itl_ms": itl_summary(gaps, self.cfg.percentiles)}
         req = typed_requests(pd.DataFrame([asdict(r) for r in records]))
         its = iteration_frame(self.mode, rate, samples, t0, repeat, timing)
         return PointResult(self.mode, rate, req, its, meta, repeat)
@@ -182,13 +190,16 @@ class ModeSession:
         """Send each request at its scheduled time; wait for all, up to the point's deadline, then
         cancel what is still open.  Returns one finished task per request sent."""
         deadline = t0 + self.cfg.sweep.max_point_duration_s
+        limit = self.cfg.sweep.max_concurrency
+        slots = asyncio.Semaphore(limit) if limit else None
         tasks: list[asyncio.Task] = []
         for i, (row, off) in enumerate(zip(rows, offsets)):
             target = t0 + off
             if target > deadline:
                 break
             await _sleep_until(target)
-            tasks.append(asyncio.create_task(self._one(row, ids[i], time.monotonic())))
+            send = self._one(row, ids[i], time.monotonic()) if slots is None else self._one_in_slot(row, ids[i], slots)
+            tasks.append(asyncio.create_task(send))
             if self.progress:
                 tasks[-1].add_done_callback(lambda _: self.progress(1))
         if tasks:
@@ -197,6 +208,18 @@ class ModeSession:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         return tasks
+
+    async def _one_in_slot(self, row: DatasetRow, rid: str, slots: asyncio.Semaphore) -> RequestTrace:
+        """sweep.max_concurrency (a closed loop at rate inf): the request is sent when a slot frees,
+        and that is its send time, so its dispatch lag says how long it waited for one."""
+        try:
+            await slots.acquire()
+        except asyncio.CancelledError:
+            return RequestTrace(float("nan"), error="unfinished: no free slot (max_concurrency) before max_point_duration_s")
+        try:
+            return await self._one(row, rid, time.monotonic())
+        finally:
+            slots.release()
 
     async def _one(self, row: DatasetRow, rid: str, sent: float) -> RequestTrace:
         tr = RequestTrace(sent)
@@ -210,6 +233,26 @@ class ModeSession:
         except Exception as e:
             tr.error = f"{type(e).__name__}: {e}".strip()[:500]
         return tr
+
+
+def itl_summary(gaps: list[np.ndarray], percentiles) -> dict[str, float | None]:
+    """Every inter-token gap (ms) of a point's counted requests, pooled as `vllm bench serve` pools
+    them: median, std and percentiles (keys ``median``, ``std``, ``p<q>``).  requests.parquet keeps
+    per-request summaries only, so the point's metadata carries these for the bench export."""
+    v = np.concatenate(gaps) if gaps else np.zeros(0)
+    if not v.size:
+        return {}
+    out = {"median": float(np.median(v)), "std": float(v.std())}
+    out.update({f"p{int(q) if int(q) == q else q}": float(np.percentile(v, q)) for q in percentiles})
+    return out
+
+
+async def _optional_hook(engine, name: str):
+    """A backend's optional coroutine: ``begin_point`` / ``end_point`` (HTTP: scrape the server's
+    counters around the measured requests; ``end_point`` returns keys for the point's metadata),
+    ``aclose`` (HTTP: close the connection pool on its own loop, before ``shutdown``)."""
+    hook = getattr(engine, name, None)
+    return await hook() if hook is not None else None
 
 
 def settle_heap() -> None:

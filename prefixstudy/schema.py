@@ -75,6 +75,19 @@ LATENCY_METRICS = ("ttft", "tpot", "e2e", "queue", "prefill", "decode")
 PERCENTILES = (50, 90, 99)
 
 
+# The server's own view of a point, from Prometheus /metrics deltas over its measured requests
+# (engines.server_metrics); HTTP backends only.
+SERVER_COLUMNS = (
+    "server_prefix_queries",  # prompt tokens looked up in the server's prefix cache (vllm:prefix_cache_queries)
+    "server_prefix_hits",  # of those, found in it (vllm:prefix_cache_hits)
+    "server_hit_rate",  # hits / queries
+    "server_requests",  # requests the server finished (count of vllm:request_queue_time_seconds)
+    "server_mean_queue_ms",  # vllm:request_queue_time_seconds, sum / count
+    "server_mean_prefill_ms",  # vllm:request_prefill_time_seconds, sum / count
+    "server_mean_decode_ms",  # vllm:request_decode_time_seconds, sum / count
+)
+
+
 def summary_columns() -> list[str]:
     cols = [
         "mode", "rate", "repeat", "status", "n_sent", "n_ok", "n_failed", "n_unfinished",
@@ -94,6 +107,7 @@ def summary_columns() -> list[str]:
         "step_timing", "busy_steps", "engine_prefill_share", "engine_prefill_share_lo", "engine_prefill_share_hi",
         "decode_slowdown", "decode_slowdown_lo", "decode_slowdown_hi",
     ]
+    cols += list(SERVER_COLUMNS)  # added with the HTTP backends; NaN for in-process engines
     return cols
 
 

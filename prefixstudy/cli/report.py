@@ -27,8 +27,9 @@ def _slo(text: str | None) -> dict[str, float]:
 @click.option("--slo", default=None, help=_SLO_HELP)
 @click.option("--threshold", "threshold_ms", type=float, default=None,
               help="p90 E2E threshold (ms) of the headline; default: the e2e SLO, else 2x OFF's p90 E2E at the lowest rate.")
-@click.option("--peer", "peers", multiple=True, type=click.Path(path_type=Path),
-              help="A vllm bench serve result JSON to overlay on the latency figures (repeatable).")
+@click.option("--peer", "peers", multiple=True,
+              help="vllm bench serve results to overlay on the latency figures: a JSON file, a folder "
+                   "(a bench sweep's too) or a glob (repeatable).")
 @click.option("--point", default=None, metavar="[MODE] RATE",
               help="Point of the engine time series, e.g. 8 or 'on 8'; default: highest rate where both modes are unsaturated.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
@@ -40,9 +41,12 @@ def report(results_dir: Path, slo, threshold_ms, peers, point, seed):
         raise UserError(f"--threshold {threshold_ms}: must be > 0 ms")
     parsed_slo = _slo(slo)
     parsed_point = parse_point(point)
+    from prefixstudy.report.bench_json import bench_files
+
     for p in peers:
-        if not p.is_file():
+        if not any(c in p for c in "*?[") and not Path(p).exists():
             raise UserError(f"--peer {p}: file not found")
+        bench_files(p)  # an empty folder or glob is refused now, not after the analysis
     out = build_report(results_dir, parsed_slo, threshold_ms, peers, parsed_point, seed=seed)
     click.echo(f"report: {out}")
     click.echo(f"report: {out.with_name('report.md')}")
@@ -69,8 +73,11 @@ def compare(results_dirs, out_dir, slo, threshold_ms, seed):
 @click.argument("results_dir", type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Folder for the JSON files; default RESULTS_DIR/bench.")
-@click.option("--slo", default=None, help=_SLO_HELP + " Fills request_goodput.")
-def export_bench(results_dir, out_dir, slo):
+@click.option("--slo", default=None, help=_SLO_HELP + " Fills request_goodput (default: the run's --goodput).")
+@click.option("--save-detailed", is_flag=True, help="Add the per-request arrays, as vLLM's --save-detailed.")
+@click.option("--layout", type=click.Choice(["flat", "sweep"]), default="flat", show_default=True,
+              help="flat: one file per point; sweep: vLLM's bench sweep folders, for `vllm bench sweep plot`.")
+def export_bench(results_dir, out_dir, slo, save_detailed, layout):
     """Write every point as a `vllm bench serve` result JSON."""
     from prefixstudy.report.bench_json import export_bench as _export
     from prefixstudy.results import load
@@ -79,5 +86,5 @@ def export_bench(results_dir, out_dir, slo):
     study = load(results_dir)
     if study.requests.empty:
         raise UserError(f"{study.path}: no requests recorded yet; nothing to export")
-    paths = _export(study, out_dir, slo=parsed)  # summary.csv's finished points
+    paths = _export(study, out_dir, slo=parsed, detailed=save_detailed, layout=layout)  # summary.csv's finished points
     click.echo(f"wrote {len(paths)} files to {paths[0].parent if paths else out_dir}")

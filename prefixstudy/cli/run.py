@@ -29,6 +29,16 @@ def _csv_floats(ctx, param, value):
     return out
 
 
+def _csv_rates(ctx, param, value):
+    """--request-rate: as --rates, and inf (every request at once)."""
+    if value is None:
+        return None
+    parts = value.split(",")
+    inf = [p.strip().lower() in ("inf", "infinity") for p in parts]
+    finite = _csv_floats(ctx, param, ",".join(p for p, i in zip(parts, inf) if not i)) if not all(inf) else []
+    return finite + [float("inf")] * any(inf)
+
+
 def _csv_modes(ctx, param, value):
     if value is None:
         return None
@@ -70,8 +80,19 @@ def _parse_sets(values: tuple[str, ...]) -> dict:
 @click.option("--dry-run", is_flag=True, help="Check the config and dataset, print the plan, start nothing.")
 @click.option("--quiet", is_flag=True, help="No progress bar; only the result lines.")
 @click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
+# The flags users of `vllm bench serve` and its peers expect; each sets config fields (run_flags.py).
+@click.option("--request-rate", callback=_csv_rates, help="Like --rates, and 'inf' sends every request at once.")
+@click.option("--max-concurrency", type=click.IntRange(min=1), help="At most N requests open (a closed loop at rate inf).")
+@click.option("--seed", type=int, help="Seed of the arrivals and the dataset.")
+@click.option("--burstiness", type=float, help="Gamma arrivals of this shape (< 1 burstier); not with Poisson.")
+@click.option("--percentiles", help="Percentiles of the bench export, e.g. 50,90,95,99.")
+@click.option("--goodput", help="Objectives in ms for goodput, e.g. ttft:200,e2e:2000.")
+@click.option("--label", help="A name for this run (bench export label, manifest).")
+@click.option("--metadata", multiple=True, metavar="KEY=VALUE", help="Recorded in the manifest and bench export.")
+@click.option("--target-on", help="engine.kind http: base URL of the caching-ON server.")
+@click.option("--target-off", help="engine.kind http: base URL of the caching-OFF server.")
 def run(config, out, rates, modes, num_requests, executor, ray_address, parallel, sets, resume, report, dry_run,
-        quiet, verbose):
+        quiet, verbose, **peer):
     """Run a study: every rate against caching ON and OFF.
 
     CONFIG is a YAML file or the name of a shipped config (default, h200-tp1, ...); without it,
@@ -80,12 +101,14 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
 
     overrides = _overrides(sets, rates=rates, modes=modes, num_requests=num_requests, out=out, executor=executor,
                            ray_address=ray_address, parallel=parallel)
-    if resume is not None and overrides:
+    if resume is not None and (overrides or any(v not in (None, ()) for v in peer.values())):
         raise UserError("--resume takes the recorded config; drop the other run options")
     if resume is None:
+        from prefixstudy.cli.run_flags import peer_overrides
         from prefixstudy.configs import resolve_config
 
         config = resolve_config(config)
+        overrides.update(peer_overrides(config, rates, **peer))
     _console(verbose)
     cfg = load_config(config, overrides) if resume is None else None  # a bad config fails before pandas loads
     if dry_run and cfg is not None:

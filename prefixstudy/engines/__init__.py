@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 BACKENDS = {
     "vllm": "prefixstudy.engines.vllm:VllmEngine",
     "echo": "prefixstudy.engines.echo:EchoEngine",
+    "http": "prefixstudy.engines.http:HttpEngine",
+    "vllm-server": "prefixstudy.engines.vllm_server:VllmServerEngine",
 }
 
 __all__ = ["BACKENDS", "Engine", "IterationSample", "RequestTrace", "check_engine_config", "engine_class", "make_engine"]

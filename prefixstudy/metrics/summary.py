@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.metrics import engine_fit
-from prefixstudy.metrics.requests import KEY, duration_s, with_repeat, hit_rate_ok, hit_rates, measured, percentile, split_outcomes
+from prefixstudy.metrics.requests import (KEY, duration_s, hit_rate_ok, hit_rates, measured, percentile,
+                                          split_outcomes, with_repeat)
 from prefixstudy.metrics.saturation import saturation
-from prefixstudy.schema import LATENCY_METRICS, PERCENTILES, SUMMARY_COLUMNS
+from prefixstudy.schema import LATENCY_METRICS, PERCENTILES, SERVER_COLUMNS, SUMMARY_COLUMNS
 
 
 def _per_s(n: float, seconds: float) -> float:
@@ -55,6 +56,8 @@ def summarize_point(requests: pd.DataFrame, meta: dict, tolerance: float = 0.05,
                                     "e2e_first_ms", "e2e_last_ms")})
     row["saturated"], row["saturation_reason"] = sat["saturated"], sat["reason"]
     row["error"] = meta.get("error", "") or ""
+    for c in SERVER_COLUMNS:  # HTTP backends put them in the point's meta (None: the server has no such metric)
+        row[c] = math.nan if meta.get(c) is None else float(meta[c])
     return {c: row.get(c, math.nan) for c in SUMMARY_COLUMNS}
 
 

@@ -1,25 +1,36 @@
 """Stage: output/input.  Points as ``vllm bench serve`` result JSON, and back.
 
-Export writes one JSON per (mode, rate) with the field names of the result dict
-that ``vllm/benchmarks/serve.py`` saves with ``--save-result`` (``completed``,
-``request_throughput``, ``mean_ttft_ms``, ``p99_e2el_ms``, ...), so tools that read
-vLLM's files read ours.  Only counted requests (measured, no error) enter the
-latency fields, as vLLM only counts successful ones.  Differences from vLLM:
+Export writes one JSON per (mode, rate) with the field names and formats of the result dict
+that ``vllm/benchmarks/serve.py`` (0.26) saves with ``--save-result``: ``date`` as
+``%Y%m%d-%H%M%S``, ``endpoint_type`` / ``backend`` ``vllm`` (the OpenAI-completions backend),
+``model_id`` the model's name (not a local path), ``request_rate`` ``"inf"`` for everything at
+once, ``burstiness`` only for gamma arrivals.  Only counted requests (measured, no error) enter
+the latency fields, as vLLM only counts successful ones; ``failed`` counts errors only, and the
+requests a point's cap stopped (never sent, or still open) are reported apart (``unfinished``,
+``never_sent``).  With ``detailed`` (vLLM's ``--save-detailed``) the per-request arrays
+``input_lens``, ``output_lens``, ``ttfts`` (s), ``start_times`` and ``errors`` are added (and
+vLLM 0.32's ``latencies`` and ``queue_times``).
+``layout="sweep"`` writes vLLM's ``bench sweep`` layout (``SERVE-enable_prefix_caching=True-
+BENCH-request_rate=4/summary.json``), which ``vllm bench sweep plot`` reads.  Differences:
 
-* ITL: we keep per-request ITL summaries, not every gap, so only ``mean_itl_ms``
-  (token-weighted, exact) is written; median/std/p99 ITL are left out.
-* ``max_output_tokens_per_s`` comes from the engine's iteration records
-  (generated tokens per 1-second bucket), not from client token timestamps.
-* Extra keys, which vLLM writes for ``--metadata`` too: ``prefix_caching``,
-  ``prefixstudy_mode``, ``saturated``, ``device``, versions.
+* ITL: ``mean_itl_ms`` is the token-weighted mean of the per-request means; median, std and
+  percentiles of every gap come from the point's manifest entry (``itl_ms``, runs made since it
+  was added; older runs have only the mean).  The per-request ``itls`` array is not written.
+* ``max_output_tokens_per_s`` comes from the engine's iteration records (generated tokens per
+  1-second bucket), not from client token timestamps; 0 where there are none (HTTP backends).
+* Extra keys, which vLLM writes for ``--metadata`` too: ``enable_prefix_caching``,
+  ``prefix_caching``, ``prefixstudy_mode``, ``saturated``, ``device``, versions, the run's metadata.
 
-Import reads such files (one object, a list, or ``--append-result`` lines) into a
-table for overlaying a peer measurement on the latency-vs-rate figures.
+Import reads such files (one object, a list, ``--append-result`` lines, a sweep's summary.json;
+files, folders or globs) into a table for overlaying a peer measurement on the figures.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import glob
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -27,12 +38,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics.requests import counted, measured, meets_slo
+from prefixstudy.metrics.requests import measured, meets_slo, split_outcomes
 from prefixstudy.errors import UserError, read_text
 from prefixstudy.report.data import summary_points
 from prefixstudy.results import StudyResults, write_json
 
-BENCH_PERCENTILES = (50, 90, 99)
+log = logging.getLogger(__name__)
+
+BENCH_PERCENTILES = (50, 90, 99)  # when the run's config has none
 _VLLM_METRICS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms"}
 
 
@@ -44,54 +57,105 @@ def _f(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def bench_date(started_at: Any) -> str:
+    """vLLM's ``date``: local time as %Y%m%d-%H%M%S, from an epoch or an ISO stamp ("" if neither)."""
+    try:
+        t = dt.datetime.fromtimestamp(float(started_at))
+    except (TypeError, ValueError):
+        try:
+            t = dt.datetime.fromisoformat(str(started_at)).astimezone()
+        except ValueError:
+            return ""
+    return t.strftime("%Y%m%d-%H%M%S")
+
+
+def model_name(model: str) -> str:
+    """A local folder is named by its last part (vLLM's model_id is what the user served); a hub
+    id (org/name, no such folder) stays as it is."""
+    p = Path(model)
+    return p.name if (p.is_absolute() or p.exists() or model.startswith(".")) else model
+
+
+def _percentile_key(p: float) -> str:
+    return str(int(p)) if int(p) == p else str(p)  # as vLLM: p99, p99.9
+
+
+def _traffic(config: dict, rate: float) -> dict[str, Any]:
+    arr = config.get("arrivals", {}) or {}
+    out: dict[str, Any] = {"request_rate": "inf" if math.isinf(rate) else float(rate)}
+    if arr.get("process") == "gamma":  # vLLM's burstiness means gamma arrivals; Poisson has none
+        out["burstiness"] = float(arr.get("burstiness", 1.0))
+    out["max_concurrency"] = (config.get("sweep", {}) or {}).get("max_concurrency")
+    return out
+
+
 def point_result(requests: pd.DataFrame, iterations: pd.DataFrame, *, mode: str, rate: float,
                  duration_s: float, config: dict, manifest: dict, saturated: bool | None = None,
-                 slo: dict[str, float] | None = None) -> dict[str, Any]:
+                 slo: dict[str, float] | None = None, started_at: Any = None,
+                 detailed: bool = False, itl: dict[str, float] | None = None) -> dict[str, Any]:
     """One point as a vllm-bench-serve result dict.
 
     ``requests``/``iterations``: this point's rows only.  ``duration_s``: the point's
-    duration (summary.csv's, so throughputs agree with it).
+    duration (summary.csv's, so throughputs agree with it).  ``started_at``: the point's start
+    (epoch s; default the run's).  ``itl``: the point's pooled ITL stats (the runner's
+    ``itl_summary``, in the manifest); without them only ``mean_itl_ms`` is written.
     """
     m = measured(requests)
-    ok = counted(requests)
+    ok, n_failed, n_unfinished = split_outcomes(requests)
     dur = float(duration_s) if duration_s and duration_s > 0 else float("nan")
-    total_in = int(ok["prompt_tokens"].sum())
-    total_out = int(ok["output_tokens"].sum())
-    cfg_arr = config.get("arrivals", {}) or {}
-    model = str(config.get("model", ""))
-    study = str(config.get("study", "prefixstudy"))
+    total_in, total_out = int(ok["prompt_tokens"].sum()), int(ok["output_tokens"].sum())
+    name = model_name(str(config.get("model", "")))
     res: dict[str, Any] = {
-        "date": str(manifest.get("started_at", "")),
-        # The backend that answered, as the manifest recorded it (runs before backends: vllm).
-        "endpoint_type": f"{manifest.get('engine', 'vllm')}-offline",
-        "backend": manifest.get("engine", "vllm"),
-        "label": f"{study}-{mode}",
-        "model_id": model,
-        "tokenizer_id": model,
+        "date": bench_date(started_at if started_at is not None else manifest.get("started_at")),
+        "endpoint_type": "vllm",  # for backward compatibility, as vLLM writes it
+        "backend": "vllm",
+        "label": config.get("label") or f"{config.get('study', 'prefixstudy')}-{mode}",
+        "model_id": name,
+        "tokenizer_id": name,
         "num_prompts": int(len(m)),
-        "request_rate": float(rate),
-        "burstiness": float(cfg_arr.get("burstiness", 1.0) or 1.0),
-        "max_concurrency": None,
+        **{k: str(v) for k, v in (config.get("metadata") or {}).items()},  # vLLM: --metadata keys, top level
+        **_traffic(config, rate),
         "duration": _f(dur),
         "completed": int(len(ok)),
-        "failed": int(len(m) - len(ok)),
+        "failed": n_failed,
+        "unfinished": n_unfinished,
+        "never_sent": int(m["sent_s"].isna().sum()),
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "request_throughput": _f(len(ok) / dur),
-        "request_goodput": None,
+        "request_goodput": _f(int(meets_slo(requests, slo).sum()) / dur) if slo else None,
         "output_throughput": _f(total_out / dur),
         "total_token_throughput": _f((total_in + total_out) / dur),
     }
-    if slo:
-        good = int(meets_slo(requests, slo).sum())
-        res["request_goodput"] = _f(good / dur)
+    if detailed:
+        res.update(_detailed(m, ok))
     res.update(_peaks(ok, iterations))
-    res.update(_latency_fields(ok))
+    res["rtfx"] = 0.0  # vLLM's inverse real-time factor is for audio input; 0 for text, as it writes
+    res.update(_latency_fields(ok, config.get("percentiles") or BENCH_PERCENTILES, itl))
     res.update(_extras(config, manifest, mode, saturated))
     return res
 
 
-def _latency_fields(ok: pd.DataFrame) -> dict[str, Any]:
+def _detailed(m: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
+    """vLLM's --save-detailed arrays, one entry per measured request in schedule order.  A failed
+    request has 0 output tokens and a TTFT of 0.0, as vLLM records them."""
+    m = m.sort_values("request_index")
+    good = m.index.isin(ok.index)
+    ttft = m["ttft_ms"].to_numpy(float) / 1e3
+    return {
+        "input_lens": m["prompt_tokens"].astype(int).tolist(),
+        "output_lens": [int(n) if g else 0 for n, g in zip(m["output_tokens"], good)],
+        "ttfts": [float(t) if g and math.isfinite(t) else 0.0 for t, g in zip(ttft, good)],
+        "start_times": [_f(s) for s in m["sent_s"]],  # seconds since the point's start
+        "errors": m["error"].fillna("").astype(str).tolist(),
+        # vLLM 0.32 adds these two: E2E (s; 0.0 for a failed request) and the wait between the
+        # scheduled arrival and the send (s; --max-concurrency slots, or the loop's lag).
+        "latencies": [float(e) / 1e3 if g and math.isfinite(e) else 0.0 for e, g in zip(m["e2e_ms"], good)],
+        "queue_times": [_f(q / 1e3) for q in m["dispatch_lag_ms"]],
+    }
+
+
+def _latency_fields(ok: pd.DataFrame, percentiles=BENCH_PERCENTILES, itl: dict | None = None) -> dict[str, Any]:
     """vLLM's latency fields over counted requests: mean/median/std/percentiles of ttft, tpot, e2el."""
     res: dict[str, Any] = {}
     for name, col in _VLLM_METRICS.items():
@@ -102,10 +166,11 @@ def _latency_fields(ok: pd.DataFrame) -> dict[str, Any]:
         res[f"mean_{name}_ms"] = _f(v.mean()) if v.size else 0.0
         res[f"median_{name}_ms"] = _f(np.median(v)) if v.size else 0.0
         res[f"std_{name}_ms"] = _f(v.std()) if v.size else 0.0
-        for p in BENCH_PERCENTILES:
-            res[f"p{p}_{name}_ms"] = _f(np.percentile(v, p)) if v.size else 0.0
+        for p in percentiles:
+            res[f"p{_percentile_key(float(p))}_{name}_ms"] = _f(np.percentile(v, p)) if v.size else 0.0
         if name == "tpot":
             res["mean_itl_ms"] = _mean_itl(ok)
+            res.update({f"{k}_itl_ms": _f(v) for k, v in (itl or {}).items()})
     return res
 
 
@@ -113,8 +178,10 @@ def _extras(config: dict, manifest: dict, mode: str, saturated: bool | None) -> 
     """Our keys beyond vLLM's (it writes --metadata ones the same way)."""
     cfg_ds = config.get("dataset", {}) or {}
     return {
+        "enable_prefix_caching": mode == "on",  # vLLM's serve argument: what `bench sweep plot` groups by
         "prefix_caching": mode == "on",
         "prefixstudy_mode": mode,
+        "prefixstudy_engine": manifest.get("engine", "vllm"),
         "saturated": None if saturated is None else bool(saturated),
         "prefix_len": cfg_ds.get("prefix_len"),
         "suffix_len": cfg_ds.get("suffix_len"),
@@ -160,13 +227,32 @@ def bench_filename(config: dict, mode: str, rate: float) -> str:
     return f"{study}-{mode}-{rate:g}qps-{model}.json"
 
 
+def sweep_path(mode: str, rate: float) -> Path:
+    """vLLM's `bench sweep serve` layout: SERVE-<serve params>-BENCH-<bench params>/summary.json."""
+    rate_text = "inf" if math.isinf(rate) else f"{rate:g}"
+    return Path(f"SERVE-enable_prefix_caching={mode == 'on'}-BENCH-request_rate={rate_text}") / "summary.json"
+
+
+def _manifest_point(manifest: dict, mode: str, rate: float) -> dict:
+    for p in manifest.get("points", []):
+        if p.get("mode") == mode and np.isclose(float(p.get("rate", math.nan)), rate):
+            return p
+    return {}
+
+
 def export_bench(study: StudyResults, out_dir: Path | None = None, points: pd.DataFrame | None = None,
-                 slo: dict[str, float] | None = None) -> list[Path]:
+                 slo: dict[str, float] | None = None, *, detailed: bool = False,
+                 layout: str = "flat") -> list[Path]:
     """Write one vllm-bench-serve JSON per finished point into ``out_dir`` (default RESULTS/bench).
 
     ``points``: mode, rate, duration_s, saturated; by default summary.csv's finished points.
+    ``slo``: default the run's ``goodput``.  ``layout``: ``flat`` (one file per point) or
+    ``sweep`` (``sweep_path``: a list of one run per file, with ``run_number``).
     """
+    if layout not in ("flat", "sweep"):
+        raise UserError(f"--layout {layout}: use flat or sweep")
     out_dir = Path(out_dir) if out_dir else study.path / "bench"
+    slo = slo if slo else (study.config.get("goodput") or None)
     if points is None:
         points = summary_points(study)
         points = points[points["status"] != "failed"]
@@ -180,9 +266,15 @@ def export_bench(study: StudyResults, out_dir: Path | None = None, points: pd.Da
         sat = p.get("saturated")
         res = point_result(req, it, mode=mode, rate=rate, duration_s=float(p["duration_s"]),
                            config=study.config, manifest=study.manifest,
-                           saturated=None if sat is None or pd.isna(sat) else bool(sat), slo=slo)
-        path = out_dir / bench_filename(study.config, mode, rate)
-        write_json(path, res)
+                           saturated=None if sat is None or pd.isna(sat) else bool(sat), slo=slo,
+                           started_at=_manifest_point(study.manifest, mode, rate).get("started_at"),
+                           detailed=detailed, itl=_manifest_point(study.manifest, mode, rate).get("itl_ms"))
+        if layout == "sweep":
+            path = out_dir / sweep_path(mode, rate)
+            write_json(path, [{**res, "run_number": 0}])
+        else:
+            path = out_dir / bench_filename(study.config, mode, rate)
+            write_json(path, res)
         paths.append(path)
     return paths
 
@@ -212,26 +304,69 @@ def load_bench(path: str | Path) -> list[dict[str, Any]]:
     return items
 
 
-def peer_points(paths, label: str | None = None) -> pd.DataFrame:
-    """Peer files -> label, rate, rate_is_achieved, mean/median/p90/p99 of ttft and e2e (ms).
+def bench_files(paths) -> list[Path]:
+    """Files named by ``paths`` (one or many): a file as it is, a folder's ``*.json`` (recursively,
+    so a `bench sweep` folder's summary.json files too), a glob's matches.  Sorted, no repeats."""
+    out: list[Path] = []
+    for item in [paths] if isinstance(paths, (str, Path)) else paths:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(p.rglob("*.json"))
+            # A `bench sweep` folder holds each run twice: run=N.json and the list in summary.json.
+            sweeps = {f.parent for f in found if f.name == "summary.json"}
+            found = [f for f in found if not (f.parent in sweeps and f.name.startswith("run="))]
+        elif any(c in str(item) for c in "*?["):
+            found = sorted(Path(x) for x in glob.glob(str(item), recursive=True))
+        else:
+            found = [p]
+        if not found:
+            raise UserError(f"{item}: no vllm bench serve result files there")
+        out += [f for f in found if f not in out]
+    return out
 
-    A result at ``request_rate: "inf"`` is placed at its achieved request_throughput.
-    Our E2E columns are named ``*_e2e_ms``; vLLM's ``*_e2el_ms`` map onto them.
+
+def _caching_flag(r: dict) -> bool | None:
+    """ON/OFF from the file: vLLM's serve argument (a sweep, or --metadata), else our own key."""
+    for key in ("enable_prefix_caching", "prefix_caching"):
+        v = r.get(key)
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.lower() in ("true", "false"):
+            return v.lower() == "true"
+    return None
+
+
+def peer_points(paths, label: str | None = None) -> pd.DataFrame:
+    """Peer files, folders or globs -> label, rate, rate_is_achieved, prefix_caching, and
+    mean/median/p90/p99 of ttft, e2e and tpot (ms).
+
+    A result at ``request_rate: "inf"`` is placed at its achieved request_throughput.  The label
+    is ``label``, else the file's own, else the file name; with a caching flag (ON/OFF) that the
+    label does not already say, " ON" / " OFF" is added.  Our E2E columns are named ``*_e2e_ms``;
+    vLLM's ``*_e2el_ms`` map onto them.  A file without E2E percentiles (vLLM's default
+    ``--percentile-metrics`` is ttft,tpot,itl) is named in a warning; those columns stay NaN.
     """
     rows = []
-    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+    for path in bench_files(paths):
+        no_e2e = False
         for r in load_bench(path):
             rate = r.get("request_rate")
             achieved = isinstance(rate, str) or rate is None or not math.isfinite(float(rate))
             x = r.get("request_throughput") if achieved else rate
             if x is None:
                 continue
-            lab = label or r.get("label") or Path(path).stem
-            row = {"label": str(lab), "rate": float(x), "rate_is_achieved": achieved,
-                   "prefix_caching": r.get("prefix_caching")}
+            flag = _caching_flag(r)
+            lab = str(label or r.get("label") or path.stem)
+            if flag is not None and not lab.upper().endswith((" ON", " OFF", "-ON", "-OFF")):
+                lab = f"{lab} {'ON' if flag else 'OFF'}"
+            row = {"label": lab, "rate": float(x), "rate_is_achieved": achieved, "prefix_caching": flag}
             for ours, theirs in (("ttft", "ttft"), ("e2e", "e2el"), ("tpot", "tpot")):
                 for stat in ("mean", "median", "p90", "p99"):
                     v = r.get(f"{stat}_{theirs}_ms")
                     row[f"{stat}_{ours}_ms"] = float(v) if v is not None else math.nan
+            no_e2e |= "p99_e2el_ms" not in r
             rows.append(row)
+        if no_e2e:
+            log.warning("warning: %s has no E2E percentiles (vLLM's default --percentile-metrics is "
+                        "ttft,tpot,itl; add e2el); its p90/p99 E2E are left empty", path)
     return pd.DataFrame(rows)

@@ -183,6 +183,7 @@ def build_report(results_dir: str | Path, slo: dict[str, float] | str | None = N
         write_json(run / MANIFEST, manifest)
     study = load(run)
     slo = parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
+    slo = slo or dict(study.config.get("goodput") or {})  # the run's --goodput, unless one is given here
     point = parse_point(point) if isinstance(point, str) or point is None else point
     if study.requests.empty:
         raise UserError(f"{study.path}: no requests recorded yet; nothing to report")

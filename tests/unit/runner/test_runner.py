@@ -153,3 +153,20 @@ def test_every_file_of_a_run_and_its_report_is_readable_by_all_under_the_default
     assert any(p.suffix == ".png" for p in files) and any(p.suffix == ".svg" for p in files)
     assert {p.relative_to(run).as_posix(): oct(stat.S_IMODE(p.stat().st_mode)) for p in files
             if stat.S_IMODE(p.stat().st_mode) != 0o644} == {}
+
+
+def test_itl_summary_pools_every_gap_as_vllm_bench_does():
+    import numpy as np
+
+    from prefixstudy.runner import itl_summary
+
+    out = itl_summary([np.array([1.0, 2.0]), np.array([3.0]), np.array([])], [50, 99.9])
+    assert out == pytest.approx({"median": 2.0, "std": math.sqrt(2 / 3), "p50": 2.0, "p99.9": 2.998})
+    assert itl_summary([], [50]) == {}
+
+
+def test_every_point_records_its_itl_spread():
+    res = run_point(cfg_with(**{"engine.decode_ms_per_token": 2.0}), "on", 50.0)
+    itl = res.meta["itl_ms"]
+    assert set(itl) == {"median", "std", "p50", "p90", "p99"}
+    assert 2.0 <= itl["p50"] <= itl["p99"] < 50  # 3 gaps of ~2 ms per request (4 tokens)

@@ -1,0 +1,309 @@
+"""Backend ``http``: any running OpenAI-compatible server, one base URL per mode.
+
+Each request streams ``POST /v1/completions`` with the prompt as token ids, ``ignore_eos`` and
+``max_tokens = min_tokens`` = the output length, so every mode generates exactly the dataset's
+tokens.  Token times are taken on the client clock when each chunk arrives (as ``vllm bench
+serve`` does); cached prompt tokens come from ``usage.prompt_tokens_details.cached_tokens`` when
+the server reports them.  The server has no per-request engine stamps over HTTP, so queue /
+prefill / decode per request are NaN; the server's own view comes from its Prometheus
+``/metrics``, scraped before and after each point's measured requests (``engines.server_metrics``),
+into the ``server_*`` summary columns.  No step-level iterations come over HTTP.
+
+One aiohttp session per engine: connections are pooled and kept alive, never set up per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from prefixstudy.engines import server_metrics
+from prefixstudy.engines.base import EngineConfigBase, IterationSample, RequestTrace
+from prefixstudy.errors import UserError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BLOCK_SIZE = 16  # vLLM's GPU default, assumed only when the server does not say
+KEEPALIVE_S = 3.0  # < VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), the server's idle-connection timeout
+
+
+class HttpEngineConfig(EngineConfigBase):
+    """A running server per mode.  ``block_size``: the server's prefix-cache block (for the
+    expected cached tokens); unset, it is read from vLLM's /metrics."""
+
+    kind: Literal["http"] = "http"
+    targets: dict[Literal["on", "off"], str] = Field(default_factory=dict)  # mode -> base URL
+    served_model: str | None = None  # the request's "model"; None: the first of the server's /v1/models
+    reset_path: str = "/reset_prefix_cache"  # POST here resets the prefix cache (vLLM: dev mode)
+    metrics_path: str | None = "/metrics"  # Prometheus text; None: not scraped
+    health_timeout_s: float = Field(60.0, gt=0)  # wait this long at start for GET /health
+
+    @field_validator("targets", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v):
+        # YAML 1.1 reads a bare `on:` / `off:` key as true / false; the user meant the mode.
+        if isinstance(v, dict):
+            return {({True: "on", False: "off"}.get(k, k) if isinstance(k, bool) else k): u for k, u in v.items()}
+        return v
+
+    @field_validator("targets")
+    @classmethod
+    def _urls(cls, v: dict[str, str]) -> dict[str, str]:
+        for mode, url in v.items():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{mode}: {url!r} is not an http:// or https:// base URL")
+        return {m: u.rstrip("/") for m, u in v.items()}
+
+
+def _check_reachable(mode: str, url: str) -> None:
+    """Before any results folder exists: something must answer at the URL (a server still loading
+    may answer /health with an error; start() waits for it to become healthy)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{url}/health", timeout=5).close()
+    except urllib.error.HTTPError:
+        pass  # it answers
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise UserError(f"field 'engine.targets.{mode}': nothing answers at {url} ({reason})") from None
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    lines = text.strip().splitlines()
+    return lines[0][:limit] if lines else ""
+
+
+class HttpEngine:
+    """One mode's server, reached over HTTP.  start → (reset / point / generate)* → shutdown."""
+
+    kind = "http"
+
+    def __init__(self, model: str, engine: HttpEngineConfig, mode: str, *, ray_workers: bool = False,
+                 base_url: str | None = None):
+        self.config, self.mode = engine, mode
+        self.base = (base_url or engine.targets.get(mode, "")).rstrip("/")
+        self.model_name = engine.served_model
+        self.block_size = engine.block_size or 0
+        self.startup_s = math.nan
+        self.session = None
+        self.reset_supported = True
+        self.dead = False
+        self._before: dict[str, float] = {}
+        self._no_cached_field = 0  # requests this point whose usage had no cached_tokens
+        self.alive = None  # callable: False once a server this engine launched has exited (vllm-server)
+
+    # ------------------------------------------------------------------ checks and provenance
+    @classmethod
+    def check_config(cls, model: str, engine: HttpEngineConfig, modes: list[str]) -> None:
+        for mode in modes:
+            if mode not in engine.targets:
+                raise UserError(f"field 'engine.targets.{mode}': no server URL for caching {mode.upper()} "
+                                f"(set it, or --target-{mode})")
+        for mode in modes:
+            _check_reachable(mode, engine.targets[mode])
+
+    @classmethod
+    def versions(cls) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def process_env(cls, engine: HttpEngineConfig, mode: str, use_gpu: bool) -> dict[str, str]:
+        return {}
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        import aiohttp
+
+        t0 = time.monotonic()
+        # No connection limit (requests are never queued in the client); idle connections are kept for
+        # KEEPALIVE_S, under vLLM's (uvicorn's) 5 s: the client drops an idle connection before the
+        # server closes it, so a request never goes out on a connection the server is closing (seen:
+        # ServerDisconnectedError on the reset after a point, with a 300 s client keep-alive).
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S, force_close=False)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+        await self.wait_healthy(self.config.health_timeout_s, self.alive)
+        if self.model_name is None:
+            self.model_name = await self._served_model()
+        if not self.block_size:
+            text = await self._metrics_text()
+            size = server_metrics.block_size(text) if text else None
+            if size is None:
+                log.warning("warning: %s does not report its prefix-cache block size; expected cached tokens "
+                            "assume %d (set engine.block_size)", self.base, DEFAULT_BLOCK_SIZE)
+            self.block_size = size or DEFAULT_BLOCK_SIZE
+        self.startup_s = time.monotonic() - t0
+
+    async def wait_healthy(self, timeout_s: float, alive=None) -> None:
+        """Poll GET /health until 200.  ``alive``: callable, False once the server's process is gone."""
+        deadline, last = time.monotonic() + timeout_s, "no answer"
+        while time.monotonic() < deadline:
+            if alive is not None and not alive():
+                raise RuntimeError(f"server for caching {self.mode.upper()} exited before it was healthy")
+            try:
+                async with self.session.get(f"{self.base}/health") as r:
+                    if r.status == 200:
+                        return
+                    last = f"HTTP {r.status}"
+            except Exception as e:  # not listening yet
+                last = type(e).__name__
+            await asyncio.sleep(0.5)
+        raise UserError(f"field 'engine.targets.{self.mode}': {self.base} not healthy after {timeout_s:g} s ({last})")
+
+    async def _served_model(self) -> str:
+        async with self.session.get(f"{self.base}/v1/models") as r:
+            data = await r.json(content_type=None) if r.status == 200 else {}
+        models = [m.get("id") for m in (data or {}).get("data", []) if isinstance(m, dict)]
+        if not models:
+            raise UserError(f"field 'engine.served_model': {self.base}/v1/models lists no model; name it")
+        return str(models[0])
+
+    async def _idempotent(self, method: str, url: str):
+        """A control request (reset, metrics), sent again once if the connection dropped under it:
+        unlike a measured request, repeating it changes nothing."""
+        import aiohttp
+
+        try:
+            return await self.session.request(method, url)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            return await self.session.request(method, url)
+
+    async def _metrics_text(self) -> str | None:
+        if not self.config.metrics_path:
+            return None
+        try:
+            async with await self._idempotent("get", f"{self.base}{self.config.metrics_path}") as r:
+                return await r.text() if r.status == 200 else None
+        except Exception:
+            return None
+
+    async def reset_prefix_cache(self) -> None:
+        if not self.reset_supported:
+            return
+        url = f"{self.base}{self.config.reset_path}"
+        # Requests of the previous point may still be finishing; vLLM refuses ({"success": false}) until idle.
+        for _ in range(100):
+            async with await self._idempotent("post", url) as r:
+                if r.status in (404, 405):
+                    self.reset_supported = False
+                    log.warning("warning: %s has no %s (vLLM: start it with VLLM_SERVER_DEV_MODE=1); the prefix "
+                                "cache is NOT reset between points, so a point can hit what an earlier one cached",
+                                self.base, self.config.reset_path)
+                    return
+                body = await r.text()
+            if r.status == 200 and '"success":false' not in body.replace(" ", ""):
+                return
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"{url} refused to reset the prefix cache")
+
+    # ------------------------------------------------------------------ points
+    def begin_iterations(self) -> None:
+        pass
+
+    def end_iterations(self) -> list[IterationSample]:
+        return []  # a server has no step-level records over HTTP
+
+    async def begin_point(self) -> None:
+        """Scrape the counters just before the measured requests."""
+        self._no_cached_field = 0
+        text = await self._metrics_text()
+        self._before = server_metrics.counters(text) if text else {}
+
+    async def end_point(self) -> dict[str, Any]:
+        """The point's server-side deltas and what the server could not do, for the point's metadata."""
+        text = await self._metrics_text()
+        after = server_metrics.counters(text) if text else {}
+        deltas = server_metrics.point_deltas(self._before, after)
+        # None, not NaN, where the server has no such metric: the manifest is strict JSON.
+        out: dict[str, Any] = {k: (None if math.isnan(v) else v) for k, v in deltas.items()}
+        out["server_metrics"] = bool(self._before and after)
+        out["cached_tokens_reported"] = self._no_cached_field == 0
+        out["prefix_cache_reset"] = self.reset_supported
+        if self._no_cached_field:
+            log.warning("warning: %s did not report usage.prompt_tokens_details.cached_tokens for %d requests; "
+                        "their num_cached_tokens is 0 (vLLM: --enable-prompt-tokens-details)",
+                        self.base, self._no_cached_field)
+        return out
+
+    # ------------------------------------------------------------------ requests
+    def _payload(self, prompt_token_ids: list[int], output_len: int) -> dict[str, Any]:
+        return {"model": self.model_name, "prompt": prompt_token_ids, "max_tokens": output_len,
+                "min_tokens": output_len, "ignore_eos": True, "temperature": 0.0, "stream": True,
+                "stream_options": {"include_usage": True}}
+
+    async def generate(self, prompt_token_ids: list[int], output_len: int, request_id: str,
+                       trace: RequestTrace) -> RequestTrace:
+        import aiohttp
+
+        url = f"{self.base}/v1/completions"
+        try:
+            # A cancelled request closes its connection, and vLLM aborts it on the disconnect.
+            async with self.session.post(url, json=self._payload(prompt_token_ids, output_len),
+                                         headers={"X-Request-Id": request_id}) as r:
+                if r.status != 200:
+                    trace.error = f"HTTP {r.status}: {_first_line(await r.text())}"
+                    return trace
+                usage = await self._read_stream(r, trace)
+        except aiohttp.ClientConnectorError:
+            self.dead = True  # nothing listens there any more
+            raise
+        self._take_usage(usage, trace)
+        return trace
+
+    async def _read_stream(self, r, trace: RequestTrace) -> dict:
+        """Server-sent events: one ``data: {json}`` per message, messages split by a blank line.
+        A message with choices carries tokens (``token_ids`` when the server sends them, else one);
+        the last carries ``usage``.  Returns the usage (empty if none came)."""
+        buf, usage = b"", {}
+        async for chunk in r.content.iter_any():
+            now = time.monotonic()  # before parsing: the arrival time of every token in this chunk
+            buf += chunk.replace(b"\r\n", b"\n")  # SSE allows CRLF line ends; a stray CR is stripped below
+            *messages, buf = buf.split(b"\n\n")
+            for msg in messages:
+                data = msg.strip().removeprefix(b"data:").strip()
+                if not data or data == b"[DONE]" or data.startswith(b":"):
+                    continue
+                obj = json.loads(data)
+                if obj.get("error"):
+                    raise RuntimeError(f"server error: {_first_line(str(obj['error']))}")
+                choices = obj.get("choices")
+                if choices:
+                    ids = choices[0].get("token_ids")
+                    trace.token_times.extend([now] * (len(ids) if isinstance(ids, list) else 1))
+                elif obj.get("usage"):
+                    usage = obj["usage"]
+        return usage
+
+    def _take_usage(self, usage: dict, trace: RequestTrace) -> None:
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if cached is None:
+            self._no_cached_field += 1
+        trace.num_cached_tokens = int(cached or 0)
+        # A server that sends several tokens in one chunk without token_ids: the rest arrived with the last.
+        n = int(usage.get("completion_tokens") or 0)
+        if trace.token_times and n > len(trace.token_times):
+            trace.token_times.extend([trace.token_times[-1]] * (n - len(trace.token_times)))
+
+    def is_dead(self) -> bool:
+        return self.dead
+
+    async def aclose(self) -> None:
+        """Close the connection pool (the runner awaits this before ``shutdown``)."""
+        if self.session is not None:
+            await self.session.close()
+        self.session = None
+
+    def shutdown(self) -> None:
+        # Without aclose (an executor that only calls shutdown): drop the pooled sockets now.
+        # aiohttp's own close is a coroutine; its synchronous part is the connector's _close.
+        if self.session is not None and self.session.connector is not None:
+            self.session.connector._close()
+        self.session = None

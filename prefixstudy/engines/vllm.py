@@ -172,6 +172,7 @@ class VllmEngine(IterationRecorder):
                       if ray_workers and "distributed_executor_backend" not in engine.extra_args else {})
         self.llm = None
         self.block_size = 0
+        self.num_blocks = 0
         self.startup_s = float("nan")
 
     # ------------------------------------------------------------------ checks and provenance
@@ -230,8 +231,11 @@ class VllmEngine(IterationRecorder):
         kwargs = engine_args(self.model, self.config, self.mode) | self.extra
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=[_stat_logger_class(self)])
         self.block_size = int(self.llm.vllm_config.cache_config.block_size)
+        # The engine core reports the blocks it allocated back into the client's config.
+        self.num_blocks = int(self.llm.vllm_config.cache_config.num_gpu_blocks or 0)
         self.startup_s = time.monotonic() - t0
-        log.info("engine %s up in %.1f s (block size %s)", self.mode, self.startup_s, self.block_size)
+        log.info("engine %s up in %.1f s (block size %s, %s blocks)", self.mode, self.startup_s, self.block_size,
+                 self.num_blocks)
 
     async def reset_prefix_cache(self) -> None:
         # Requests of the previous point may still be finishing; reset only when idle.
@@ -256,8 +260,9 @@ class VllmEngine(IterationRecorder):
         async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params,
                                            request_id=request_id):
             now = time.monotonic()
-            n = len(out.outputs[0].token_ids) if out.outputs else 0
-            trace.token_times.extend([now] * n)
+            ids = list(out.outputs[0].token_ids) if out.outputs else []
+            trace.token_times.extend([now] * len(ids))
+            trace.output_token_ids.extend(ids)
             last = out
         if last is not None:
             trace.num_cached_tokens = int(last.num_cached_tokens or 0)

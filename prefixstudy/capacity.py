@@ -125,3 +125,30 @@ def with_gain(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         gain = (m[f"mean_{x}_ms_off"] - m[f"mean_{x}_ms"]) / m[f"mean_{x}_ms_off"]
         m[f"{x}_gain"] = gain.where(m["mode"] == "on")
     return m.drop(columns=["mean_e2e_ms_off", "mean_ttft_ms_off"])
+
+
+def collapse_lines(table: pd.DataFrame, share: float = 0.5) -> list[str]:
+    """Per rate, in words: the smallest working set ÷ capacity at which ON's measured hit rate is
+    below ``share`` of the infinite-cache bound (the cache no longer holds the reuse), with the hit
+    rate and E2E gain on either side; or that it never fell over the capacities run."""
+    on = table[table["mode"] == "on"].sort_values("working_set_ratio")
+    out = []
+    for rate, g in on.groupby("rate", sort=True):
+        low = g["hit_rate_measured"] < share * g["hit_rate_expected"]
+        if not low.any():
+            out.append(f"{rate:g} req/s: the hit rate held at every capacity run "
+                       f"(working set ÷ capacity up to {g['working_set_ratio'].max():.2f})")
+            continue
+        k = int(low.to_numpy().argmax())
+        after = g.iloc[k]
+        gain = "" if pd.isna(after.get("e2e_gain")) else f", E2E gain {after['e2e_gain']:.1%}"
+        if k == 0:
+            out.append(f"{rate:g} req/s: collapsed already at working set ÷ capacity {after['working_set_ratio']:.2f} "
+                       f"(hit rate {after['hit_rate_measured']:.3f}{gain})")
+            continue
+        before = g.iloc[k - 1]
+        gain0 = "" if pd.isna(before.get("e2e_gain")) else f", E2E gain {before['e2e_gain']:.1%}"
+        out.append(f"{rate:g} req/s: the hit rate collapses between working set ÷ capacity "
+                   f"{before['working_set_ratio']:.2f} (hit rate {before['hit_rate_measured']:.3f}{gain0}) and "
+                   f"{after['working_set_ratio']:.2f} (hit rate {after['hit_rate_measured']:.3f}{gain})")
+    return out

@@ -20,7 +20,7 @@ from prefixstudy.cli.run import _console, _overrides
 @click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
 def capacity(config, capacity, out, sets, quiet, verbose):
     """Run CONFIG once per KV-cache size; write capacity.csv (hit rate and gain vs working set ÷ capacity)."""
-    from prefixstudy.capacity import capacity_table, parse_capacity, run_capacity_sweep
+    from prefixstudy.capacity import capacity_table, collapse_lines, parse_capacity, run_capacity_sweep
     from prefixstudy.config import load_config
     from prefixstudy.configs import resolve_config
     from prefixstudy.metrics.breakdown import markdown
@@ -34,6 +34,8 @@ def capacity(config, capacity, out, sets, quiet, verbose):
     cols = ["capacity", "num_blocks", "working_set_ratio", "mode", "rate", "hit_rate_measured",
             "hit_rate_estimated", "hit_rate_expected", "mean_e2e_ms", "e2e_gain"]
     click.echo(markdown(table[cols]))
+    for line in collapse_lines(table):
+        click.echo(line)
     click.echo(f"results: {parent}")
 
 

@@ -43,6 +43,6 @@ def markdown(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in df.itertuples(index=False):
-        cells = [format(v, floatfmt) if isinstance(v, float) else str(v) for v in r]
+        cells = [(f"{v:g}" if v.is_integer() else format(v, floatfmt)) if isinstance(v, float) else str(v) for v in r]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

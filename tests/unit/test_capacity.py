@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from prefixstudy.capacity import (capacity_config, capacity_table, parse_capacity, run_capacity_sweep,
-                                  working_set_blocks)
+from prefixstudy.capacity import (capacity_config, capacity_table, collapse_lines, parse_capacity,
+                                  run_capacity_sweep, working_set_blocks)
 from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.breakdown import breakdown
@@ -60,6 +60,9 @@ def test_sweep_writes_one_run_per_capacity_and_a_table(tmp_path):
     assert on["hit_rate_estimated"].tolist() == pytest.approx([32 / 36, 16 / 432])
     assert on["hit_rate_expected"].tolist() == pytest.approx([32 / 36, 32 / 36])
     assert t["e2e_gain"].notna().sum() == 2 and t[t["mode"] == "off"]["e2e_gain"].isna().all()
+    line, = collapse_lines(t)
+    assert line.startswith("50 req/s: the hit rate collapses between working set ÷ capacity 0.92 (hit rate 0.889, "
+                           "E2E gain ") and "and 1.09 (hit rate 0.037, E2E gain " in line
 
 
 def test_breakdown_per_turn_shows_later_turns_hit_more(tmp_path):
@@ -76,3 +79,20 @@ def test_breakdown_per_turn_shows_later_turns_hit_more(tmp_path):
                   "group")
     assert g[g["mode"] == "on"]["group"].tolist() == [0, 1, 2, 3, 4, 5]
     assert g[g["mode"] == "on"]["cached_share"].tolist() == pytest.approx([32 / 36] * 6)
+
+
+def test_report_has_capacity_per_turn_and_per_group_sections(tmp_path):
+    from prefixstudy.report import build_report
+
+    cfg = load_config(None, {**GROUPS, "dataset.kind": "sessions", "dataset.groups": 2, "dataset.output_len": 8,
+                             "dataset.suffix_len": 8, "dataset.sessions": {"turns": 2, "user_len": 8},
+                             "engine.num_blocks": 64, "sweep.num_requests": 8, "out": str(tmp_path)})
+    run = run_study(cfg, progress=False)
+    build_report(run, n_boot=50, formats=("png",))
+    md = (run / "report.md").read_text()
+    for title in ("## Cache capacity and eviction", "## Per turn", "## Per prefix group"):
+        assert title in md
+    from prefixstudy.report.workloads import capacity_frame
+
+    cap = capacity_frame(load(run))
+    assert cap[["rate", "block_size", "num_blocks", "evicted_blocks_estimated"]].values.tolist() == [[50, 16, 64, 0]]

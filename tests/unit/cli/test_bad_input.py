@@ -307,6 +307,8 @@ CASES = {
                             "field 'dataset.sessions.turns': a session has at least 1 turn"),
     "jsonl-parent-not-earlier": (lambda t: run_cfg(t, {"dataset": {"path": str(raw(t, "d.jsonl", json.dumps(
         {**GOOD_ROW, "parent": 0}) + "\n"))}}), "d.jsonl:1: field 'parent': 0 is not an earlier row"),
+    "capacity-bad-unit": (lambda t: ["capacity", config(t), "--capacity", "pages=1", "--out", t / "res"],
+                          "--capacity 'pages=1': expected UNIT=V1,V2,... with UNIT one of blocks, bytes, share"),
     # --- engine arguments vLLM does not know (imports vllm: the slow case) ---
     "engine-extra-arg-unknown": (lambda t: run_cfg(t, {"engine": {"extra_args": {"no_such_vllm_arg": 1}}}),
                                  "field 'engine.extra_args.no_such_vllm_arg': unknown vLLM engine argument"),

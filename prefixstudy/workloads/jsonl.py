@@ -75,7 +75,8 @@ def _extras(obj: dict, where: str, index: int) -> dict:
         raise UserError(f"{where}: field 'parent': {out['parent']} is not an earlier row (0-based)")
     for k in ("think_time_s", "arrival_s"):
         v = obj.get(k, EXTRA_DEFAULTS[k])
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+        if (v is None and k == "think_time_s") or \
+                (v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0)):
             raise UserError(f"{where}: field '{k}': expected a number >= 0, got {v!r}")
         out[k] = None if v is None else float(v)
     return out

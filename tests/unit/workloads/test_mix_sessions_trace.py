@@ -131,3 +131,16 @@ def test_bailian_layout_reads_seconds_and_16_token_blocks(tmp_path):
     rows = load_trace(p, TraceConfig(layout="bailian"))
     assert [r.arrival_s for r in rows] == [0.0, 1.5]
     assert rows[1].prompt_token_ids[:20] == rows[0].prompt_token_ids and len(rows[1].prompt_token_ids) == 40
+
+
+@pytest.mark.parametrize("extra, msg", [
+    ({"parent": 0}, r"d.jsonl:1: field 'parent': 0 is not an earlier row"),
+    ({"turn": -1}, r"d.jsonl:1: field 'turn': expected an integer >= 0"),
+    ({"think_time_s": None}, r"d.jsonl:1: field 'think_time_s': expected a number >= 0, got None"),
+    ({"arrival_s": "soon"}, r"d.jsonl:1: field 'arrival_s': expected a number >= 0"),
+])
+def test_bad_session_fields_in_jsonl_name_file_line_and_field(tmp_path, extra, msg):
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps({"prompt_token_ids": [1, 2], "output_len": 2, **extra}) + "\n")
+    with pytest.raises(UserError, match=msg):
+        load_jsonl(p)

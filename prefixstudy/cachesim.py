@@ -13,10 +13,14 @@
   ``BlockPool.free_blocks``, 0.32: LIFO for uncached blocks, LRU for cached ones);
 * one block of ``num_blocks`` is vLLM's reserved null block.
 
-Assumption (stated in the report): each request runs alone, in send order, so blocks pinned by
-requests in flight at the same time are ignored.  That is exact when the engine runs one request
-at a time (``max_num_seqs: 1``) and an upper bound on what survives otherwise.  ``num_blocks=None``
-is the infinite cache: the upper bound the hit-rate check's "expected" stands for.
+Two replays.  ``simulate``: each request alone, in send order; with ``num_blocks=None`` (an
+infinite cache) that is the upper bound the hit-rate check's "expected" stands for.
+``simulate_timed``: each request holds its blocks from when the engine scheduled it to its last
+token, so requests in flight together pin blocks and the cache gets only the rest of the pool;
+that is the capacity-aware estimate.  Assumptions (stated in the report): a request takes all its
+blocks when scheduled (vLLM takes decode blocks as it goes), its prompt's blocks are cached from
+that moment (vLLM: once computed), and preemption is not modelled.  At ``max_num_seqs: 1`` both
+are exact.
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ def block_hashes(tokens: Sequence[int], block: int) -> list[int]:
 
 
 class BlockCache:
-    """vLLM's block pool, one request at a time.  ``run(prompt, output)`` returns the prompt tokens
-    served from the cache and leaves the request's blocks cached."""
+    """vLLM's block pool.  ``start(prompt, output)`` looks the prompt up and takes the request's
+    blocks (returns the cached prompt tokens and the blocks held); ``finish(blocks)`` frees them.
+    ``run`` is both at once: one request alone."""
 
     def __init__(self, block_size: int, num_blocks: int | None = None):
         self.block = block_size
@@ -57,12 +62,13 @@ class BlockCache:
 
     def clear(self) -> None:
         """Forget every block (vLLM's ``reset_prefix_cache`` on an idle engine)."""
-        self.free: OrderedDict[int, int | None] = OrderedDict()  # slot -> hash, head evicted first
+        self.free: OrderedDict[int, None] = OrderedDict()  # free slots, head evicted first
+        self.hash_of: dict[int, int | None] = {}  # slot -> the hash of the block it holds
         self.slots_of: dict[int, set[int]] = {}  # hash -> slots holding it
+        self.refs: dict[int, int] = {}  # slot -> running requests holding it
         self.next_slot = 0
         self.evicted_blocks = 0
         self._unique = 0  # stands in for generated tokens whose ids are unknown
-        self._held: dict[int, int | None] = {}  # slots of the running request -> their hash
 
     def lookup(self, prompt: Sequence[int]) -> int:
         """Whole cached blocks at the start of ``prompt`` (tokens), the last prompt token excluded."""
@@ -74,6 +80,12 @@ class BlockCache:
         return hit * self.block
 
     def run(self, prompt: Sequence[int], output: Sequence[int] | None = None, output_len: int = 0) -> int:
+        hit, slots = self.start(prompt, output, output_len)
+        self.finish(slots)
+        return hit
+
+    def start(self, prompt: Sequence[int], output: Sequence[int] | None = None,
+              output_len: int = 0) -> tuple[int, list[int]]:
         if output is None:
             self._unique += 1
             output = [-self._unique] * max(1, output_len)  # negative ids: no real block matches them
@@ -84,39 +96,70 @@ class BlockCache:
         slots = [self._take(hashes[i]) for i in range(hit // self.block)]
         for i in range(hit // self.block, n_blocks):
             slots.append(self._new(hashes[i] if i < len(hashes) else None))
+        return hit, slots
+
+    def finish(self, slots: list[int]) -> None:
+        """Free a request's blocks, its tail first: full (hashed) blocks to the free queue's tail,
+        partial ones to its head."""
         for s in reversed(slots):
-            if s < 0:
+            if s not in self.refs:  # -1 (never got a block), or the pool was cleared meanwhile
                 continue
-            h = self.free[s] = self._held.pop(s)
-            if h is None:  # never matches a lookup: reused first
+            self.refs[s] -= 1
+            if self.refs[s]:
+                continue  # another running request still holds it
+            del self.refs[s]
+            self.free[s] = None
+            if self.hash_of.get(s) is None:  # never matches a lookup: reused first
                 self.free.move_to_end(s, last=False)
-        return hit
 
     # ------------------------------------------------------------------ slots
 
     def _take(self, h: int) -> int:
         s = next(iter(self.slots_of[h]))
-        self._held[s] = self.free.pop(s, h)
+        self.free.pop(s, None)
+        self.refs[s] = self.refs.get(s, 0) + 1
         return s
 
     def _new(self, h: int | None) -> int:
         if self.capacity is None or self.next_slot < self.capacity:
             s, self.next_slot = self.next_slot, self.next_slot + 1
         elif self.free:
-            s, old = self.free.popitem(last=False)
+            s, _ = self.free.popitem(last=False)
+            old = self.hash_of.pop(s, None)
             if old is not None:
                 self.slots_of[old].discard(s)
                 self.evicted_blocks += 1
-        else:  # a request larger than the whole cache: vLLM would refuse it; count it as uncached
+        else:  # every block is held by running requests: vLLM would make this one wait or preempt
             return -1
-        self._held[s] = h
+        self.refs[s] = 1
+        self.hash_of[s] = h
         if h is not None:
             self.slots_of.setdefault(h, set()).add(s)
         return s
 
 
 def simulate(requests: Iterable[SentRequest], block_size: int, num_blocks: int | None = None) -> tuple[list[int], int]:
-    """Cached prompt tokens per request, in the order given, and the blocks evicted meanwhile."""
+    """Cached prompt tokens per request, each alone, in the order given; and the blocks evicted."""
     cache = BlockCache(block_size, num_blocks)
     hits = [cache.run(r.prompt_token_ids, r.output_token_ids, r.output_len) for r in requests]
+    return hits, cache.evicted_blocks
+
+
+def simulate_timed(requests: Sequence[tuple[float, float, SentRequest]], block_size: int,
+                   num_blocks: int | None = None) -> tuple[list[int], int]:
+    """As ``simulate``, but each request holds its blocks from its start (when the engine scheduled
+    it) to its end (its last token), so requests in flight together pin their blocks and leave the
+    rest of the pool to the cache.  ``requests``: (start, end, request); results in that order.
+    At equal times, ends come first.  A request's blocks are all taken at its start (vLLM takes
+    decode blocks as it goes: this errs towards pinning more)."""
+    cache = BlockCache(block_size, num_blocks)
+    events = sorted([(end, 0, k) for k, (_, end, _) in enumerate(requests)]
+                    + [(start, 1, k) for k, (start, _, _) in enumerate(requests)])
+    hits, held = [0] * len(requests), {}
+    for _, is_start, k in events:
+        if is_start:
+            r = requests[k][2]
+            hits[k], held[k] = cache.start(r.prompt_token_ids, r.output_token_ids, r.output_len)
+        elif k in held:
+            cache.finish(held.pop(k))
     return hits, cache.evicted_blocks

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy import arrivals
-from prefixstudy.cachesim import SentRequest, simulate
+from prefixstudy.cachesim import SentRequest, simulate, simulate_timed
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines import IterationSample, RequestTrace, make_engine
 from prefixstudy.schema import PointResult, RequestRecord, typed_iterations, typed_requests
@@ -88,7 +88,7 @@ class ModeSession:
                             max(max(r.prompt_token_ids) for r in rows) + 1)
         self.progress = progress  # callable(n_done) or None
         self._seq = 0
-        self._sent: list[tuple[float, int, SentRequest]] = []
+        self._sent: list[tuple] = []
 
     async def __aenter__(self) -> "ModeSession":
         await self.engine.start()
@@ -152,7 +152,7 @@ class ModeSession:
         started_at = time.time()
         await eng.reset_prefix_cache()
         settle_heap()
-        self._sent: list[tuple[float, int, SentRequest]] = []  # (sent, point index or -1, request)
+        self._sent: list[tuple] = []  # (sent, point index or -1, request, start, end)
         records, warmup_s = await self._prime_and_warm_up(rate)
 
         eng.begin_iterations()
@@ -180,17 +180,18 @@ class ModeSession:
 
     def _cache_estimates(self, n: int) -> tuple[list[int], list[int], int]:
         """Per measured request, the prompt tokens ON should serve from an infinite cache (the
-        upper bound) and from the engine's own number of blocks (LRU, ``cachesim``), replaying
-        every request of the point (primes and warm-ups too) in send order; and the blocks that
-        estimate evicted.  OFF: zeros."""
+        upper bound: each request alone, in send order) and from the engine's own number of blocks
+        (LRU, ``cachesim.simulate_timed``: each request holding its blocks from when the engine
+        scheduled it to its last token), replaying every request of the point (primes and warm-ups
+        too); and the blocks that estimate evicted.  OFF: zeros."""
         if self.mode != "on":
             return [0] * n, [0] * n, 0
         sent = sorted(self._sent, key=lambda x: x[0])
-        reqs = [r for _, _, r in sent]
-        inf, _ = simulate(reqs, self.engine.block_size, None)
-        est, evicted = simulate(reqs, self.engine.block_size, self.engine.num_blocks or None)
+        inf, _ = simulate([x[2] for x in sent], self.engine.block_size, None)
+        est, evicted = simulate_timed([(x[3], x[4], x[2]) for x in sent], self.engine.block_size,
+                                      self.engine.num_blocks or None)
         exp_i, est_i = [0] * n, [0] * n
-        for k, (_, i, _) in enumerate(sent):
+        for k, (_, i, *_) in enumerate(sent):
             if i >= 0:
                 exp_i[i], est_i[i] = inf[k], est[k]
         return exp_i, est_i, evicted
@@ -268,7 +269,7 @@ class ModeSession:
             tr.error = f"{type(e).__name__}: {e}".strip()[:500]
         # What the engine saw, for the cache estimates (ids it generated, where the backend says).
         self._sent.append((sent, index, SentRequest(row.prompt_token_ids, tr.output_token_ids or None,
-                                                    max(len(tr.token_times), 1))))
+                                                    max(len(tr.token_times), 1)), *_held_span(tr)))
         return tr
 
 
@@ -281,6 +282,17 @@ class _Point:
         self.offsets = offsets
         self.scheduled_s = np.array(offsets, dtype=float)
         self.prompts: list[list[int]] = [[] for _ in rows]
+
+
+def _held_span(tr: RequestTrace) -> tuple[float, float]:
+    """When the request held KV blocks: from the engine's scheduled stamp (blocks are taken when
+    the scheduler admits it, not when it was sent) to its last token.  The engine's stamps share the
+    host's monotonic clock; where one is missing or implausible, the client's times stand in."""
+    now = time.monotonic()
+    end_client = tr.token_times[-1] if tr.token_times else now
+    start = tr.scheduled_ts if tr.sent_mono - 1.0 <= tr.scheduled_ts <= now + 1.0 else tr.sent_mono
+    end = tr.last_token_ts if start <= tr.last_token_ts <= now + 1.0 else end_client
+    return start, max(start, end)
 
 
 def settle_heap() -> None:

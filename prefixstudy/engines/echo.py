@@ -77,7 +77,8 @@ class EchoEngine(IterationRecorder):
         e = self.config
         trace.queued_ts = trace.scheduled_ts = time.monotonic()
         output = self.output_ids(prompt_token_ids, output_len)
-        cached = self.cached_tokens(prompt_token_ids, output)
+        # Blocks are held while the request runs (pinned, as in vLLM), freed when it ends.
+        cached, held = self.cache.start(prompt_token_ids, output, 1) if self.mode == "on" else (0, [])
         self.running += 1
         try:
             await asyncio.sleep(e.prefill_ms_per_token * (len(prompt_token_ids) - cached) / 1e3)
@@ -90,6 +91,7 @@ class EchoEngine(IterationRecorder):
                 await asyncio.sleep(0)  # yield once, as a real engine's stream would
         finally:
             self.running -= 1
+            self.cache.finish(held)
         trace.num_cached_tokens = cached
         trace.first_token_ts, trace.last_token_ts = trace.token_times[0], trace.token_times[-1]
         if self.samples is not None:

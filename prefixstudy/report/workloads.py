@@ -9,9 +9,10 @@ from prefixstudy.metrics.breakdown import breakdown
 
 CAPACITY_TEXT = ("Expected = an infinite cache (the upper bound); estimated = the engine's own block count, "
                  "replayed through a model of vLLM's block pool (least recently used blocks evicted first), "
-                 "each request as if alone in send order, so blocks pinned by requests in flight together "
-                 "are ignored: exact at max_num_seqs 1, optimistic under load. Estimated below expected "
-                 "is eviction, reported here and not a failed check.")
+                 "each request holding its blocks from when the engine scheduled it to its last token, so "
+                 "requests in flight together pin blocks (all of a request's blocks from its start; no "
+                 "preemption): exact at max_num_seqs 1. Estimated below expected is eviction, reported here "
+                 "and not a failed check.")
 
 
 def capacity_frame(study) -> pd.DataFrame:

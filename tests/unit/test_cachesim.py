@@ -47,3 +47,19 @@ def test_unknown_outputs_never_match():
     c = BlockCache(4)
     assert c.run([1, 2, 3, 4, 5], None, 8) == 0
     assert c.run([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == 4  # the prompt's block only
+
+
+def test_requests_in_flight_pin_their_blocks_and_push_the_cache_out():
+    from prefixstudy.cachesim import simulate_timed
+
+    # 4-token blocks, 4 usable.  W runs long (t 0..10) holding 2 blocks; X runs (1..2) and is freed;
+    # Z (3..4) needs 2 blocks.  Alone in turn, W's freed blocks would be the oldest and go first,
+    # so X's first block survives; with W still running, only X's blocks are free, and both go.
+    w, x, z = [1] * 8, [2] * 8, [3] * 8
+    reqs = [(0, 10, req(w)), (1, 2, req(x)), (3, 4, req(z)), (5, 6, req(x))]
+    # Evicted: alone, W's 2 blocks, then X's second block when X comes back (the lookup stops one
+    # token short, so X takes a new block for it); in flight, X's 2 blocks, then Z's 2.
+    assert simulate([r for _, _, r in reqs], 4, 5) == ([0, 0, 0, 4], 3)
+    assert simulate_timed(reqs, 4, 5) == ([0, 0, 0, 0], 4)
+    # With room for everything, timing changes nothing.
+    assert simulate_timed(reqs, 4, None) == ([0, 0, 0, 4], 0)

@@ -15,6 +15,7 @@ from prefixstudy.engines.http import HttpEngineConfig
 from prefixstudy.engines.vllm import VllmEngineConfig
 from prefixstudy.engines.vllm_server import VllmServerEngineConfig
 from prefixstudy.errors import UserError, read_text
+from prefixstudy.workloads.specs import MixConfig, SessionsConfig, TraceConfig
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -28,10 +29,12 @@ ENGINE_KINDS = ("vllm", "echo", "http", "vllm-server")
 
 class DatasetConfig(BaseModel):
     """What is sent (prefixstudy.workloads): ``kind`` ``fixed`` composes the seed's fixed-prompt
-    shape; ``jsonl`` replays a file (``path``).  Without a kind, a path means jsonl."""
+    shape; ``jsonl`` replays a file (``path``); ``groups`` mixes many prefixes (``mix``);
+    ``sessions`` is multi-turn (``sessions``); ``trace`` replays a block-hash trace (``path``,
+    ``trace``).  Without a kind, a path means jsonl."""
 
     model_config = _STRICT
-    kind: Literal["fixed", "jsonl"] = "fixed"
+    kind: Literal["fixed", "jsonl", "groups", "sessions", "trace"] = "fixed"
     path: Path | None = None
     num_requests: int | None = Field(None, gt=0)  # None: as many as the largest point needs
     prefix_len: int = Field(1198, ge=0)
@@ -41,6 +44,9 @@ class DatasetConfig(BaseModel):
     seed: int = 0
     token_low: int = Field(100, ge=0)
     token_high: int | None = Field(None, gt=0)  # exclusive; None: the model's vocab size
+    mix: MixConfig | None = None  # kind groups
+    sessions: SessionsConfig | None = None  # kind sessions
+    trace: TraceConfig | None = None  # kind trace
 
     @model_validator(mode="before")
     @classmethod
@@ -51,10 +57,13 @@ class DatasetConfig(BaseModel):
 
     @model_validator(mode="after")
     def _nonempty_prompt(self) -> "DatasetConfig":
-        if self.kind == "jsonl" and self.path is None:
-            raise ValueError("kind jsonl needs a path")
-        if self.kind == "fixed" and self.path is not None:
-            raise ValueError("a path is replayed by kind jsonl, not fixed")
+        if self.kind in ("jsonl", "trace") and self.path is None:
+            raise ValueError(f"kind {self.kind} needs a path")
+        if self.kind not in ("jsonl", "trace") and self.path is not None:
+            raise ValueError(f"a path is replayed by kind jsonl or trace, not {self.kind}")
+        for section, kind in (("mix", "groups"), ("sessions", "sessions"), ("trace", "trace")):
+            if getattr(self, section) is not None and self.kind != kind:
+                raise ValueError(f"'{section}' is read by kind {kind}, not {self.kind}")
         if self.path is None and self.prefix_len + self.suffix_len == 0:
             raise ValueError("prefix_len + suffix_len must be > 0")
         if self.token_high is not None and self.token_low >= self.token_high:

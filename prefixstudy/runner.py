@@ -13,20 +13,23 @@ import asyncio
 import gc
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pandas as pd
 
 from prefixstudy import arrivals
+from prefixstudy.cachesim import SentRequest, simulate, simulate_timed
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines import IterationSample, RequestTrace, make_engine
 from prefixstudy.schema import PointResult, RequestRecord, typed_iterations, typed_requests
-from prefixstudy.workloads.base import DatasetRow, expected_cached, group_prefixes
+from prefixstudy.workloads.base import DatasetRow, group_prefixes
+from prefixstudy.workloads.trace import trace_offsets
 
 
 def make_record(mode: str, rate: float, index: int, request_id: str, row: DatasetRow, warmup: bool,
-                scheduled_s: float, t0: float, tr: RequestTrace, expected: int = 0, repeat: int = 0) -> RequestRecord:
+                scheduled_s: float, t0: float, tr: RequestTrace, expected: int = 0, estimated: int = 0,
+                parent_index: int = -1, repeat: int = 0) -> RequestRecord:
     """Client times are on time.monotonic(); engine stamps are the engine's own monotonic stamps."""
     nan = float("nan")
     times = np.asarray(tr.token_times)
@@ -55,7 +58,8 @@ def make_record(mode: str, rate: float, index: int, request_id: str, row: Datase
         queue_ms=span(tr.queued_ts, tr.scheduled_ts),
         prefill_ms=span(tr.scheduled_ts, tr.first_token_ts),
         decode_ms=span(tr.first_token_ts, tr.last_token_ts),
-        error=error,
+        error=error, session=row.session, turn=row.turn, parent_index=parent_index,
+        estimated_cached_tokens=estimated,
     )
 
 
@@ -89,6 +93,7 @@ class ModeSession:
                             max(max(r.prompt_token_ids) for r in rows) + 1)
         self.progress = progress  # callable(n_done) or None
         self._seq = 0
+        self._sent: list[tuple] = []
 
     async def __aenter__(self) -> "ModeSession":
         await self.engine.start()
@@ -109,16 +114,37 @@ class ModeSession:
         return f"{self.mode}-{rate:g}-r{repeat}-{kind}{i}-{self._seq}"
 
     def _warmup_rows(self, n: int) -> list[DatasetRow]:
-        """Same group prefixes, fresh suffixes: warm-ups must not pre-cache measured suffixes."""
+        """Same group prefixes, fresh suffixes: warm-ups must not pre-cache measured suffixes.
+        Only first turns serve as models (a later turn's row holds just its new user tokens)."""
         rng = np.random.default_rng(10_007)
         lo, hi = self.token_range
+        firsts = [r for r in self.rows if r.parent < 0]
         out = []
         for i in range(n):
-            base = self.rows[i % len(self.rows)]
+            base = firsts[i % len(firsts)]
             keep = len(self.prefixes.get(base.group, []))
             suffix = rng.integers(lo, hi, size=len(base.prompt_token_ids) - keep).tolist()
             out.append(DatasetRow(f"warmup{i}", base.prompt_token_ids[:keep] + suffix, base.output_len, base.group))
         return out
+
+    def _plan(self, rate: float, repeat: int) -> tuple[list[DatasetRow], list[int], np.ndarray]:
+        """The point's rows, each one's parent (point index, -1: none) and send offsets (s; NaN
+        for later turns, which are sent when their parent finishes).  First turns take the arrival
+        schedule in order; a trace replays its recorded times unless told to draw them.  Each repeat
+        draws its own schedule; ON and OFF of one repeat the same one (they are paired by index)."""
+        n, L = self.cfg.sweep.requests_for(rate), len(self.rows)
+        rows = [self.rows[i % L] for i in range(n)]
+        # The dataset wraps around: a parent sits as many rows back as in the dataset.
+        parents = [i - (i % L - r.parent) if r.parent >= 0 else -1 for i, r in enumerate(rows)]
+        d = self.cfg.dataset
+        offsets = trace_offsets(self.rows, n, rate, d.trace.replay if d.trace else "scaled") \
+            if d.kind == "trace" else None
+        if offsets is None:
+            firsts = [i for i in range(n) if parents[i] < 0]
+            offsets = np.full(n, np.nan)
+            offsets[firsts] = arrivals.schedule(len(firsts), rate, self.cfg.arrivals.process,
+                                                self.cfg.arrivals.burstiness, self.cfg.arrivals.seed + repeat)
+        return rows, parents, offsets
 
     async def run_point(self, rate: float, repeat: int = 0) -> PointResult:
         try:
@@ -128,78 +154,102 @@ class ModeSession:
                                       traceback=traceback.format_exc(limit=5))
 
     async def _run_point(self, rate: float, repeat: int) -> PointResult:
-        sw, eng = self.cfg.sweep, self.engine
-        n = sw.requests_for(rate)
-        rows = [self.rows[i % len(self.rows)] for i in range(n)]
-        # Each repeat its own draw; ON and OFF of one repeat the same one (they are paired by index).
-        offsets = arrivals.schedule(n, rate, self.cfg.arrivals.process, self.cfg.arrivals.burstiness,
-                                    self.cfg.arrivals.seed + repeat)
+        eng = self.engine
+        rows, parents, offsets = self._plan(rate, repeat)
+        n = len(rows)
         started_at = time.time()
         await eng.reset_prefix_cache()
         settle_heap()
-        records, warm_groups, warmup_s = await self._prime_and_warm_up(rate, repeat)
+        self._sent: list[tuple] = []  # (sent, point index or -1, request, start, end)
+        records, warmup_s = await self._prime_and_warm_up(rate, repeat)
 
         await _optional_hook(eng, "begin_point")
         eng.begin_iterations()
         t0 = time.monotonic()
         ids = [self._rid("m", rate, i, repeat) for i in range(n)]
-        tasks = await self._dispatch(rows, offsets, ids, t0)
+        point = _Point(rows, parents, offsets, ids, t0)
+        tasks = await self._dispatch(point)
         duration_s = time.monotonic() - t0
         samples = eng.end_iterations()
         server = await _optional_hook(eng, "end_point") or {}
-        exp = expected_cached(rows, self.prefixes, eng.block_size, warm_groups) if self.mode == "on" else [0] * n
+        exp, est, evicted = self._cache_estimates(n)
         gaps = []
         for i in range(n):
             # Requests the deadline stopped before they were sent are still rows: never dropped.
             tr = tasks[i].result() if i < len(tasks) else \
                 RequestTrace(float("nan"), error="unfinished: not sent before max_point_duration_s")
-            records.append(make_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), t0, tr, exp[i],
-                                       repeat))
+            row = replace(rows[i], prompt_token_ids=point.prompts[i]) if point.prompts[i] else rows[i]
+            records.append(make_record(self.mode, rate, i, ids[i], row, False, float(point.scheduled_s[i]), t0, tr,
+                                       exp[i], est[i], parents[i], repeat))
             if records[-1].error == "":
                 gaps.append(np.diff(tr.token_times) * 1e3)
         dead = eng.is_dead()
         timing = getattr(eng, "step_timing", "engine")
         meta = {"status": "failed" if dead else "ok", "error": "engine died during the point" if dead else "",
                 "n_sent": n, "started_at": started_at, "duration_s": duration_s, "warmup_s": warmup_s,
-                "block_size": eng.block_size, "engine_startup_s": eng.startup_s, "step_timing": timing, **server,
+                "block_size": eng.block_size, "engine_startup_s": eng.startup_s, "step_timing": timing,
+                "num_blocks": eng.num_blocks, "evicted_blocks_estimated": evicted, **server,
                 "itl_ms": itl_summary(gaps, self.cfg.percentiles)}
         req = typed_requests(pd.DataFrame([asdict(r) for r in records]))
         its = iteration_frame(self.mode, rate, samples, t0, repeat, timing)
         return PointResult(self.mode, rate, req, its, meta, repeat)
 
-    async def _prime_and_warm_up(self, rate: float, repeat: int) -> tuple[list[RequestRecord], set[int], float]:
+    def _cache_estimates(self, n: int) -> tuple[list[int], list[int], int]:
+        """Per measured request, the prompt tokens ON should serve from an infinite cache (the
+        upper bound: each request alone, in send order) and from the engine's own number of blocks
+        (LRU, ``cachesim.simulate_timed``: each request holding its blocks from when the engine
+        scheduled it to its last token), replaying every request of the point (primes and warm-ups
+        too); and the blocks that estimate evicted.  OFF: zeros."""
+        if self.mode != "on":
+            return [0] * n, [0] * n, 0
+        sent = sorted(self._sent, key=lambda x: x[0])
+        inf, _ = simulate([x[2] for x in sent], self.engine.block_size, None)
+        est, evicted = simulate_timed([(x[3], x[4], x[2]) for x in sent], self.engine.block_size,
+                                      self.engine.num_blocks or None)
+        exp_i, est_i = [0] * n, [0] * n
+        for k, (_, i, *_) in enumerate(sent):
+            if i >= 0:
+                exp_i[i], est_i[i] = inf[k], est[k]
+        return exp_i, est_i, evicted
+
+    async def _prime_and_warm_up(self, rate: float, repeat: int) -> tuple[list[RequestRecord], float]:
         """Each group's prefix once (so ON's first measured request can hit), then the warm-ups,
-        recorded apart.  Returns their records, the groups now cached, and the warm-up seconds."""
-        warm_groups: set[int] = set()
+        recorded apart.  Returns their records and the warm-up seconds."""
         if self.cfg.sweep.prime_prefixes:
             for g, prefix in sorted(self.prefixes.items()):
                 if prefix:
-                    await self.engine.generate(prefix, 1, self._rid("prime", rate, g, repeat),
-                                               RequestTrace(time.monotonic()))
-                    warm_groups.add(g)
+                    tr = await self._one(DatasetRow("prime", prefix, 1, g), self._rid("prime", rate, g, repeat),
+                                         time.monotonic())
+                    if tr.error:  # an engine that cannot run its prime cannot run the point
+                        raise RuntimeError(f"priming group {g}: {tr.error}")
         records: list[RequestRecord] = []
         tw = time.monotonic()
         for i, row in enumerate(self._warmup_rows(self.cfg.sweep.warmup_requests)):
             rid = self._rid("warmup", rate, i, repeat)
             tr = await self._one(row, rid, time.monotonic())
             records.append(make_record(self.mode, rate, i, rid, row, True, float("nan"), tw, tr, repeat=repeat))
-            warm_groups.add(row.group)
-        return records, warm_groups, time.monotonic() - tw
+        return records, time.monotonic() - tw
 
-    async def _dispatch(self, rows: list[DatasetRow], offsets, ids: list[str], t0: float) -> list[asyncio.Task]:
-        """Send each request at its scheduled time; wait for all, up to the point's deadline, then
-        cancel what is still open.  Returns one finished task per request sent."""
-        deadline = t0 + self.cfg.sweep.max_point_duration_s
+    async def _dispatch(self, p: "_Point") -> list[asyncio.Task]:
+        """Send each first turn at its scheduled time, and each later turn when its parent is done;
+        wait for all, up to the point's deadline, then cancel what is still open.  Returns one
+        finished task per request sent (or waiting for its parent)."""
+        deadline = p.t0 + self.cfg.sweep.max_point_duration_s
         limit = self.cfg.sweep.max_concurrency
         slots = asyncio.Semaphore(limit) if limit else None
         tasks: list[asyncio.Task] = []
-        for i, (row, off) in enumerate(zip(rows, offsets)):
-            target = t0 + off
-            if target > deadline:
-                break
-            await _sleep_until(target)
-            send = self._one(row, ids[i], time.monotonic()) if slots is None else self._one_in_slot(row, ids[i], slots)
-            tasks.append(asyncio.create_task(send))
+        for i, row in enumerate(p.rows):
+            if p.parents[i] >= 0:
+                tasks.append(asyncio.create_task(self._after_parent(p, i, tasks[p.parents[i]])))
+            else:
+                target = p.t0 + p.offsets[i]
+                if target > deadline:
+                    break
+                await _sleep_until(target)
+                p.prompts[i] = row.prompt_token_ids
+                send = self._one(row, p.ids[i], time.monotonic(), i) if slots is None \
+                    else self._one_in_slot(row, p.ids[i], slots, i)
+                tasks.append(asyncio.create_task(send))
             if self.progress:
                 tasks[-1].add_done_callback(lambda _: self.progress(1))
         if tasks:
@@ -209,7 +259,25 @@ class ModeSession:
             await asyncio.gather(*pending, return_exceptions=True)
         return tasks
 
-    async def _one_in_slot(self, row: DatasetRow, rid: str, slots: asyncio.Semaphore) -> RequestTrace:
+    async def _after_parent(self, p: "_Point", i: int, parent: asyncio.Task) -> RequestTrace:
+        """A later turn: wait for the parent (the runner's one rule of dependence), then its think
+        time, then send the parent's prompt + its generated tokens + this turn's new tokens."""
+        row = p.rows[i]
+        try:
+            await asyncio.wait({parent})  # not `await parent`: cancelling this turn must not cancel it
+            ptr = parent.result()
+            if ptr.error or not ptr.token_times:
+                why = ptr.error or "no tokens"
+                kind = "unfinished" if why.startswith("unfinished") else "parent failed"
+                return RequestTrace(float("nan"), error=f"{kind}: not sent, its parent did not finish ({why[:200]})")
+            p.scheduled_s[i] = ptr.token_times[-1] + row.think_time_s - p.t0
+            await _sleep_until(p.t0 + p.scheduled_s[i])
+        except asyncio.CancelledError:
+            return RequestTrace(float("nan"), error="unfinished: cancelled at max_point_duration_s")
+        p.prompts[i] = p.prompts[p.parents[i]] + ptr.output_token_ids + row.prompt_token_ids
+        return await self._one(replace(row, prompt_token_ids=p.prompts[i]), p.ids[i], time.monotonic(), i)
+
+    async def _one_in_slot(self, row: DatasetRow, rid: str, slots: asyncio.Semaphore, index: int) -> RequestTrace:
         """sweep.max_concurrency (a closed loop at rate inf): the request is sent when a slot frees,
         and that is its send time, so its dispatch lag says how long it waited for one."""
         try:
@@ -217,11 +285,11 @@ class ModeSession:
         except asyncio.CancelledError:
             return RequestTrace(float("nan"), error="unfinished: no free slot (max_concurrency) before max_point_duration_s")
         try:
-            return await self._one(row, rid, time.monotonic())
+            return await self._one(row, rid, time.monotonic(), index)
         finally:
             slots.release()
 
-    async def _one(self, row: DatasetRow, rid: str, sent: float) -> RequestTrace:
+    async def _one(self, row: DatasetRow, rid: str, sent: float, index: int = -1) -> RequestTrace:
         tr = RequestTrace(sent)
         try:
             await asyncio.wait_for(self.engine.generate(row.prompt_token_ids, row.output_len, rid, tr),
@@ -232,7 +300,32 @@ class ModeSession:
             tr.error = "unfinished: cancelled at max_point_duration_s"
         except Exception as e:
             tr.error = f"{type(e).__name__}: {e}".strip()[:500]
+        # What the engine saw, for the cache estimates (ids it generated, where the backend says).
+        self._sent.append((sent, index, SentRequest(row.prompt_token_ids, tr.output_token_ids or None,
+                                                    max(len(tr.token_times), 1)), *_held_span(tr)))
         return tr
+
+
+class _Point:
+    """One point's plan and what dispatch learns: each request's prompt as sent (a later turn's
+    only once its parent is done) and scheduled time (a later turn's: parent done + think time)."""
+
+    def __init__(self, rows: list[DatasetRow], parents: list[int], offsets: np.ndarray, ids: list[str], t0: float):
+        self.rows, self.parents, self.ids, self.t0 = rows, parents, ids, t0
+        self.offsets = offsets
+        self.scheduled_s = np.array(offsets, dtype=float)
+        self.prompts: list[list[int]] = [[] for _ in rows]
+
+
+def _held_span(tr: RequestTrace) -> tuple[float, float]:
+    """When the request held KV blocks: from the engine's scheduled stamp (blocks are taken when
+    the scheduler admits it, not when it was sent) to its last token.  The engine's stamps share the
+    host's monotonic clock; where one is missing or implausible, the client's times stand in."""
+    now = time.monotonic()
+    end_client = tr.token_times[-1] if tr.token_times else now
+    start = tr.scheduled_ts if tr.sent_mono - 1.0 <= tr.scheduled_ts <= now + 1.0 else tr.sent_mono
+    end = tr.last_token_ts if start <= tr.last_token_ts <= now + 1.0 else end_client
+    return start, max(start, end)
 
 
 def itl_summary(gaps: list[np.ndarray], percentiles) -> dict[str, float | None]:

@@ -26,7 +26,7 @@ REQUEST_COLUMNS: dict[str, str] = {
     "prompt_tokens": "int64",
     "output_tokens": "int64",  # tokens actually generated
     "num_cached_tokens": "int64",  # prompt tokens served from the prefix cache
-    "expected_cached_tokens": "int64",  # what ON should serve from cache (block-aligned shared prefix)
+    "expected_cached_tokens": "int64",  # what ON should serve from an infinite cache (cachesim: upper bound)
     "scheduled_s": "float64",  # when the arrival process said to send it
     "sent_s": "float64",  # when generate() was actually called
     "dispatch_lag_ms": "float64",  # (sent_s - scheduled_s) * 1000
@@ -41,6 +41,11 @@ REQUEST_COLUMNS: dict[str, str] = {
     "prefill_ms": "float64",  # engine: first_token_ts - scheduled_ts
     "decode_ms": "float64",  # engine: last_token_ts - first_token_ts
     "error": "str",  # "" when ok; "unfinished: ..." when cancelled at the point's end
+    # Added for many-prefix, multi-turn and trace workloads (issue 16):
+    "session": "int64",  # session of a multi-turn workload; -1: none
+    "turn": "int64",  # turn within the session, 0 first
+    "parent_index": "int64",  # request_index of the previous turn, sent first; -1: none
+    "estimated_cached_tokens": "int64",  # what ON should serve with the engine's KV-cache blocks (LRU, cachesim)
 }
 
 # One row per engine step, per point.  ``timing`` says where the step was timed:
@@ -106,6 +111,7 @@ def summary_columns() -> list[str]:
         # From the engine's steps and the study's step-cost fit (metrics.engine_fit):
         "step_timing", "busy_steps", "engine_prefill_share", "engine_prefill_share_lo", "engine_prefill_share_hi",
         "decode_slowdown", "decode_slowdown_lo", "decode_slowdown_hi",
+        "hit_rate_estimated",  # ON: with the engine's KV-cache blocks (LRU estimate); NaN for older results
     ]
     cols += list(SERVER_COLUMNS)  # added with the HTTP backends; NaN for in-process engines
     return cols
@@ -118,13 +124,15 @@ SUMMARY_COLUMNS = summary_columns()
 # ----------------------------------------------------------------- typed frames and records
 
 _DEFAULTS = {"str": "", "bool": False, "int64": 0, "float64": float("nan")}
+# Columns added later whose "absent" is not their dtype's default: -1 is none / unknown.
+_COLUMN_DEFAULTS = {"session": -1, "parent_index": -1, "estimated_cached_tokens": -1}
 
 
 def _typed(df: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     """Columns in schema order and dtype; a missing column gets its default; empty frames keep every column."""
     out = pd.DataFrame(index=df.index)
     for c, t in columns.items():
-        col = df[c] if c in df else pd.Series(_DEFAULTS[t], index=df.index)
+        col = df[c] if c in df else pd.Series(_COLUMN_DEFAULTS.get(c, _DEFAULTS[t]), index=df.index)
         out[c] = col.fillna("").astype(str) if t == "str" else col.astype(t)
     return out.reset_index(drop=True)
 
@@ -180,6 +188,10 @@ class RequestRecord:
     prefill_ms: float
     decode_ms: float
     error: str
+    session: int = -1
+    turn: int = 0
+    parent_index: int = -1
+    estimated_cached_tokens: int = 0
 
 
 @dataclass

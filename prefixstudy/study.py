@@ -70,7 +70,8 @@ class Study:
         row = self.writer.add(res)
         if not row["hit_rate_ok"]:
             msg = (f"cache {res.mode.upper()} @ {res.rate:g} req/s (repeat {res.repeat}): prefix hit rate "
-                   f"{row['hit_rate_measured']:.3f}, expected {row['hit_rate_expected']:.3f}")
+                   f"{row['hit_rate_measured']:.3f}, expected {row['hit_rate_expected']:.3f} (infinite cache), "
+                   f"{row['hit_rate_estimated']:.3f} with the engine's blocks")
             if self.cfg.checks.fail_on_hit_rate_mismatch:
                 self.writer.mark_failed(res.key, f"hit-rate check: {msg}")
                 raise StudyFailed(f"{msg} (checks.fail_on_hit_rate_mismatch is set)")

@@ -44,7 +44,7 @@ def main():
 
 # Command modules import nothing heavy at load time (pandas, vLLM and Ray load inside the commands),
 # so registering them all costs little; an import error here is a bug and must show, not hide a command.
-from prefixstudy.cli import dataset, init, model, report, run  # noqa: E402
+from prefixstudy.cli import capacity, dataset, init, model, report, run  # noqa: E402
 from prefixstudy.cli import simulate  # noqa: E402
 
 main.add_command(run.run)
@@ -53,6 +53,8 @@ main.add_command(dataset.dataset)
 main.add_command(model.model)
 main.add_command(init.init)
 main.add_command(simulate.simulate)
+main.add_command(capacity.capacity)
+main.add_command(capacity.breakdown)
 for _cmd in (report.report, report.compare, report.export_bench):
     main.add_command(_cmd)
 

@@ -41,6 +41,9 @@ class RequestTrace:
     first_token_ts: float = float("nan")
     last_token_ts: float = float("nan")
     error: str = ""
+    # The generated token ids: a later turn of a session puts them in its prompt, and the cache
+    # estimate hashes them.  Kept in memory only (not a results column).
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -78,13 +81,15 @@ class IterationRecorder:
 
 
 class Engine(Protocol):
-    """One mode's engine.  ``block_size`` and ``startup_s`` are known once ``start`` returns.
+    """One mode's engine.  ``block_size``, ``num_blocks`` (KV-cache blocks; 0: unknown or unbounded)
+    and ``startup_s`` are known once ``start`` returns.
 
     Built as ``cls(model, engine_config, mode, ray_workers=...)``: a backend sees the model and its
     own config section, nothing else of the study."""
 
     kind: ClassVar[str]
     block_size: int
+    num_blocks: int
     startup_s: float
 
     @classmethod

@@ -1,7 +1,8 @@
 """Backend ``echo``: an in-process stand-in that answers with fixed, configurable costs.
 
-It keeps a real prefix cache of block hashes (as vLLM does: whole blocks only, never the last
-prompt token), so the runner's accounting, hit-rate checks and results can be tested exactly
+It keeps a real prefix cache of block hashes (``cachesim.BlockCache``: whole blocks only, never
+the last prompt token, generated tokens cached too, and with ``num_blocks`` set a pool of that
+many blocks evicted least recently used, as vLLM's), so the runner's accounting, hit-rate checks and results can be tested exactly
 without vLLM; with zero costs it answers at once, which is what ``benchmarks/dispatch.py``
 measures the arrival loop against.  It is not a performance model: see ``prefixstudy.model``.
 """
@@ -14,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from prefixstudy.cachesim import BlockCache
 from prefixstudy.engines.base import EngineConfigBase, IterationRecorder, IterationSample, RequestTrace
 
 
@@ -22,6 +24,7 @@ class EchoEngineConfig(EngineConfigBase):
     block_size: int | None = Field(16, gt=0)
     prefill_ms_per_token: float = Field(0.0, ge=0)  # per prompt token not served from the cache
     decode_ms_per_token: float = Field(0.0, ge=0)
+    num_blocks: int | None = Field(None, gt=1)  # KV-cache blocks, vLLM's null block included; None: unbounded
 
 
 class EchoEngine(IterationRecorder):
@@ -31,8 +34,9 @@ class EchoEngine(IterationRecorder):
     def __init__(self, model: str, engine: EchoEngineConfig, mode: str, *, ray_workers: bool = False):
         self.config, self.mode = engine, mode
         self.block_size = engine.block_size or 16
+        self.num_blocks = engine.num_blocks or 0
         self.startup_s = 0.0
-        self.cache: set[int] = set()
+        self.cache = BlockCache(self.block_size, engine.num_blocks)
         self.running = 0
         self.dead = False
 
@@ -57,25 +61,25 @@ class EchoEngine(IterationRecorder):
     def is_dead(self) -> bool:
         return self.dead
 
-    def cached_tokens(self, prompt: list[int]) -> int:
-        """Look the prompt's whole blocks up, then cache them all (ON only)."""
-        if self.mode != "on":
-            return 0
-        b, hit, h, missed = self.block_size, 0, 0, False
-        for end in range(b, len(prompt) + 1, b):
-            h = hash((h, tuple(prompt[end - b:end])))
-            if not missed and h in self.cache and end <= len(prompt) - 1:
-                hit = end
-            else:
-                missed = True
-            self.cache.add(h)
-        return hit
+    @staticmethod
+    def output_ids(prompt: list[int], n: int) -> list[int]:
+        """What it "generates": tokens of the prompt, picked by the prompt's hash, so the same prompt
+        always gives the same output (as greedy decoding does) and every id is a valid one."""
+        h = hash(tuple(prompt))
+        return [prompt[(h + 7 * i) % len(prompt)] for i in range(n)]
+
+    def cached_tokens(self, prompt: list[int], output: list[int] | None = None) -> int:
+        """Look the prompt's whole blocks up, then cache the request's blocks (ON only; without an
+        output, the prompt's alone)."""
+        return self.cache.run(prompt, output, 1) if self.mode == "on" else 0
 
     async def generate(self, prompt_token_ids: list[int], output_len: int, request_id: str,
                        trace: RequestTrace) -> RequestTrace:
         e = self.config
         trace.queued_ts = trace.scheduled_ts = time.monotonic()
-        cached = self.cached_tokens(prompt_token_ids)
+        output = self.output_ids(prompt_token_ids, output_len)
+        # Blocks are held while the request runs (pinned, as in vLLM), freed when it ends.
+        cached, held = self.cache.start(prompt_token_ids, output, 1) if self.mode == "on" else (0, [])
         self.running += 1
         try:
             await asyncio.sleep(e.prefill_ms_per_token * (len(prompt_token_ids) - cached) / 1e3)
@@ -83,10 +87,12 @@ class EchoEngine(IterationRecorder):
                 if e.decode_ms_per_token and trace.token_times:
                     await asyncio.sleep(e.decode_ms_per_token / 1e3)
                 trace.token_times.append(time.monotonic())
+                trace.output_token_ids.append(output[len(trace.token_times) - 1])
             if not e.decode_ms_per_token:
                 await asyncio.sleep(0)  # yield once, as a real engine's stream would
         finally:
             self.running -= 1
+            self.cache.finish(held)
         trace.num_cached_tokens = cached
         trace.first_token_ts, trace.last_token_ts = trace.token_times[0], trace.token_times[-1]
         if self.samples is not None:  # no steps here: one sample per request, its whole span

@@ -177,6 +177,7 @@ class VllmEngine:
                       if ray_workers and "distributed_executor_backend" not in engine.extra_args else {})
         self.llm = None
         self.block_size = 0
+        self.num_blocks = 0
         self.startup_s = float("nan")
         self.step_log = ""  # the engine core's step records (engines.vllm_steps)
         self._step_offset: int | None = None  # recording from here; None: not recording
@@ -250,8 +251,11 @@ class VllmEngine:
         finally:
             os.environ.pop(step_log.ENV, None)
         self.block_size = int(self.llm.vllm_config.cache_config.block_size)
+        # The engine core reports the blocks it allocated back into the client's config.
+        self.num_blocks = int(self.llm.vllm_config.cache_config.num_gpu_blocks or 0)
         self.startup_s = time.monotonic() - t0
-        log.info("engine %s up in %.1f s (block size %s)", self.mode, self.startup_s, self.block_size)
+        log.info("engine %s up in %.1f s (block size %s, %s blocks)", self.mode, self.startup_s, self.block_size,
+                 self.num_blocks)
 
     def begin_iterations(self) -> None:
         self._step_offset = step_log.size(self.step_log)
@@ -286,8 +290,9 @@ class VllmEngine:
         async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params,
                                            request_id=request_id):
             now = time.monotonic()
-            n = len(out.outputs[0].token_ids) if out.outputs else 0
-            trace.token_times.extend([now] * n)
+            ids = list(out.outputs[0].token_ids) if out.outputs else []
+            trace.token_times.extend([now] * len(ids))
+            trace.output_token_ids.extend(ids)
             last = out
         if last is not None:
             trace.num_cached_tokens = int(last.num_cached_tokens or 0)

@@ -80,4 +80,6 @@ def point_line(mode: str, rate: float, s: dict, error: str = "", tag: str = "") 
             f"hit {s.get('hit_rate_measured', float('nan')):.3f}"
             + ("  SATURATED" if s.get("saturated") else "")
             + ("" if s.get("hit_rate_ok", True) else "  HIT-RATE MISMATCH")
+            + (f"  EVICTION (cache holds {s['hit_rate_estimated']:.3f} of {s['hit_rate_expected']:.3f})"
+               if s.get("hit_rate_estimated", 1.0) < s.get("hit_rate_expected", 0.0) - 0.001 else "")
             + (f"  FAILED: {error}" if error else ""))

@@ -24,6 +24,7 @@ from prefixstudy.report.data import ReportData, analyze, norm_rate
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, write_report
 from prefixstudy.results import HEADLINE, MANIFEST, find_run_dir, load, write_json
 from prefixstudy.results.finish import finish_run
+from prefixstudy.report.workloads import workload_blocks
 from prefixstudy.schema import MODES
 
 
@@ -190,7 +191,7 @@ def build_report(results_dir: str | Path, slo: dict[str, float] | str | None = N
     peer_df = bench_json.peer_points(list(peers)) if peers else None
     d = analyze(study, slo, threshold_ms, n_boot=n_boot, seed=seed)
     figs = draw_figures(d, study.path, peer_df, point, formats)
-    blocks = report_blocks(d, figs, model_section(d))
+    blocks = report_blocks(d, figs, model_section(d)) + workload_blocks(study)
     if peers:
         blocks.insert(1, ("p", "Peer measurements overlaid on figures 1 and 2: "
                           + ", ".join(str(p) for p in peers) + "."))

@@ -19,7 +19,9 @@ __all__ = ["DatasetRow", "WORKLOADS", "describe", "load_rows"]
 
 
 # kind -> the module whose ``rows(cfg, vocab_size) -> (rows, source)`` builds it.
-WORKLOADS = {"fixed": "prefixstudy.workloads.fixed", "jsonl": "prefixstudy.workloads.jsonl"}
+WORKLOADS = {"fixed": "prefixstudy.workloads.fixed", "jsonl": "prefixstudy.workloads.jsonl",
+             "groups": "prefixstudy.workloads.groups", "sessions": "prefixstudy.workloads.sessions",
+             "trace": "prefixstudy.workloads.trace"}
 
 
 def load_rows(cfg: "StudyConfig") -> list[DatasetRow]:

@@ -14,10 +14,35 @@ from prefixstudy.errors import UserError
 
 @dataclass(frozen=True)
 class DatasetRow:
+    """One request.  A row with a ``parent`` (the dataset index of an earlier row) is a later turn
+    of a session: it is sent ``think_time_s`` after its parent finished, and its prompt is the
+    parent's prompt + the parent's generated tokens + ``prompt_token_ids`` (the new user tokens).
+    ``arrival_s``: a recorded send time (trace replay), seconds from the trace's start."""
+
     request_id: str
     prompt_token_ids: list[int]
     output_len: int
     group: int = 0
+    session: int = -1
+    turn: int = 0
+    parent: int = -1
+    think_time_s: float = 0.0
+    arrival_s: float | None = None
+
+
+# The fields a row has beyond the first four, and their defaults (the JSONL omits defaults).
+EXTRA_DEFAULTS = {"session": -1, "turn": 0, "parent": -1, "think_time_s": 0.0, "arrival_s": None}
+
+
+def full_prompt_len(rows: list[DatasetRow], i: int) -> int:
+    """Tokens in row i's prompt as sent: its own plus, for a later turn, every earlier turn's
+    prompt and output."""
+    n = 0
+    while i >= 0:
+        r = rows[i]
+        n += len(r.prompt_token_ids) + (rows[r.parent].output_len if r.parent >= 0 else 0)
+        i = r.parent
+    return n
 
 
 def validate(rows: list[DatasetRow], vocab_size: int, max_model_len: int, source: str) -> None:
@@ -26,15 +51,18 @@ def validate(rows: list[DatasetRow], vocab_size: int, max_model_len: int, source
         bad = max(r.prompt_token_ids)
         if bad >= vocab_size:
             raise UserError(f"{source}: request {i} ('{r.request_id}'): token id {bad} >= vocab size {vocab_size}")
-        total = len(r.prompt_token_ids) + r.output_len
+        if r.parent >= i - 1:
+            raise UserError(f"{source}: request {i} ('{r.request_id}'): parent {r.parent} must be an earlier row")
+        prompt = full_prompt_len(rows, i - 1)
+        total = prompt + r.output_len
         if total > max_model_len:
             raise UserError(
-                f"{source}: request {i} ('{r.request_id}'): prompt {len(r.prompt_token_ids)} + output "
+                f"{source}: request {i} ('{r.request_id}'): prompt {prompt} + output "
                 f"{r.output_len} = {total} tokens > engine.max_model_len {max_model_len}")
 
 
 def describe(rows: list[DatasetRow]) -> dict:
-    lens = np.array([len(r.prompt_token_ids) for r in rows])
+    lens = np.array([full_prompt_len(rows, i) for i in range(len(rows))])
     outs = np.array([r.output_len for r in rows])
     shared = [len(p) for p in group_prefixes(rows).values()]
     return {
@@ -50,10 +78,13 @@ def describe(rows: list[DatasetRow]) -> dict:
 
 def group_prefixes(rows: list[DatasetRow]) -> dict[int, list[int]]:
     """The tokens every prompt of a group shares (the fixed instruction), per group.  A group of
-    one request shares nothing with anyone."""
+    one request shares nothing with anyone.  Later turns of sessions (rows with a parent) are left
+    out: their rows hold only the new user tokens."""
     out: dict[int, list[int]] = {}
     counts: dict[int, int] = {}
     for r in rows:
+        if r.parent >= 0:
+            continue
         counts[r.group] = counts.get(r.group, 0) + 1
         p = out.get(r.group)
         if p is None:

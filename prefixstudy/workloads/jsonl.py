@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefixstudy.errors import UserError, read_text
-from prefixstudy.workloads.base import DatasetRow
+from prefixstudy.workloads.base import EXTRA_DEFAULTS, DatasetRow
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
@@ -23,7 +23,12 @@ def rows(cfg: "StudyConfig", vocab: int) -> tuple[list[DatasetRow], str]:
 def save_jsonl(rows: list[DatasetRow], path: Path) -> None:
     from prefixstudy.results.store import atomic_write_text
 
-    atomic_write_text(Path(path), "".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    def line(r: DatasetRow) -> str:
+        # Session and trace fields only where they differ from their defaults: plain rows stay as before.
+        d = {k: v for k, v in asdict(r).items() if k not in EXTRA_DEFAULTS or v != EXTRA_DEFAULTS[k]}
+        return json.dumps(d) + "\n"
+
+    atomic_write_text(Path(path), "".join(line(r) for r in rows))
 
 
 def int_list(v, where: str) -> list[int]:
@@ -58,10 +63,29 @@ def json_lines(path: Path):
         yield n, obj
 
 
+def _extras(obj: dict, where: str, index: int) -> dict:
+    """The session / trace fields of one line, checked (a parent must be an earlier line)."""
+    out = {}
+    for k in ("session", "turn", "parent"):
+        v = obj.get(k, EXTRA_DEFAULTS[k])
+        if isinstance(v, bool) or not isinstance(v, int) or v < EXTRA_DEFAULTS[k]:
+            raise UserError(f"{where}: field '{k}': expected an integer >= {EXTRA_DEFAULTS[k]}, got {v!r}")
+        out[k] = v
+    if out["parent"] >= index:
+        raise UserError(f"{where}: field 'parent': {out['parent']} is not an earlier row (0-based)")
+    for k in ("think_time_s", "arrival_s"):
+        v = obj.get(k, EXTRA_DEFAULTS[k])
+        if (v is None and k == "think_time_s") or \
+                (v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0)):
+            raise UserError(f"{where}: field '{k}': expected a number >= 0, got {v!r}")
+        out[k] = None if v is None else float(v)
+    return out
+
+
 def load_jsonl(path: Path) -> list[DatasetRow]:
     """Read prefixstudy's own JSONL: {"request_id", "prompt_token_ids", "output_len", "group"}."""
     rows, seen = [], set()
-    known = {"request_id", "prompt_token_ids", "output_len", "group"}
+    known = {"request_id", "prompt_token_ids", "output_len", "group", *EXTRA_DEFAULTS}
     for n, obj in json_lines(path):
         extra = set(obj) - known
         if extra:
@@ -80,7 +104,7 @@ def load_jsonl(path: Path) -> list[DatasetRow]:
             rid,
             int_list(obj["prompt_token_ids"], f"{path}:{n}: field 'prompt_token_ids'"),
             pos_int(obj["output_len"], f"{path}:{n}: field 'output_len'"),
-            group,
+            group, **_extras(obj, f"{path}:{n}", len(rows)),
         ))
     if not rows:
         raise UserError(f"{path}: dataset is empty")

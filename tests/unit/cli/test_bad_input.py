@@ -314,6 +314,26 @@ CASES = {
     "resume-config-differs": (
         lambda t: ["run", config(t, {"sweep": {"num_requests": 5}}), "--resume", recorded_run(t)],
         "c.yaml: differs from the config recorded in"),
+    # --- the many-prefix, session and trace workloads (issue 16) ---
+    "trace-line-malformed": (lambda t: run_cfg(t, {"dataset": {"kind": "trace", "path": str(raw(
+        t, "t.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n{"timestamp": 1,\n'))}}),
+        "t.jsonl:2: malformed JSON"),
+    "trace-input-longer-than-its-blocks": (lambda t: run_cfg(t, {"dataset": {"kind": "trace", "path": str(raw(
+        t, "t.jsonl", '{"timestamp": 0, "input_length": 600, "output_length": 2, "hash_ids": [1]}\n'))}}),
+        "t.jsonl:1: field 'input_length': 600 tokens do not fit 1 hash blocks of 512 tokens"),
+    "trace-bad-layout": (lambda t: run_cfg(t, {"dataset": {"kind": "trace", "path": "x.jsonl",
+                                                          "trace": {"layout": "nope"}}}),
+                         "c.yaml: field 'dataset.trace.layout'"),
+    "mix-bad-popularity": (lambda t: run_cfg(t, {"dataset": {"kind": "groups", "mix": {"popularity": "pareto"}}}),
+                           "c.yaml: field 'dataset.mix.popularity'"),
+    "mix-given-to-fixed": (lambda t: run_cfg(t, {"dataset": {"mix": {"order": "random"}}}),
+                           "'mix' is read by kind groups, not fixed"),
+    "sessions-zero-turns": (lambda t: run_cfg(t, {"dataset": {"kind": "sessions", "sessions": {"turns": 0}}}),
+                            "field 'dataset.sessions.turns': a session has at least 1 turn"),
+    "jsonl-parent-not-earlier": (lambda t: run_cfg(t, {"dataset": {"path": str(raw(t, "d.jsonl", json.dumps(
+        {**GOOD_ROW, "parent": 0}) + "\n"))}}), "d.jsonl:1: field 'parent': 0 is not an earlier row"),
+    "capacity-bad-unit": (lambda t: ["capacity", config(t), "--capacity", "pages=1", "--out", t / "res"],
+                          "--capacity 'pages=1': expected UNIT=V1,V2,... with UNIT one of blocks, bytes, share"),
     # --- engine arguments vLLM does not know (imports vllm: the slow case) ---
     "engine-extra-arg-unknown": (lambda t: run_cfg(t, {"engine": {"extra_args": {"no_such_vllm_arg": 1}}}),
                                  "field 'engine.extra_args.no_such_vllm_arg': unknown vLLM engine argument"),

@@ -121,3 +121,21 @@ def test_yaml_bare_on_off_are_modes(tmp_path):
     assert load_config(p).ray.parallel == "on"
     p.write_text("ray:\n  parallel: off\n")
     assert load_config(p).ray.parallel == "off"
+
+
+def test_capacity_sweep_and_breakdown_commands_on_the_echo_backend(tmp_path):
+    import yaml
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "study": "cap", "executor": "local", "engine": {"kind": "echo", "block_size": 16},
+        "arrivals": {"process": "constant"},
+        "dataset": {"kind": "groups", "groups": 6, "prefix_len": 32, "suffix_len": 4, "output_len": 2},
+        "sweep": {"rates": [50], "num_requests": 12, "warmup_requests": 0}}))
+    r = cli("capacity", cfg, "--capacity", "blocks=14,12", "--out", tmp_path / "res", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "50 req/s: the hit rate collapses between working set ÷ capacity 0.92 (hit rate 0.889" in r.stdout
+    parent = Path(r.stdout.strip().splitlines()[-1].removeprefix("results: "))
+    assert sorted(p.name for p in parent.iterdir()) == ["blocks-12", "blocks-14", "capacity.csv", "capacity.json"]
+    b = cli("breakdown", parent / "blocks-14", "--by", "group")
+    assert b.stdout.count("| on | 50 |") == 6 and b.stdout.count("| off | 50 |") == 6

@@ -1,0 +1,154 @@
+"""KV-cache capacity as an outer sweep axis: one ordinary run folder per capacity under one parent
+folder, and the table that reads them together.
+
+Why an outer loop and not a third point key: a capacity is an engine argument, so each one needs
+its own engine start anyway; a run folder per capacity keeps every existing piece (point key,
+resume, merge, report) unchanged and each folder a complete study of its own.  The parent holds
+``capacity.json`` (unit, values, run folders, working set) and, once read, ``capacity.csv``.
+
+Capacity is set as ``blocks`` (vLLM's ``num_gpu_blocks_override``; the echo backend's
+``num_blocks``), ``bytes`` (``kv_cache_memory_bytes``) or ``share`` (``gpu_memory_utilization``);
+each run's manifest records the block count the engine actually allocated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from prefixstudy.cachesim import block_hashes
+from prefixstudy.config import StudyConfig
+from prefixstudy.errors import UserError
+from prefixstudy.workloads import DatasetRow, load_rows
+
+UNITS = ("blocks", "bytes", "share")
+INDEX = "capacity.json"
+
+
+def parse_capacity(text: str) -> tuple[str, list[float]]:
+    """``"blocks=12,16"`` -> ``("blocks", [12.0, 16.0])``."""
+    unit, sep, values = text.partition("=")
+    if not sep or unit not in UNITS:
+        raise UserError(f"--capacity '{text}': expected UNIT=V1,V2,... with UNIT one of {', '.join(UNITS)}")
+    try:
+        out = [float(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"--capacity '{text}': values must be numbers") from None
+    if not out or any(not (v > 0 and math.isfinite(v)) for v in out):
+        raise UserError(f"--capacity '{text}': values must be finite numbers > 0")
+    if unit == "share" and max(out) > 1:
+        raise UserError(f"--capacity '{text}': a share of memory is at most 1")
+    return unit, out
+
+
+def capacity_config(cfg: StudyConfig, unit: str, value: float) -> StudyConfig:
+    """``cfg`` with its KV cache set to ``value`` ``unit``s."""
+    sub = cfg.model_copy(deep=True)
+    e = sub.engine
+    if unit == "blocks" and e.kind == "echo":
+        e.num_blocks = int(value)
+    elif e.kind != "vllm":
+        raise UserError(f"--capacity {unit}: engine.kind {e.kind} takes capacity in blocks only")
+    elif unit == "blocks":
+        e.extra_args = {**e.extra_args, "num_gpu_blocks_override": int(value)}
+    elif unit == "bytes":
+        e.kv_cache_memory_bytes = int(value)
+    else:
+        e.gpu_memory_utilization, e.kv_cache_memory_bytes = float(value), None
+    return sub
+
+
+def working_set_blocks(rows: list[DatasetRow], block: int) -> int:
+    """Whole prompt blocks that more than one request of the dataset has: what a cache must hold
+    for every reuse to hit.  (Later turns of sessions count by their own new tokens only.)"""
+    seen: dict[int, int] = {}
+    for r in rows:
+        for h in set(block_hashes(r.prompt_token_ids, block)):
+            seen[h] = seen.get(h, 0) + 1
+    return sum(1 for n in seen.values() if n > 1)
+
+
+def run_capacity_sweep(cfg: StudyConfig, unit: str, values: list[float], parent: Path | None = None,
+                       progress: bool = True) -> Path:
+    """One run per capacity, in the order given, under ``parent`` (default: a new run folder)."""
+    from prefixstudy.results.writer import new_run_dir
+    from prefixstudy.study import run_study
+
+    parent = parent or new_run_dir(cfg)
+    parent.mkdir(parents=True, exist_ok=True)
+    rows = load_rows(cfg)
+    index: dict = {"unit": unit, "values": values, "runs": []}
+    for v in values:
+        run = run_study(capacity_config(cfg, unit, v), run_dir=parent / f"{unit}-{v:g}", progress=progress)
+        points = json.loads((run / "manifest.json").read_text())["points"]
+        block = next((p["block_size"] for p in points if p.get("block_size")), 0)
+        index["runs"].append({"capacity": v, "dir": run.name,
+                              "working_set_blocks": working_set_blocks(rows, block) if block else None})
+        (parent / INDEX).write_text(json.dumps(index, indent=1))
+    return parent
+
+
+def capacity_table(parent: Path) -> pd.DataFrame:
+    """One row per capacity x point: the engine's blocks, working set ÷ usable blocks, hit rates
+    (measured, with the engine's blocks, infinite cache), latency, and the gain over OFF."""
+    from prefixstudy.results import load
+
+    f = parent / INDEX
+    if not f.is_file():
+        raise UserError(f"{parent}: no {INDEX} (not a capacity sweep folder)")
+    index = json.loads(f.read_text())
+    out = []
+    for r in index["runs"]:
+        res = load(parent / r["dir"])
+        blocks = {p["mode"]: p.get("num_blocks") for p in res.manifest["points"]}
+        s = res.summary.copy()
+        s.insert(0, "capacity", r["capacity"])
+        s.insert(0, "capacity_unit", index["unit"])
+        s["num_blocks"] = s["mode"].map(blocks)
+        s["working_set_blocks"] = r["working_set_blocks"]
+        s["working_set_ratio"] = s["working_set_blocks"] / (s["num_blocks"] - 1)  # one block is vLLM's null block
+        out.append(s)
+    df = pd.concat(out, ignore_index=True)
+    return with_gain(df, ["capacity"])
+
+
+def with_gain(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Adds ``e2e_gain`` and ``ttft_gain``: (OFF - ON) / OFF of the means, on ON's rows, matched on
+    ``keys`` + the point key columns (rate, and repeat where results have it)."""
+    on = [k for k in keys + ["rate", "repeat"] if k in df]
+    off = df[df["mode"] == "off"][on + ["mean_e2e_ms", "mean_ttft_ms"]]
+    m = df.merge(off, on=on, how="left", suffixes=("", "_off"))
+    for x in ("e2e", "ttft"):
+        gain = (m[f"mean_{x}_ms_off"] - m[f"mean_{x}_ms"]) / m[f"mean_{x}_ms_off"]
+        m[f"{x}_gain"] = gain.where(m["mode"] == "on")
+    return m.drop(columns=["mean_e2e_ms_off", "mean_ttft_ms_off"])
+
+
+def collapse_lines(table: pd.DataFrame, share: float = 0.5) -> list[str]:
+    """Per rate, in words: the smallest working set ÷ capacity at which ON's measured hit rate is
+    below ``share`` of the infinite-cache bound (the cache no longer holds the reuse), with the hit
+    rate and E2E gain on either side; or that it never fell over the capacities run."""
+    on = table[table["mode"] == "on"].sort_values("working_set_ratio")
+    out = []
+    for rate, g in on.groupby("rate", sort=True):
+        low = g["hit_rate_measured"] < share * g["hit_rate_expected"]
+        if not low.any():
+            out.append(f"{rate:g} req/s: the hit rate held at every capacity run "
+                       f"(working set ÷ capacity up to {g['working_set_ratio'].max():.2f})")
+            continue
+        k = int(low.to_numpy().argmax())
+        after = g.iloc[k]
+        gain = "" if pd.isna(after.get("e2e_gain")) else f", E2E gain {after['e2e_gain']:.1%}"
+        if k == 0:
+            out.append(f"{rate:g} req/s: collapsed already at working set ÷ capacity {after['working_set_ratio']:.2f} "
+                       f"(hit rate {after['hit_rate_measured']:.3f}{gain})")
+            continue
+        before = g.iloc[k - 1]
+        gain0 = "" if pd.isna(before.get("e2e_gain")) else f", E2E gain {before['e2e_gain']:.1%}"
+        out.append(f"{rate:g} req/s: the hit rate collapses between working set ÷ capacity "
+                   f"{before['working_set_ratio']:.2f} (hit rate {before['hit_rate_measured']:.3f}{gain0}) and "
+                   f"{after['working_set_ratio']:.2f} (hit rate {after['hit_rate_measured']:.3f}{gain})")
+    return out

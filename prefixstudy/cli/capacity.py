@@ -1,0 +1,50 @@
+"""``prefixstudy capacity``: a study at several KV-cache sizes (one run folder each, under one
+parent), then the table across them; ``prefixstudy breakdown``: per-turn or per-group tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from prefixstudy.cli.run import _console, _overrides
+
+
+@click.command()
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option("--capacity", "capacity", required=True, metavar="UNIT=V1,V2,...",
+              help="KV-cache sizes: blocks=12,16 | bytes=268435456,536870912 | share=0.1,0.2.")
+@click.option("--out", type=click.Path(path_type=Path), help="Results root (default: the config's 'out').")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config field, dotted.")
+@click.option("--quiet", is_flag=True, help="No progress bar; only the result lines.")
+@click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
+def capacity(config, capacity, out, sets, quiet, verbose):
+    """Run CONFIG once per KV-cache size; write capacity.csv (hit rate and gain vs working set ÷ capacity)."""
+    from prefixstudy.capacity import capacity_table, collapse_lines, parse_capacity, run_capacity_sweep
+    from prefixstudy.config import load_config
+    from prefixstudy.configs import resolve_config
+    from prefixstudy.metrics.breakdown import markdown
+
+    unit, values = parse_capacity(capacity)
+    cfg = load_config(resolve_config(config), _overrides(sets, out=out))
+    _console(verbose)
+    parent = run_capacity_sweep(cfg, unit, values, progress=not quiet)
+    table = capacity_table(parent)
+    table.to_csv(parent / "capacity.csv", index=False)
+    cols = ["capacity", "num_blocks", "working_set_ratio", "mode", "rate", "hit_rate_measured",
+            "hit_rate_estimated", "hit_rate_expected", "mean_e2e_ms", "e2e_gain"]
+    click.echo(markdown(table[cols]))
+    for line in collapse_lines(table):
+        click.echo(line)
+    click.echo(f"results: {parent}")
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--by", type=click.Choice(["turn", "group"]), default="turn", show_default=True)
+def breakdown(run_dir, by):
+    """Cached share, TTFT and E2E per turn or per prefix group, ON vs OFF, for one run."""
+    from prefixstudy.metrics.breakdown import breakdown as table, markdown
+    from prefixstudy.results import load
+
+    click.echo(markdown(table(load(run_dir).requests, by)))

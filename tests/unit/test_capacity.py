@@ -1,0 +1,98 @@
+"""Capacity as an outer loop on the echo backend, the table across capacities, and the per-turn /
+per-group breakdowns: exact values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prefixstudy.capacity import (capacity_config, capacity_table, collapse_lines, parse_capacity,
+                                  run_capacity_sweep, working_set_blocks)
+from prefixstudy.config import load_config
+from prefixstudy.errors import UserError
+from prefixstudy.metrics.breakdown import breakdown
+from prefixstudy.results import load
+from prefixstudy.study import run_study
+from prefixstudy.workloads import load_rows
+
+GROUPS = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "arrivals.process": "constant",
+          "dataset.kind": "groups", "dataset.groups": 6, "dataset.prefix_len": 32, "dataset.suffix_len": 4,
+          "dataset.output_len": 2, "sweep.num_requests": 12, "sweep.warmup_requests": 0, "sweep.rates": [50]}
+
+
+def test_parse_capacity_and_bad_values():
+    assert parse_capacity("blocks=12,16") == ("blocks", [12.0, 16.0])
+    assert parse_capacity("share=0.1") == ("share", [0.1])
+    for bad, msg in [("pages=1", "UNIT=V1"), ("blocks=a", "numbers"), ("blocks=0", "> 0"), ("share=2", "at most 1")]:
+        with pytest.raises(UserError, match=msg):
+            parse_capacity(bad)
+
+
+def test_capacity_config_sets_the_engine_argument():
+    v = load_config(None, {})
+    assert capacity_config(v, "blocks", 12).engine.extra_args == {"num_gpu_blocks_override": 12}
+    assert capacity_config(v, "bytes", 2**28).engine.kv_cache_memory_bytes == 2**28
+    s = capacity_config(v, "share", 0.2).engine
+    assert (s.gpu_memory_utilization, s.kv_cache_memory_bytes) == (0.2, None)
+    e = load_config(None, GROUPS)
+    assert capacity_config(e, "blocks", 14).engine.num_blocks == 14
+    with pytest.raises(UserError, match="blocks only"):
+        capacity_config(e, "bytes", 1)
+
+
+def test_working_set_is_the_blocks_reused_by_more_than_one_request():
+    assert working_set_blocks(load_rows(load_config(None, GROUPS)), 16) == 12  # 6 groups x 2 prefix blocks
+
+
+def test_sweep_writes_one_run_per_capacity_and_a_table(tmp_path):
+    parent = run_capacity_sweep(load_config(None, {**GROUPS, "out": str(tmp_path)}), "blocks", [14, 12],
+                                tmp_path / "sweep", progress=False)
+    assert json.loads((parent / "capacity.json").read_text())["runs"] == [
+        {"capacity": 14, "dir": "blocks-14", "working_set_blocks": 12},
+        {"capacity": 12, "dir": "blocks-12", "working_set_blocks": 12}]
+    t = capacity_table(parent)
+    on = t[t["mode"] == "on"]
+    assert on["num_blocks"].tolist() == [14, 12]
+    assert on["working_set_ratio"].tolist() == pytest.approx([12 / 13, 12 / 11])
+    # 36-token prompts: all 12 hit 32 tokens when the working set fits; one hit of 16 when it does not.
+    assert on["hit_rate_measured"].tolist() == pytest.approx([32 / 36, 16 / 432])
+    assert on["hit_rate_estimated"].tolist() == pytest.approx([32 / 36, 16 / 432])
+    assert on["hit_rate_expected"].tolist() == pytest.approx([32 / 36, 32 / 36])
+    assert t["e2e_gain"].notna().sum() == 2 and t[t["mode"] == "off"]["e2e_gain"].isna().all()
+    line, = collapse_lines(t)
+    assert line.startswith("50 req/s: the hit rate collapses between working set ÷ capacity 0.92 (hit rate 0.889, "
+                           "E2E gain ") and "and 1.09 (hit rate 0.037, E2E gain " in line
+
+
+def test_breakdown_per_turn_shows_later_turns_hit_more(tmp_path):
+    cfg = load_config(None, {**GROUPS, "dataset.kind": "sessions", "dataset.groups": 1, "dataset.output_len": 8,
+                             "dataset.suffix_len": 8, "dataset.sessions": {"turns": 3, "user_len": 8},
+                             "sweep.num_requests": 6, "out": str(tmp_path)})
+    b = breakdown(load(run_study(cfg, progress=False)).requests, "turn")
+    on = b[b["mode"] == "on"]
+    assert on["turn"].tolist() == [0, 1, 2] and on["n"].tolist() == [2, 2, 2]
+    assert on["prompt_tokens_mean"].tolist() == [40, 56, 72]
+    assert on["cached_share"].tolist() == pytest.approx([32 / 40, 32 / 56, 48 / 72])
+    assert b[b["mode"] == "off"]["cached_share"].tolist() == [0.0, 0.0, 0.0]
+    g = breakdown(load(run_study(load_config(None, {**GROUPS, "out": str(tmp_path / "g")}), progress=False)).requests,
+                  "group")
+    assert g[g["mode"] == "on"]["group"].tolist() == [0, 1, 2, 3, 4, 5]
+    assert g[g["mode"] == "on"]["cached_share"].tolist() == pytest.approx([32 / 36] * 6)
+
+
+def test_report_has_capacity_per_turn_and_per_group_sections(tmp_path):
+    from prefixstudy.report import build_report
+
+    cfg = load_config(None, {**GROUPS, "dataset.kind": "sessions", "dataset.groups": 2, "dataset.output_len": 8,
+                             "dataset.suffix_len": 8, "dataset.sessions": {"turns": 2, "user_len": 8},
+                             "engine.num_blocks": 64, "sweep.num_requests": 8, "out": str(tmp_path)})
+    run = run_study(cfg, progress=False)
+    build_report(run, n_boot=50, formats=("png",))
+    md = (run / "report.md").read_text()
+    for title in ("## Cache capacity and eviction", "## Per turn", "## Per prefix group"):
+        assert title in md
+    from prefixstudy.report.workloads import capacity_frame
+
+    cap = capacity_frame(load(run))
+    assert cap[["rate", "block_size", "num_blocks", "evicted_blocks_estimated"]].values.tolist() == [[50, 16, 64, 0]]

@@ -64,6 +64,11 @@ def interval(replicates: np.ndarray, ci: float = CI) -> tuple[float, float]:
     return (float(lo), float(hi))
 
 
+def rate_seed(rate: float) -> int:
+    """A seed from a rate (req/s, to 1e-3); ``inf`` (everything at once) gets its own."""
+    return int(round(float(rate) * 1000)) if math.isfinite(rate) else 2**31 - 1
+
+
 def gain(on: float, off: float) -> float:
     """(OFF - ON) / OFF: 0.3 means ON is 30 % faster."""
     return (off - on) / off if off and math.isfinite(off) and math.isfinite(on) else math.nan

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics.bootstrap import N_BOOT, block_indices, interval
+from prefixstudy.metrics.bootstrap import N_BOOT, block_indices, interval, rate_seed
 from prefixstudy.metrics.requests import KEY
 
 TERMS = ("prefill_tokens", "num_prefill_reqs", "decode_tokens")
@@ -129,7 +129,7 @@ def replicates(runs: list[np.ndarray], fit: StepFit, seed=0) -> np.ndarray:
 def point_seed(key) -> np.random.SeedSequence:
     """A point's own seed, from its identity: adding points to a run never moves another's interval."""
     mode, rate, repeat = key
-    return np.random.SeedSequence([{"on": 1, "off": 2}.get(mode, 3), int(round(float(rate) * 1000)), int(repeat)])
+    return np.random.SeedSequence([{"on": 1, "off": 2}.get(mode, 3), rate_seed(rate), int(repeat)])
 
 
 ENGINE_COLUMNS = ["step_timing", "busy_steps", "engine_prefill_share", "engine_prefill_share_lo",

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.metrics import engine_fit
-from prefixstudy.metrics.bootstrap import gain, hierarchical, interval
+from prefixstudy.metrics.bootstrap import gain, hierarchical, interval, rate_seed
 from prefixstudy.metrics.requests import counted, hit_rates
 
 MODES = ("on", "off")
@@ -97,7 +97,7 @@ def headline(requests: pd.DataFrame, summary: pd.DataFrame, iterations: pd.DataF
     busy = engine_fit.busy_steps(iterations) if iterations is not None and len(iterations) else None
     rows = []
     for rate in sorted(summary["rate"].unique()):
-        seed = np.random.SeedSequence([int(round(float(rate) * 1000))])
+        seed = np.random.SeedSequence([rate_seed(rate)])
         child = seed.spawn(4)
         s = summary[summary["rate"] == rate]
         at = ok[ok["rate"] == rate]

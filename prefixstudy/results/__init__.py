@@ -64,6 +64,9 @@ def read_summary(path: Path) -> pd.DataFrame:
     df = pd.read_csv(path, converters={"error": str, "status": str, "mode": str, "saturation_reason": str})
     if "repeat" not in df:  # runs before repeats
         df.insert(2, "repeat", 0)
+    for c in ("error", "status", "mode", "saturation_reason", "step_timing"):
+        if c in df:  # one dtype for text, whether a column is all empty or not
+            df[c] = df[c].astype(object)
     return df
 
 

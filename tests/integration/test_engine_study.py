@@ -68,3 +68,22 @@ def test_results_files_load_with_documented_columns(tiny_study):
     assert m["status"] == "complete" and m["device"] == "cpu" and m["vllm_version"] == "0.32.0"
     assert [(p["mode"], p["rate"], p["status"]) for p in m["points"]] == [
         ("on", 2.0, "ok"), ("on", 8.0, "ok"), ("off", 2.0, "ok"), ("off", 8.0, "ok")]
+
+
+def test_engine_steps_are_timed_inside_the_engine(tiny_study):
+    """Issue 13: one iteration row per engine step, stamped by the scheduler subclass in the engine
+    core; token counts exact, no step overlapping another, idle time inside none."""
+    res = prefixstudy.load(tiny_study)
+    it = res.iterations
+    assert set(it["timing"]) == {"engine"} and (it["step_ms"] > 0).all()
+    for _, g in it.groupby(["mode", "rate"]):
+        g = g.sort_values("t_s")
+        assert (g["step_start_s"].to_numpy()[1:] >= g["t_s"].to_numpy()[:-1] - 1e-9).all()
+    by = it.groupby(["mode", "rate"])[["prefill_tokens", "cached_tokens", "decode_tokens"]].sum()
+    for rate in (2.0, 8.0):  # 8 measured requests a point, 1214 prompt tokens (1152 cached on ON), 32 out
+        assert by.loc[("on", rate)].tolist() == [8 * 62, 8 * 1152, 8 * 31]
+        assert by.loc[("off", rate)].tolist() == [8 * 1214, 0, 8 * 31]
+    assert res.manifest["step_timing"] == ["engine"] and res.manifest["step_fit"]["n"] == len(it)
+    s = res.summary
+    assert (s["step_timing"] == "engine").all() and s["engine_prefill_share"].notna().all()
+    assert (pd.read_csv(tiny_study / "headline.csv")["n_repeats"] == 1).all()

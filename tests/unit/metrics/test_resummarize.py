@@ -50,4 +50,5 @@ def test_committed_summary_is_reproduced(run):
 
 
 def test_runs_found():
-    assert RUNS == ["cpu-default", "h200-tp1", "h200-tp1-gc", "h200-tp2"]
+    assert RUNS == ["cpu-default", "h200-tp1", "h200-tp1-gc", "h200-tp2", "sim-seed-a100x8-tp8",
+                    "sim-seed-h200x8-tp4-parallel", "sim-seed-h200x8-tp8"]

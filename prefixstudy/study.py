@@ -166,7 +166,8 @@ def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path
         raise
     finally:
         try:
-            study.writer.finish()
+            if status != "interrupted":  # Ctrl-C means now: `prefixstudy report` finishes the run later
+                study.writer.finish()
         finally:
             study.writer.save_manifest(status=status)
         if previous is not None:

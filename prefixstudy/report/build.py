@@ -22,7 +22,7 @@ from prefixstudy.metrics.requests import counted, parse_slo
 from prefixstudy.report import bench_json, figures as plots, first_screen, tables
 from prefixstudy.report.data import ReportData, analyze, norm_rate
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, write_report
-from prefixstudy.results import HEADLINE, MANIFEST, find_run_dir, load, write_json
+from prefixstudy.results import HEADLINE, MANIFEST, SUMMARY, find_run_dir, load, write_json
 from prefixstudy.results.finish import finish_run
 from prefixstudy.report.workloads import workload_blocks
 from prefixstudy.schema import MODES
@@ -178,7 +178,10 @@ def build_report(results_dir: str | Path, slo: dict[str, float] | str | None = N
     rate (optionally "MODE RATE") of the engine time series.
     """
     run = find_run_dir(Path(results_dir))
-    if not (run / HEADLINE).is_file():  # a run cut short before its end, or older than headline.csv
+    head = run / HEADLINE
+    summary = run / SUMMARY
+    if not head.is_file() or (summary.is_file() and head.stat().st_mtime < summary.stat().st_mtime):
+        # A run cut short before its end (or resumed since), or older than headline.csv.
         manifest = load(run).manifest
         finish_run(run, manifest)
         write_json(run / MANIFEST, manifest)

@@ -6,25 +6,26 @@ state: every bootstrap takes a seed.  The report reads summary.csv and quotes th
 it never computes a second version of a summary.csv number.
 
 * ``requests``: which requests count, percentiles, prefix hit rates, SLOs and goodput.
-* ``summary``: one summary.csv row per point, saturation (flag and reason), knee and max rates.
-* ``compare``: caching gain ON vs OFF with a seeded bootstrap CI, and paired differences.
-* ``engine_fit``: the step-time fit and the engine-level prefill share.
+* ``summary``: one summary.csv row per point (mode x rate x repeat).
+* ``saturation``: is a point saturated, and why.
+* ``engine_fit``: the step-cost fit, the engine prefill share and the decode slowdown.
+* ``bootstrap``: block and hierarchical bootstraps.
+* ``headline``: headline.csv, one row per rate over repeats; knee; rate at a threshold.
+* ``compare``: TTFT gain with an independent bootstrap, and paired differences.
 
 Definitions used everywhere (the report quotes them):
 
 * **Counted request**: ``warmup == False`` and ``error == ""``.
 * **Percentile**: ``numpy.percentile`` with linear interpolation (vLLM's choice).
-* **Saturated point**: achieved rate < ``ACHIEVED_MIN_RATIO`` x the offered rate as
-  realized by the schedule (``keep_up_rate``), OR a measured request was left
-  unfinished, OR the waiting queue grows through the point: over the arrival window, mean
-  ``num_waiting`` of the last third minus that of the first third is at least
-  ``QUEUE_GROWTH_MIN`` requests AND at least ``QUEUE_GROWTH_REL`` x the first-third mean.
-* **Knee rate** of a mode: the highest offered rate below that mode's first saturated
-  rate (every lower rate is unsaturated too).  NaN if the lowest rate is saturated.
-* **Max rate meeting a threshold**: the highest offered rate r such that every point
-  of that mode at rates <= r is unsaturated and has metric <= threshold.
-* **Engine prefill share**: fit ``step_ms = a + b*prompt_tokens + c*generation_tokens``
-  by least squares over busy iterations (pooled over both modes: caching changes how
-  many prompt tokens are computed, not what one costs); per point the share is
-  ``b * sum(prompt_tokens) / sum(step_ms)`` over the same iterations.
+* **Saturated point** (``saturation``): inside the point's arrival window, a sent request left
+  unfinished, completions falling behind arrivals, the requests in the engine (running + waiting)
+  rising from the first third to the last, or E2E climbing; see that module for the thresholds.
+* **Knee** of a mode (``headline.knee``): between the last rate where most repeats kept up and the
+  next, in actual arrival rate.
+* **Max rate meeting a threshold** (``headline.rate_at_threshold``): where the mode's p90 E2E
+  crosses it, interpolated between rates, with an interval from p90's; a saturated rate is over.
+* **Engine prefill share** and **decode slowdown** (``engine_fit``): from one step-cost fit over the
+  study's engine steps (timed inside the engine core), with block-bootstrap intervals.
+* **Intervals** (``bootstrap``, ``headline``): moving blocks of consecutive requests or steps, and
+  repeats resampled too; ON and OFF paired.
 """

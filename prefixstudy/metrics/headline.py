@@ -135,11 +135,12 @@ def knee(head: pd.DataFrame, mode: str) -> tuple[float, float, float]:
 def rate_at_threshold(head: pd.DataFrame, mode: str, threshold_ms: float, metric: str = "p90_e2e") -> tuple:
     """(rate, lo, hi): the arrival rate at which ``mode``'s ``metric`` crosses ``threshold_ms``,
     linearly interpolated between the two rates around the crossing; lo/hi from the interval's
-    upper/lower curve.  A saturated rate counts as over any threshold.  NaN where the lowest rate
-    is already over; the highest rate (a bound) where none is."""
+    upper/lower curve.  A rate where most repeats saturated counts as over any threshold (as for
+    the knee).  NaN where the lowest rate is already over; the highest rate (a bound) where none is."""
     h = head.sort_values("arrival_rate")
     x = h["arrival_rate"].to_numpy(float)
-    sat = h[f"{mode}_saturated"].to_numpy(bool)
+    share = h[f"{mode}_saturated_share"] if f"{mode}_saturated_share" in h else h[f"{mode}_saturated"].astype(float)
+    sat = share.to_numpy(float) > 0.5
 
     def cross(col: str) -> float:
         y = np.where(sat, np.inf, h[col].to_numpy(float))

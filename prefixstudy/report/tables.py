@@ -106,9 +106,15 @@ def headline_paragraphs(d: ReportData) -> list[str]:
     y, sus = h["threshold_ms"], h["sustains"]
     out = []
     if math.isfinite(y):
+        top = float(d.head["arrival_rate"].max()) if len(d.head) else math.nan
+
         def at(m):
             r, lo, hi = sus[m]
-            return f"{r:.1f} req/s [{fmt(lo, '.1f')}, {fmt(hi, '.1f')}]" if math.isfinite(r) else "no rate"
+            if not math.isfinite(r):
+                return "no rate"
+            if r == top:  # the highest rate measured still met it: a lower bound
+                return f"≥ {r:.1f} req/s (the highest rate measured)"
+            return f"{r:.1f} req/s [{fmt(lo, '.1f')}, {fmt(hi, '.1f')}]"
         out.append(f"At p90 E2E ≤ {y:.1f} ms caching ON sustains {at('on')} and OFF {at('off')} (actual arrival "
                    f"rates, interpolated where p90 crosses the threshold; the interval from p90's 95 % interval; "
                    f"a saturated rate counts as over). Threshold: {h['threshold_source']}.")

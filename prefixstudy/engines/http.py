@@ -92,6 +92,7 @@ class HttpEngine:
         self.base = (base_url or engine.targets.get(mode, "")).rstrip("/")
         self.model_name = engine.served_model
         self.block_size = engine.block_size or 0
+        self.num_blocks = 0  # KV-cache blocks, from the server's /metrics once started (0: unknown)
         self.startup_s = math.nan
         self.session = None
         self.reset_supported = True
@@ -132,8 +133,9 @@ class HttpEngine:
         await self.wait_healthy(self.config.health_timeout_s, self.alive)
         if self.model_name is None:
             self.model_name = await self._served_model()
+        text = await self._metrics_text()
+        self.num_blocks = server_metrics.num_blocks(text) if text else 0
         if not self.block_size:
-            text = await self._metrics_text()
             size = server_metrics.block_size(text) if text else None
             if size is None:
                 log.warning("warning: %s does not report its prefix-cache block size; expected cached tokens "

@@ -55,6 +55,17 @@ def counters(text: str) -> dict[str, float]:
     return out
 
 
+def num_blocks(text: str) -> int:
+    """The server's KV-cache blocks, from ``vllm:cache_config_info``'s ``num_gpu_blocks`` (0: not
+    exported, which the capacity-aware hit-rate estimate reads as unbounded)."""
+    for line in text.splitlines():
+        if line.startswith("vllm:cache_config_info"):
+            m = re.search(r'num_gpu_blocks="(\d+)"', line)
+            if m:
+                return int(m.group(1))
+    return 0
+
+
 def block_size(text: str) -> int | None:
     """vLLM's prefix-cache block size, from the ``vllm:cache_config_info`` labels (None: not exported)."""
     for line in text.splitlines():

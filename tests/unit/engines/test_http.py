@@ -33,6 +33,9 @@ def test_metrics_deltas_of_two_requests_sharing_a_prefix():
     assert d["server_hit_rate"] == 1152 / 2428
     assert d["server_mean_prefill_ms"] > 0 and d["server_mean_decode_ms"] > 0 and d["server_mean_queue_ms"] >= 0
     assert server_metrics.block_size((FIX / "metrics-after.txt").read_text()) == 128
+    # the captured server reports its KV-cache block count (the capacity-aware estimate uses it)
+    assert server_metrics.num_blocks((FIX / "metrics-after.txt").read_text()) == 2048
+    assert server_metrics.num_blocks("other_metric 3\n") == 0
 
 
 def test_metrics_a_server_does_not_export_are_nan():

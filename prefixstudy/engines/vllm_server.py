@@ -111,6 +111,7 @@ class VllmServerEngine:
         self.proc: subprocess.Popen | None = None
         self.http: HttpEngine | None = None
         self.block_size = 0
+        self.num_blocks = 0  # the server's KV-cache blocks once started (0: unknown)
         self.startup_s = math.nan
         self.log_path = ""
 
@@ -155,6 +156,7 @@ class VllmServerEngine:
             raise RuntimeError(f"vllm serve (caching {self.mode.upper()}) did not come up: {e}; "
                                f"its log: {self.log_path}: {_tail(self.log_path)}") from None
         self.block_size, self.startup_s = self.http.block_size, time.monotonic() - t0
+        self.num_blocks = self.http.num_blocks
         log.info("server %s up in %.1f s at %s (block size %s)", self.mode, self.startup_s, url, self.block_size)
 
     # ------------------------------------------------------------------ the HTTP engine does the rest

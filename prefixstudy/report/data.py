@@ -181,17 +181,12 @@ def _with_extras(points: pd.DataFrame, requests: pd.DataFrame, iterations: pd.Da
                  slo: dict[str, float]) -> pd.DataFrame:
     """summary.csv plus, with an SLO, goodput over summary.csv's durations (repeats pooled)."""
     if slo:
-        gp = reqs.goodput(requests, slo, durations=reqs.with_repeat(norm_rate(durations_of(points, requests))))
+        gp = reqs.goodput(requests, slo, durations=norm_rate(reqs.point_durations(requests)))
         gp = gp.groupby(KEY, as_index=False).agg(n_good=("n_good", "sum"), n_measured=("n_measured", "sum"),
                                                  duration_s=("duration_s", "sum"))
         gp["goodput_rps"] = np.where(gp["duration_s"] > 0, gp["n_good"] / gp["duration_s"], np.nan)
         points = points.merge(gp[KEY + ["n_good", "goodput_rps"]], on=KEY, how="left")
     return points
-
-
-def durations_of(points: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
-    """Per point and repeat: summary.csv's duration_s (the report's points are repeat means)."""
-    return reqs.point_durations(requests)
 
 
 def gains_from_head(head: pd.DataFrame, ttft: pd.DataFrame) -> pd.DataFrame:

@@ -34,6 +34,19 @@ class DatasetRow:
 EXTRA_DEFAULTS = {"session": -1, "turn": 0, "parent": -1, "think_time_s": 0.0, "arrival_s": None}
 
 
+def token_high(dataset, vocab: int) -> int:
+    """The exclusive upper bound of drawn token ids: ``dataset.token_high``, at most the vocab."""
+    high = dataset.token_high or vocab
+    if high > vocab:
+        raise UserError(f"field 'dataset.token_high': {high} > the model's vocab size {vocab}")
+    return high
+
+
+def synthetic_count(cfg) -> int:
+    """Rows a generated workload makes: ``dataset.num_requests``, else as many as the largest point needs."""
+    return cfg.dataset.num_requests or max(cfg.sweep.requests_for(r) for r in cfg.sweep.rates)
+
+
 def full_prompt_len(rows: list[DatasetRow], i: int) -> int:
     """Tokens in row i's prompt as sent: its own plus, for a later turn, every earlier turn's
     prompt and output."""

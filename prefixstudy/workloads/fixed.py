@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from prefixstudy.errors import UserError
-from prefixstudy.workloads.base import DatasetRow
+from prefixstudy.workloads.base import DatasetRow, synthetic_count, token_high
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
@@ -20,10 +20,8 @@ if TYPE_CHECKING:
 def rows(cfg: "StudyConfig", vocab: int) -> tuple[list[DatasetRow], str]:
     """The configured fixed-prompt dataset; as many requests as the largest point needs by default."""
     d = cfg.dataset
-    n = d.num_requests or max(cfg.sweep.requests_for(r) for r in cfg.sweep.rates)
-    high = d.token_high or vocab
-    if high > vocab:
-        raise UserError(f"field 'dataset.token_high': {high} > the model's vocab size {vocab}")
+    n = synthetic_count(cfg)
+    high = token_high(d, vocab)
     return make_dataset(n, d.prefix_len, d.suffix_len, d.output_len, d.groups, d.seed, d.token_low, high), \
         "dataset (generated)"
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from prefixstudy.errors import UserError
-from prefixstudy.workloads.base import DatasetRow
+from prefixstudy.workloads.base import DatasetRow, synthetic_count, token_high
 from prefixstudy.workloads.specs import MixConfig
 from prefixstudy.workloads.lengths import Length, draw, lowest
 
@@ -27,10 +27,8 @@ if TYPE_CHECKING:
 def rows(cfg: "StudyConfig", vocab: int) -> tuple[list[DatasetRow], str]:
     d = cfg.dataset
     mix = d.mix or MixConfig()
-    n = d.num_requests or max(cfg.sweep.requests_for(r) for r in cfg.sweep.rates)
-    high = d.token_high or vocab
-    if high > vocab:
-        raise UserError(f"field 'dataset.token_high': {high} > the model's vocab size {vocab}")
+    n = synthetic_count(cfg)
+    high = token_high(d, vocab)
     lens = (mix.prefix_len if mix.prefix_len is not None else d.prefix_len,
             mix.suffix_len if mix.suffix_len is not None else d.suffix_len,
             mix.output_len if mix.output_len is not None else d.output_len)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from prefixstudy.errors import UserError
-from prefixstudy.workloads.base import DatasetRow
+from prefixstudy.workloads.base import DatasetRow, synthetic_count, token_high
 from prefixstudy.workloads.specs import SessionsConfig
 from prefixstudy.workloads.lengths import Length, draw, lowest
 
@@ -26,10 +26,8 @@ if TYPE_CHECKING:
 def rows(cfg: "StudyConfig", vocab: int) -> tuple[list[DatasetRow], str]:
     d = cfg.dataset
     s = d.sessions or SessionsConfig()
-    n = d.num_requests or max(cfg.sweep.requests_for(r) for r in cfg.sweep.rates)
-    high = d.token_high or vocab
-    if high > vocab:
-        raise UserError(f"field 'dataset.token_high': {high} > the model's vocab size {vocab}")
+    n = synthetic_count(cfg)
+    high = token_high(d, vocab)
     if lowest(s.turns) < 1:
         raise UserError("field 'dataset.sessions.turns': a session has at least 1 turn")
     if lowest(s.user_len) < 1:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from prefixstudy.errors import UserError
-from prefixstudy.workloads.base import DatasetRow
+from prefixstudy.workloads.base import DatasetRow, token_high
 from prefixstudy.workloads.specs import TraceConfig
 from prefixstudy.workloads.jsonl import json_lines, pos_int
 
@@ -41,9 +41,7 @@ REQUIRED = ("timestamp", "input_length", "output_length", "hash_ids")
 def rows(cfg: "StudyConfig", vocab: int) -> tuple[list[DatasetRow], str]:
     d = cfg.dataset
     t = d.trace or TraceConfig()
-    high = d.token_high or vocab
-    if high > vocab:
-        raise UserError(f"field 'dataset.token_high': {high} > the model's vocab size {vocab}")
+    high = token_high(d, vocab)
     return load_trace(d.path, t, d.seed, d.token_low, high), str(d.path)
 
 

@@ -57,15 +57,17 @@ def arrival_rate(requests: pd.DataFrame) -> float:
     return (s.size - 1) / span if span > 0 else math.nan
 
 
-def _thirds(x: np.ndarray, v: np.ndarray) -> tuple[float, float]:
-    """Mean of ``v`` where ``x`` is in the first third and the last third of its range."""
+def _thirds(x: np.ndarray, v: np.ndarray, lo: float | None = None, hi: float | None = None) -> tuple[float, float]:
+    """Mean of ``v`` where ``x`` is in the first and the last third of [lo, hi] (default: x's range)."""
     if x.size < 3:
         return math.nan, math.nan
-    lo, hi = x.min(), x.max()
+    lo = x.min() if lo is None else lo
+    hi = x.max() if hi is None else hi
     third = (hi - lo) / 3
     if third <= 0:
         return math.nan, math.nan
-    return float(v[x <= lo + third].mean()), float(v[x >= hi - third].mean())
+    first, last = v[x <= lo + third], v[x >= hi - third]
+    return (float(first.mean()) if first.size else math.nan, float(last.mean()) if last.size else math.nan)
 
 
 def completion_ratio(requests: pd.DataFrame) -> float:
@@ -89,12 +91,7 @@ def in_system(iterations: pd.DataFrame | None, a0: float, a1: float) -> tuple[fl
         return math.nan, math.nan
     it = iterations[(iterations["t_s"] >= a0) & (iterations["t_s"] <= a1)]
     n = (it["num_running"] + it["num_waiting"]).to_numpy(float)
-    t = it["t_s"].to_numpy(float)
-    if t.size < 3:
-        return math.nan, math.nan
-    third = (a1 - a0) / 3
-    first, last = n[t <= a0 + third], n[t >= a1 - third]
-    return (float(first.mean()) if first.size else math.nan, float(last.mean()) if last.size else math.nan)
+    return _thirds(it["t_s"].to_numpy(float), n, a0, a1)
 
 
 def saturation(requests: pd.DataFrame, iterations: pd.DataFrame | None = None) -> dict:

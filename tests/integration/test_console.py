@@ -25,6 +25,8 @@ def test_default_run_console_is_progress_points_and_results_only(tmp_path):
     lines = [ln for ln in re.split(r"[\r\n]", r.stdout + r.stderr) if ln.strip() and not BAR.match(ln)]
     (run,) = (tmp_path / "default").iterdir()
     assert len(lines) == 3, lines
-    assert re.fullmatch(r"\[ ON      8 req/s\] ok 4/4  e2e [0-9.]+ ms  prefill [0-9.]+ ms  hit 0\.949", lines[0])
+    # Whether 4 requests at 8 req/s outrun the machine depends on its cores; the verdict is printed either way.
+    assert re.fullmatch(r"\[ ON      8 req/s\] ok 4/4  e2e [0-9.]+ ms  prefill [0-9.]+ ms  hit 0\.949(  SATURATED)?",
+                        lines[0])
     assert lines[1:] == [f"results: {run}", f"report: {run / 'report.html'}"]
     assert (Path(run) / "summary.csv").is_file()

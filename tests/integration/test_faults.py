@@ -57,8 +57,11 @@ def wait_for_point(proc: subprocess.Popen, marker: str, timeout: float = 300) ->
 
 def engine_core(proc: subprocess.Popen) -> psutil.Process:
     for child in psutil.Process(proc.pid).children(recursive=True):
-        if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
-            return child
+        try:  # an exited, unreaped helper process is a zombie with no command line
+            if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
+                return child
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            pass
     raise AssertionError("no EngineCore process found")
 
 

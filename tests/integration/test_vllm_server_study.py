@@ -39,7 +39,16 @@ def study_path(tmp_path: Path, **sweep) -> Path:
 
 
 def _servers_under(pid: int) -> list[psutil.Process]:
-    return [p for p in psutil.Process(pid).children(recursive=True) if SERVER_MODULE in " ".join(p.cmdline())]
+    """Live `vllm serve` processes below pid.  A zombie (exited, not yet reaped: any child of the test
+    process, e.g. an engine's helper) has no command line to read and serves nothing, so it is passed over."""
+    found = []
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and SERVER_MODULE in " ".join(p.cmdline()):
+                found.append(p)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            pass
+    return found
 
 
 def test_vllm_server_launches_measures_and_kills(tmp_path):

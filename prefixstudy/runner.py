@@ -359,13 +359,19 @@ def settle_heap() -> None:
     gc.freeze()
 
 
+# The longest single timer sleep.  A timer overshoots in proportion to its length: 0.1 % on this VM's
+# asyncio loop, 0.5 % on the uvloop a Ray actor runs (4.5 s slept 22 ms long; benchmarks/timer_overshoot.py),
+# which made the sends after long gaps at 1 req/s on Ray TP 2 late by 2-15 ms.  Napping at most 50 ms
+# keeps any overshoot to a fraction of the spin margin below.
+MAX_NAP_S = 0.05
+SPIN_MARGIN_S = 0.0015
+
+
 async def _sleep_until(target: float) -> None:
-    """asyncio's timer rounds to ~1 ms and a long sleep can overshoot by a few (seen on a 2-core VM at
-    1 req/s), so wake early and yield the last stretch.  Long gaps get a wider margin; short ones a
-    narrow one, so spinning never takes much of a busy loop's time."""
-    delay = target - time.monotonic()
-    margin = 0.005 if delay > 0.05 else 0.0015
-    if delay > margin:
-        await asyncio.sleep(delay - margin)
+    """Sleep in naps of at most MAX_NAP_S until SPIN_MARGIN_S before target, then yield the last
+    stretch: asyncio's timer rounds to ~1 ms.  The spin yields with sleep(0), so the loop's other
+    work (vLLM's output handling) runs in it; it never takes much of a busy loop's time."""
+    while (delay := target - time.monotonic()) > SPIN_MARGIN_S:
+        await asyncio.sleep(min(delay - SPIN_MARGIN_S, MAX_NAP_S))
     while time.monotonic() < target:
         await asyncio.sleep(0)

@@ -35,3 +35,4 @@ def test_the_modes_differ_only_in_prefix_caching():
     assert {k for k in on if on[k] != off[k]} == {"enable_prefix_caching"}
     assert (on["enable_prefix_caching"], off["enable_prefix_caching"]) == (True, False)
     assert (on["kv_cache_memory_bytes"], on["block_size"], on["disable_log_stats"]) == (2**29, 128, False)
+

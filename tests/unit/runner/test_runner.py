@@ -170,3 +170,24 @@ def test_every_point_records_its_itl_spread():
     itl = res.meta["itl_ms"]
     assert set(itl) == {"median", "std", "p50", "p90", "p99"}
     assert 2.0 <= itl["p50"] <= itl["p99"] < 50  # 3 gaps of ~2 ms per request (4 tokens)
+
+
+def test_a_long_wait_for_a_send_naps_briefly_so_a_timer_that_runs_slow_cannot_make_it_late(monkeypatch):
+    """A clock where every timer sleep oversleeps by 0.5 % (a Ray actor's uvloop on this VM: 4.5 s
+    slept 22 ms long).  A 4.5-s gap before a send must still end on time: no nap is longer than
+    MAX_NAP_S, and the spin covers the rest."""
+    from prefixstudy import runner
+
+    now = [100.0]
+    naps = []
+
+    async def slow_sleep(d):
+        naps.append(d)
+        now[0] += d * 1.005 if d > 0 else 1e-6
+
+    monkeypatch.setattr(runner.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(runner.asyncio, "sleep", slow_sleep)
+    asyncio.get_event_loop_policy().new_event_loop().run_until_complete(runner._sleep_until(104.5))
+    timed = [d for d in naps if d > 0]
+    assert max(timed) == runner.MAX_NAP_S and len(timed) == 90
+    assert 0 <= now[0] - 104.5 < 2e-6  # one sleep(0) past the target at most; one 4.5-s sleep: 22.5 ms

@@ -2,10 +2,13 @@
 
     PYTHONPATH=. python experiments/sim/accuracy.py [--out experiments/results/sim-accuracy]
 
-For each study and each point (mode, rate): fit the step cost on the study's OTHER points, simulate
-that point with vLLM's scheduler, compare with the measurement.  Then the transfer check: fit on all
-of TP 1, carry it to TP 2 with the roofline (and back), simulate every point of the other study.
-Writes accuracy.csv (one row per point and check) and accuracy.md (the table for the README).
+For each study and each point (mode, rate): fit the step cost on the study's OTHER points (every
+repeat of this one left out), simulate each repeat of the point with vLLM's scheduler on that
+repeat's own arrival schedule (seed + repeat, as the runner drew it), compare with the measurement.
+Then the transfer check: fit on all of TP 1, carry it to TP 2 with the roofline (and back), simulate
+every point of the other study.  Writes accuracy.csv (one row per point, repeat and check),
+accuracy.md (per point: the means over repeats, the measured repeats' range, and the errors) and
+summary.md (the README's table: counts within 5 / 10 %, knees, hit rates).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pandas as pd
 
 from prefixstudy.config import load_config
 from prefixstudy.metrics.summary import summarize_point
+from prefixstudy.results import read_summary
 from prefixstudy.model.arch import load_arch
 from prefixstudy.sim.cost import fit, load_steps, step_error
 from prefixstudy.sim.hardware import transfer
@@ -33,32 +37,34 @@ METRICS = ("mean_e2e_ms", "p90_e2e_ms", "mean_ttft_ms", "mean_tpot_ms", "hit_rat
 
 
 def simulate_points(study_dir: Path, cost_for_point, check: str) -> list[dict]:
-    """Simulate every measured point of ``study_dir``; ``cost_for_point(mode, rate)`` prices it."""
+    """Simulate every measured (mode, rate, repeat) of ``study_dir``; ``cost_for_point(mode, rate)`` prices it."""
     cfg = load_config(study_dir / "config.yaml")
     rows = load_rows(cfg)
     gpu, tp, _ = calibration_hardware(study_dir)
     arch = load_arch(cfg.model)
-    measured = pd.read_csv(study_dir / "summary.csv")
+    measured = read_summary(study_dir / "summary.csv")
     base = SimTarget(gpu.name, tp, block_count(cfg, arch, gpu, tp, DEFAULT_BLOCK_SIZE), DEFAULT_BLOCK_SIZE,
                      cost_for_point("on", measured.rate.iloc[0]))
     vc = vllm_config(scheduler_spec(cfg, base, "on"))
     out = []
-    for _, m in measured.iterrows():
-        target = SimTarget(base.gpu, tp, base.num_gpu_blocks, base.block_size, cost_for_point(m["mode"], m["rate"]))
-        t = time.perf_counter()
-        res = SimSession(cfg, m["mode"], rows, target, vc).run_point(float(m["rate"]))
-        row = summarize_point(res.requests, {"mode": m["mode"], "rate": m["rate"], **res.meta},
-                              cfg.checks.hit_rate_tolerance, res.iterations)
-        out.append({"study": study_dir.name, "check": check, "mode": m["mode"], "rate": m["rate"],
-                    "sim_wall_s": time.perf_counter() - t, "n_requests": res.meta["n_sent"],
-                    **{f"{k}_meas": m[k] for k in METRICS}, **{f"{k}_sim": row[k] for k in METRICS}})
-        print(f"{check} {study_dir.name} {m['mode']} {m['rate']:g}: e2e {row['mean_e2e_ms']:.0f} vs "
-              f"{m['mean_e2e_ms']:.0f} ms", file=sys.stderr)
+    for (mode, rate), pts in measured.groupby(["mode", "rate"], sort=False):
+        target = SimTarget(base.gpu, tp, base.num_gpu_blocks, base.block_size, cost_for_point(mode, rate))
+        session = SimSession(cfg, mode, rows, target, vc)
+        for _, m in pts.iterrows():
+            t = time.perf_counter()
+            res = session.run_point(float(rate), int(m["repeat"]))
+            row = summarize_point(res.requests, {"mode": mode, "rate": rate, **res.meta},
+                                  cfg.checks.hit_rate_tolerance, res.iterations)
+            out.append({"study": study_dir.name, "check": check, "mode": mode, "rate": rate, "repeat": int(m["repeat"]),
+                        "sim_wall_s": time.perf_counter() - t, "n_requests": res.meta["n_sent"],
+                        **{f"{k}_meas": m[k] for k in METRICS}, **{f"{k}_sim": row[k] for k in METRICS}})
+            print(f"{check} {study_dir.name} {mode} {rate:g} r{int(m['repeat'])}: e2e {row['mean_e2e_ms']:.0f} vs "
+                  f"{m['mean_e2e_ms']:.0f} ms", file=sys.stderr)
     return out
 
 
 def held_out(study_dir: Path) -> list[dict]:
-    steps = load_steps(study_dir)
+    steps = load_steps(study_dir)  # every repeat of the point is left out of its fit
 
     def cost(mode, rate):
         return fit(steps[(steps["mode"] != mode) | (steps["rate"] != rate)], source=f"{study_dir} without {mode} {rate:g}")
@@ -76,55 +82,113 @@ def transferred(src_dir: Path, dst_dir: Path) -> list[dict]:
 
 def add_cost_error(df: pd.DataFrame) -> pd.DataFrame:
     """Split each point's error: ``cost_busy_err`` is the cost model's error on the busy time of the
-    steps the real engine ran at that point (the cost model alone, the real schedule); what is left
-    of the E2E error comes from the schedule the simulator produced (queueing, batching) and from
-    latency outside the engine steps."""
+    steps the real engine ran at that point and repeat (the cost model alone, the real schedule); what
+    is left of the E2E error comes from the schedule the simulator produced (queueing, batching) and
+    from latency outside the engine steps."""
     out = []
-    fits = {}
+    fits, steps_of = {}, {}
     for _, r in df.iterrows():
         d = STUDIES[r["study"]]
-        steps = load_steps(d)
-        at = steps[(steps["mode"] == r["mode"]) & (steps["rate"] == r["rate"])]
+        steps = steps_of.setdefault(r["study"], load_steps(d))
+        at = steps[(steps["mode"] == r["mode"]) & (steps["rate"] == r["rate"]) & (steps["repeat"] == r["repeat"])]
         if r["check"] == "held-out point":
-            model = fit(steps[(steps["mode"] != r["mode"]) | (steps["rate"] != r["rate"])])
+            key = (r["study"], r["mode"], r["rate"])
+            if key not in fits:
+                fits[key] = fit(steps[(steps["mode"] != r["mode"]) | (steps["rate"] != r["rate"])])
         else:
-            src = STUDIES[r["check"].removeprefix("transfer from ")]
-            if r["check"] not in fits:
+            key = r["check"]
+            if key not in fits:
+                src = STUDIES[r["check"].removeprefix("transfer from ")]
                 cfg = load_config(d / "config.yaml")
-                fits[r["check"]] = transfer(fit(load_steps(src)), load_arch(cfg.model), calibration_hardware(src)[:2],
-                                            calibration_hardware(d)[:2], mean_context_tokens(load_rows(cfg)))
-            model = fits[r["check"]]
-        out.append(step_error(model, at)["total_rel_err"])
+                fits[key] = transfer(fit(load_steps(src)), load_arch(cfg.model), calibration_hardware(src)[:2],
+                                     calibration_hardware(d)[:2], mean_context_tokens(load_rows(cfg)))
+        out.append(step_error(fits[key], at)["total_rel_err"])
     return df.assign(cost_busy_err=out)
 
 
-def table(df: pd.DataFrame) -> str:
-    """Markdown: predicted vs measured per point, relative errors of the latencies."""
-    lines = ["| check | study | mode | rate | E2E mean sim / meas (ms) | err | E2E p90 err | TTFT mean sim / meas (ms) "
-             "| TPOT err | hit rate sim / meas | saturated sim / meas | cost model's busy-time err |", "|" + "---|" * 12]
-    for _, r in df.iterrows():
-        def err(k):
-            return f"{(r[k + '_sim'] / r[k + '_meas'] - 1) * 100:+.1f} %"
-        lines.append(f"| {r['check']} | {r['study']} | {r['mode']} | {r['rate']:g} | {r['mean_e2e_ms_sim']:.0f} / "
-                     f"{r['mean_e2e_ms_meas']:.0f} | {err('mean_e2e_ms')} | {err('p90_e2e_ms')} | "
-                     f"{r['mean_ttft_ms_sim']:.1f} / {r['mean_ttft_ms_meas']:.1f} | {err('mean_tpot_ms')} | "
+def per_point(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (check, study, mode, rate): means over repeats, the measured repeats' range, the
+    share of repeats saturated (measured and simulated), and the relative errors of the means."""
+    keys = ["check", "study", "mode", "rate"]
+    g = df.groupby(keys, sort=False)
+    out = g[[f"{k}_{w}" for k in METRICS[:-1] for w in ("meas", "sim")] + ["cost_busy_err"]].mean()
+    out["n_repeats"] = g.size()
+    out["e2e_meas_min"], out["e2e_meas_max"] = g["mean_e2e_ms_meas"].min(), g["mean_e2e_ms_meas"].max()
+    out["saturated_meas_share"] = g["saturated_meas"].mean()
+    out["saturated_sim_share"] = g["saturated_sim"].mean()
+    for k in ("mean_e2e_ms", "p90_e2e_ms", "mean_ttft_ms", "mean_tpot_ms"):
+        out[f"{k}_err"] = out[f"{k}_sim"] / out[f"{k}_meas"] - 1
+    out["within_spread"] = (out["mean_e2e_ms_sim"] >= out["e2e_meas_min"]) & (out["mean_e2e_ms_sim"] <= out["e2e_meas_max"])
+    return out.reset_index()
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f} %"
+
+
+def table(pp: pd.DataFrame) -> str:
+    """Markdown: predicted vs measured per point (means over repeats), relative errors."""
+    lines = ["| check | study | mode | rate | repeats | E2E mean sim / meas (ms) | measured range | err | E2E p90 err "
+             "| TTFT mean sim / meas (ms) | TPOT err | hit rate sim / meas | saturated sim / meas | cost model's busy-time err |",
+             "|" + "---|" * 14]
+    for _, r in pp.iterrows():
+        lines.append(f"| {r['check']} | {r['study']} | {r['mode']} | {r['rate']:g} | {r['n_repeats']} | "
+                     f"{r['mean_e2e_ms_sim']:.0f} / {r['mean_e2e_ms_meas']:.0f} | {r['e2e_meas_min']:.0f}–{r['e2e_meas_max']:.0f} | "
+                     f"{_pct(r['mean_e2e_ms_err'])} | {_pct(r['p90_e2e_ms_err'])} | "
+                     f"{r['mean_ttft_ms_sim']:.1f} / {r['mean_ttft_ms_meas']:.1f} | {_pct(r['mean_tpot_ms_err'])} | "
                      f"{r['hit_rate_measured_sim']:.3f} / {r['hit_rate_measured_meas']:.3f} | "
-                     f"{'yes' if r['saturated_sim'] else 'no'} / {'yes' if r['saturated_meas'] else 'no'} | "
-                     f"{r['cost_busy_err'] * 100:+.1f} % |")
+                     f"{r['saturated_sim_share']:.0%} / {r['saturated_meas_share']:.0%} | {_pct(r['cost_busy_err'])} |")
     return "\n".join(lines) + "\n"
+
+
+def knee_step(pp: pd.DataFrame, mode: str) -> tuple[float, float]:
+    """(measured, simulated) knee as in metrics.headline: the last rate where most repeats kept up,
+    every lower rate too (nan if the lowest saturated; the top rate if none did)."""
+    out = []
+    for col in ("saturated_meas_share", "saturated_sim_share"):
+        last = float("nan")
+        for _, r in pp[pp["mode"] == mode].sort_values("rate").iterrows():
+            if r[col] > 0.5:
+                break
+            last = float(r["rate"])
+        out.append(last)
+    return tuple(out)
+
+
+def summary(pp: pd.DataFrame) -> str:
+    """The README's table: per check, over points most repeats of which kept up (as measured)."""
+    lines = ["| check | unsaturated points | within 5 % | within 10 % | mean abs error | worst | within the repeats' range "
+             "| knee ON meas / sim | knee OFF meas / sim | max hit-rate gap |", "|" + "---|" * 10]
+    for (check, study), g in pp.groupby(["check", "study"], sort=False):
+        u = g[g["saturated_meas_share"] <= 0.5]
+        e = u["mean_e2e_ms_err"]
+        w = u.loc[e.abs().idxmax()] if len(u) else None
+        knees = [knee_step(g, m) for m in ("on", "off")]
+        worst = f"{_pct(w['mean_e2e_ms_err'])} ({w['mode'].upper()} {w['rate']:g})" if w is not None else "-"
+        name = f"{study}, point held out" if check == "held-out point" else f"{check} → {study}"
+        lines.append(f"| {name} | {len(u)} | {(e.abs() <= 0.05).sum()} | {(e.abs() <= 0.10).sum()} | "
+                     f"{e.abs().mean() * 100:.1f} % | {worst} | {int(u['within_spread'].sum())} | "
+                     f"{knees[0][0]:g} / {knees[0][1]:g} | {knees[1][0]:g} / {knees[1][1]:g} | "
+                     f"{(g['hit_rate_measured_sim'] - g['hit_rate_measured_meas']).abs().max():.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(df: pd.DataFrame, out: Path) -> None:
+    df.to_csv(out / "accuracy.csv", index=False)
+    pp = per_point(df)
+    (out / "accuracy.md").write_text(table(pp))
+    (out / "summary.md").write_text(summary(pp))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("experiments/results/sim-accuracy"))
     ap.add_argument("--checks", default="held-out,transfer")
-    ap.add_argument("--split-only", action="store_true", help="Only add cost_busy_err to an existing accuracy.csv.")
+    ap.add_argument("--tables-only", action="store_true", help="Only rewrite the tables from an existing accuracy.csv.")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    if a.split_only:
-        df = add_cost_error(pd.read_csv(a.out / "accuracy.csv"))
-        df.to_csv(a.out / "accuracy.csv", index=False)
-        (a.out / "accuracy.md").write_text(table(df))
+    if a.tables_only:
+        write(pd.read_csv(a.out / "accuracy.csv"), a.out)
         return
     rows = []
     if "held-out" in a.checks:
@@ -132,10 +196,8 @@ def main() -> None:
             rows += held_out(d)
     if "transfer" in a.checks:
         rows += transferred(STUDIES["h200-tp1"], STUDIES["h200-tp2"]) + transferred(STUDIES["h200-tp2"], STUDIES["h200-tp1"])
-    df = add_cost_error(pd.DataFrame(rows))
-    df.to_csv(a.out / "accuracy.csv", index=False)
-    (a.out / "accuracy.md").write_text(table(df))
-    print(f"wrote {a.out}/accuracy.csv, accuracy.md", file=sys.stderr)
+    write(add_cost_error(pd.DataFrame(rows)), a.out)
+    print(f"wrote {a.out}/accuracy.csv, accuracy.md, summary.md", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,15 @@
 """Stage: sim.  The step-cost model: what one engine step costs, fitted to an engine's own steps.
 
     step_ms = c0 + c_prefill·prefill_tokens + c_decode·decode_tokens + c_context·context_tokens
-              (+ c_batch·num_reqs)
+              + c_prefill_req·num_prefill_reqs  (+ c_batch·num_reqs)
 
 fitted by least squares on a study's busy steps and stored as JSON with its R² and residuals.
+No term may cost less than nothing: the most negative one is dropped and the rest refitted until
+none is (with one prompt length, context tokens are decode tokens × ~1300 and the pair split into
+−4.3 and +0.0034 ms on h200-tp2: fine in-sample, 350 % wrong once the roofline scales the two
+terms differently).  The prefill-request term is the one the report's engine fit has
+(``metrics.engine_fit``): a step that computes any prompt tokens costs more than its tokens
+(vLLM runs mixed batches outside its full CUDA graphs).
 It reads iterations.parquet in both layouts: the engine-timed one (``timing`` "engine": step_ms is
 busy time measured in the engine core) and the old one (``timing`` "frontend" or no such column:
 step_ms is the gap between StatLogger records, so a step after an idle stretch carries the idle
@@ -24,7 +30,7 @@ from prefixstudy.errors import UserError
 
 # The batch term (num_reqs) is left out by default: with one output token per decoding request it
 # is nearly collinear with decode_tokens, and on h200-tp1 it turned the pair into -2.0 / +2.1 ms.
-TERMS = ("prefill_tokens", "decode_tokens", "context_tokens")
+TERMS = ("prefill_tokens", "decode_tokens", "context_tokens", "num_prefill_reqs")
 ALL_TERMS = TERMS + ("num_reqs",)
 OLD_NAMES = {"prompt_tokens": "prefill_tokens", "generation_tokens": "decode_tokens"}
 
@@ -102,15 +108,20 @@ def busy_steps(df: pd.DataFrame) -> pd.DataFrame:
 
 def fit(df: pd.DataFrame, terms: tuple[str, ...] = TERMS, source: str = "") -> CostModel:
     """Least squares on busy steps; a term whose column is missing, empty or constant is left out
-    (coefficient 0).  No outlier is dropped: with frontend timing a late record's long gap is paid
-    back by the next one's short gap, and dropping the long ones alone would bias the sum."""
+    (coefficient 0), and so is a term that comes out negative (see the module doc).  No outlier is
+    dropped: with frontend timing a late record's long gap is paid back by the next one's short
+    gap, and dropping the long ones alone would bias the sum."""
     steps = busy_steps(df)
     use = [t for t in terms if t in steps and steps[t].notna().all() and steps[t].nunique() > 1]
     if len(steps) < len(use) + 2:
         raise UserError(f"--calibration {source}: only {len(steps)} busy steps, too few to fit a step cost")
     y = steps["step_ms"].to_numpy(dtype=float)
-    x = np.column_stack([np.ones(len(steps))] + [steps[t].to_numpy(dtype=float) for t in use])
-    beta = np.linalg.lstsq(x, y, rcond=None)[0]
+    while True:
+        x = np.column_stack([np.ones(len(steps))] + [steps[t].to_numpy(dtype=float) for t in use])
+        beta = np.linalg.lstsq(x, y, rcond=None)[0]
+        if not use or beta[1:].min() >= 0:
+            break
+        del use[int(np.argmin(beta[1:]))]
     resid = y - x @ beta
     r2 = 1.0 - float(np.sum(resid ** 2)) / float(np.sum((y - y.mean()) ** 2))
     a = np.abs(resid)

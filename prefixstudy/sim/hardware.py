@@ -53,6 +53,7 @@ def roofline_terms(arch: Arch, gpu: GPU, tp: int, mean_context_tokens: float) ->
         "decode_tokens": flops_ms + ar_ms + mean_context_tokens * kv_ms,
         "context_tokens": kv_ms,
         "num_reqs": 1e-3,  # per-request bookkeeping: host side, the same on every GPU
+        "num_prefill_reqs": 1e-3,  # per prefilling request: host side too (metadata, a piecewise graph)
     }
 
 

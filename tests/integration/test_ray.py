@@ -128,14 +128,14 @@ def test_auto_executor_is_ray_when_ray_imports():
 def test_seed_config_dry_run():
     r = CliRunner().invoke(main, ["run", str(REPO / "prefixstudy/configs/seed-a100x8-tp8.yaml"), "--dry-run"])
     assert r.exit_code == 0, r.output
-    assert r.output == ("ok: study seed-a100x8-tp8, 960 dataset rows, modes on,off, "
-                        "rates 0.5,1,2,4,8,16,32 req/s, executor ray; nothing run (--dry-run)\n")
+    assert r.output == ("ok: study seed-a100x8-tp8, 1920 dataset rows, modes on,off, "
+                        "rates 0.5,1,2,4,8,16,24,32,48,64 req/s, executor ray; nothing run (--dry-run)\n")
     cfg = load_config(REPO / "prefixstudy/configs/seed-a100x8-tp8.yaml")
     e = cfg.engine
     assert (e.tensor_parallel_size, e.dtype, e.max_num_batched_tokens, e.max_num_seqs, e.gpu_memory_utilization) \
         == (8, "bfloat16", 8192, 256, 0.9)
     assert cfg.model.endswith("prefixstudy/configs/models/mistral-7b-v0.3") and cfg.executor == "ray"
-    assert (cfg.sweep.num_requests, cfg.sweep.min_duration_s, cfg.sweep.requests_for(32)) == (40, 30, 960)
+    assert (cfg.sweep.num_requests, cfg.sweep.min_duration_s, cfg.sweep.requests_for(64)) == (40, 30, 1920)
 
 
 @pytest.mark.parametrize("name, tp, parallel", [("seed-h200x8-tp8", 8, "auto"),
@@ -351,7 +351,7 @@ def test_ray_job_submit_entrypoint(ray_head, tmp_path):
 
     r = submit("prefixstudy", "run", "seed-a100x8-tp8", "--dry-run")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert ("ok: study seed-a100x8-tp8, 960 dataset rows, modes on,off, rates 0.5,1,2,4,8,16,32 req/s, "
+    assert ("ok: study seed-a100x8-tp8, 1920 dataset rows, modes on,off, rates 0.5,1,2,4,8,16,24,32,48,64 req/s, "
             "executor ray; nothing run (--dry-run)") in r.stdout
     assert "succeeded" in r.stdout
     # Inside a job, ray.address 'local' joins the job's cluster (RAY_ADDRESS) rather than starting one.

@@ -35,6 +35,21 @@ def test_fit_recovers_the_coefficients_exactly():
     assert step_error(m, df)["total_rel_err"] == pytest.approx(0.0, abs=1e-12)
 
 
+def test_a_term_that_comes_out_negative_is_dropped_and_the_rest_refitted():
+    """Context costing less than nothing (here by construction) is not physical: it goes, and the
+    prefill and decode terms are the least-squares fit without it."""
+    import numpy as np
+
+    df = engine_steps([(100, 0, 100), (0, 4, 4000), (50, 2, 2500), (0, 8, 9000), (1000, 1, 2200), (0, 1, 300)])
+    df["step_ms"] -= 0.00012 * df.context_tokens  # now 2 + 0.01 p + 0.05 d - 0.00002 c
+    x = np.column_stack([np.ones(len(df)), df.prefill_tokens, df.decode_tokens])
+    c0, cp, cd = np.linalg.lstsq(x, df.step_ms.to_numpy(), rcond=None)[0]
+    m = fit(df)
+    assert set(m.coef_ms) == {"prefill_tokens", "decode_tokens"} and min(m.coef_ms.values()) >= 0
+    assert (m.c0_ms, m.coef_ms["prefill_tokens"], m.coef_ms["decode_tokens"]) == pytest.approx((c0, cp, cd))
+    assert cd == pytest.approx(0.0269, abs=1e-4)  # decode absorbs the (negative) KV read
+
+
 def test_a_saved_model_prices_the_same(tmp_path):
     m = CostModel(2.0, {"prefill_tokens": 0.01, "decode_tokens": 0.05}, r2=0.9)
     m.save(tmp_path / "c.json")

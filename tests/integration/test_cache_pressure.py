@@ -31,13 +31,19 @@ def cfg(tmp_path, **sets):
     return load_config(REPO / "prefixstudy/configs/default.yaml", {**BASE, "out": str(tmp_path), **sets})
 
 
-def test_hit_rate_collapses_when_groups_times_prefix_exceed_the_blocks_set(tmp_path):
-    # 6 groups of 2-block (256-token) prefixes, round robin, + 16 unique tokens, 8 out: 12 reusable
-    # blocks.  16 blocks (15 usable; one is vLLM's null block) hold them; 12 (11 usable) do not.
+@pytest.fixture(scope="module")
+def pressure(tmp_path_factory):
+    """6 groups of 2-block (256-token) prefixes, round robin, + 16 unique tokens, 8 out: 12 reusable
+    blocks.  16 blocks (15 usable; one is vLLM's null block) hold them; 12 (11 usable) do not."""
+    tmp_path = tmp_path_factory.mktemp("pressure")
     c = cfg(tmp_path, **{"dataset.kind": "groups", "dataset.groups": 6, "dataset.prefix_len": 256,
                          "dataset.suffix_len": 16, "dataset.output_len": 8, "sweep.num_requests": 12,
                          "engine.max_model_len": 512})
-    parent = run_capacity_sweep(c, "blocks", [16, 12], tmp_path / "sweep", progress=False)
+    return run_capacity_sweep(c, "blocks", [16, 12], tmp_path / "sweep", progress=False)
+
+
+def test_hit_rate_collapses_when_groups_times_prefix_exceed_the_blocks_set(pressure):
+    parent = pressure
     fits, small = (prefixstudy.load(parent / d).measured for d in ("blocks-16", "blocks-12"))
     assert fits["num_cached_tokens"].tolist() == [256] * 12 == fits["estimated_cached_tokens"].tolist()
     # Priming the 6th prefix evicted the 1st prefix's second block; after that, least-recently-used
@@ -50,6 +56,20 @@ def test_hit_rate_collapses_when_groups_times_prefix_exceed_the_blocks_set(tmp_p
     assert t["hit_rate_ok"].tolist() == [True, True]  # eviction is reported, not a failed check
     m = prefixstudy.load(parent / "blocks-12").manifest["points"][0]
     assert (m["num_blocks"], m["block_size"], m["evicted_blocks_estimated"]) == (12, 128, 25)
+
+
+def test_the_simulator_evicts_as_the_engine_did(pressure, tmp_path):
+    """Issue 14's hit-rate check under cache pressure, on the hardware we have: vLLM's scheduler and
+    block pool in virtual time, calibrated on each capacity's own run, serve the same hits request by
+    request as the real engine did (all of them with room, one block and then none without)."""
+    from prefixstudy.sim.run import simulate
+
+    for d in ("blocks-16", "blocks-12"):
+        real = prefixstudy.load(pressure / d)
+        sim = prefixstudy.load(simulate(load_config(real.path / "config.yaml"), real.path, out=tmp_path / d))
+        assert sim.manifest["sim"]["num_gpu_blocks"] == int(d.split("-")[1])
+        assert sim.measured["num_cached_tokens"].tolist() == real.measured["num_cached_tokens"].tolist()
+    assert sim.summary["hit_rate_measured"].tolist() == pytest.approx([128 / (12 * 272)])
 
 
 def test_later_turns_of_a_session_hit_more_of_their_prompt(tmp_path):

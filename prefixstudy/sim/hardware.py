@@ -9,6 +9,7 @@ Roofline time of each cost term on one GPU of a TP group (``roofline_terms``):
 * ``decode_tokens``: the same compute and bytes, + reading ``mean_context_tokens`` of KV (when the
   fit has no context term, the decode coefficient carries the average KV read);
 * ``context_tokens``: KV bytes per token / TP / HBM.
+* ``num_reqs``, ``num_prefill_reqs``: host-side work per request, carried unchanged.
 
 ``transfer`` keeps each term's measured efficiency (measured / roofline on the source) and applies
 it to the target's roofline; the part of ``c0`` the roofline does not explain (CPU scheduling,

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from prefixstudy.engines.echo import EchoEngineConfig
 from prefixstudy.engines.http import HttpEngineConfig
+from prefixstudy.engines.sim import SimEngineConfig
 from prefixstudy.engines.vllm import VllmEngineConfig
 from prefixstudy.engines.vllm_server import VllmServerEngineConfig
 from prefixstudy.errors import UserError, read_text
@@ -22,9 +23,9 @@ _STRICT = ConfigDict(extra="forbid")
 
 # One config class per backend, told apart by ``engine.kind`` (default: vllm).  A new backend adds
 # its class here.
-EngineConfig = Annotated[Union[VllmEngineConfig, EchoEngineConfig, HttpEngineConfig, VllmServerEngineConfig],
-                         Field(discriminator="kind")]
-ENGINE_KINDS = ("vllm", "echo", "http", "vllm-server")
+EngineConfig = Annotated[Union[VllmEngineConfig, EchoEngineConfig, HttpEngineConfig, VllmServerEngineConfig,
+                               SimEngineConfig], Field(discriminator="kind")]
+ENGINE_KINDS = ("vllm", "echo", "http", "vllm-server", "sim")
 
 
 class DatasetConfig(BaseModel):

@@ -128,6 +128,10 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
     if resume is not None:
         run_dir = find_run_dir(resume)
         cfg, rows, old = resume_state(run_dir, resume_config)
+        if cfg.engine.kind == "sim":
+            raise UserError(f"{run_dir}: a simulated run is not resumed; run it again (it takes seconds to minutes)")
+    elif cfg.engine.kind == "sim":
+        return _simulate(cfg, run_dir)
     else:
         rows = load_rows(cfg)
         run_dir = run_dir or new_run_dir(cfg)
@@ -148,6 +152,16 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
     writer.start()
     study = Study(cfg, writer)
     return _run(study, executor, rows, progress)
+
+
+def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
+    """engine.kind sim: the study in virtual time (prefixstudy.engines.sim says why not through the runner)."""
+    from prefixstudy.sim.run import simulate
+
+    check_plan(cfg)
+    check_engine_config(cfg)
+    e = cfg.engine
+    return simulate(cfg, Path(e.calibration), e.gpu, None, None, e.jobs, run_dir)
 
 
 def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path:

@@ -121,7 +121,8 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
                    f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s"
                    + (f" x {cfg.sweep.repeats} repeats" if cfg.sweep.repeats > 1 else "") + ", "
-                   f"executor {resolve_executor(cfg.executor)}; nothing run (--dry-run)")
+                   f"executor {'sim (virtual time)' if cfg.engine.kind == 'sim' else resolve_executor(cfg.executor)}; "
+                   "nothing run (--dry-run)")
         return
     run_dir = _run(cfg, resume, config, progress=not quiet)
     click.echo(f"results: {run_dir}")

@@ -8,12 +8,14 @@ from pathlib import Path
 import click
 
 from prefixstudy.cli.run import _console, _csv_floats, _csv_modes, _overrides
+from prefixstudy.errors import UserError
 
 
 @click.command()
 @click.argument("config", type=click.Path(path_type=Path))
-@click.option("--calibration", required=True, type=click.Path(path_type=Path),
-              help="A study's results folder whose engine steps fit the step cost (or a cost_model.json).")
+@click.option("--calibration", type=click.Path(path_type=Path),
+              help="A study's results folder whose engine steps fit the step cost (or a cost_model.json); "
+                   "default: the config's engine.calibration (engine.kind sim).")
 @click.option("--gpu", help="Simulate this GPU (model/gpus.py names); default: the calibration's.")
 @click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel degree; default: the config's.")
 @click.option("--out", type=click.Path(path_type=Path), help="Results root (default: the config's 'out').")
@@ -31,6 +33,10 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, report
 
     _console(verbose)
     cfg = load_config(resolve_config(config), _overrides(sets, rates=rates, modes=modes, out=out))
+    if cfg.engine.kind == "sim":
+        calibration, gpu = calibration or Path(cfg.engine.calibration), gpu or cfg.engine.gpu
+    elif calibration is None:
+        raise UserError("--calibration: required (or a config with engine.kind sim and engine.calibration)")
     from prefixstudy.sim.run import simulate as run_sim
 
     run_dir = run_sim(cfg, calibration, gpu, tp, out, jobs)

@@ -20,6 +20,7 @@ BACKENDS = {
     "echo": "prefixstudy.engines.echo:EchoEngine",
     "http": "prefixstudy.engines.http:HttpEngine",
     "vllm-server": "prefixstudy.engines.vllm_server:VllmServerEngine",
+    "sim": "prefixstudy.engines.sim:SimEngine",  # run in virtual time by prefixstudy.sim, not the runner
 }
 
 __all__ = ["BACKENDS", "Engine", "IterationSample", "RequestTrace", "check_engine_config", "engine_class", "make_engine"]

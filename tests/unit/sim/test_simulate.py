@@ -90,3 +90,44 @@ def test_the_point_deadline_leaves_late_arrivals_unsent(calibration, tmp_path):
     on = req[req["mode"] == "on"].sort_values("request_index")
     assert list(on.error) == ["", "", "unfinished: not sent before max_point_duration_s"]
     assert list(on.output_tokens) == [4, 4, 0]
+
+
+def test_engine_kind_sim_is_prefixstudy_run_in_virtual_time(calibration, tmp_path):
+    """A config that says engine.kind sim: `prefixstudy run` simulates it, with the numbers the
+    hand schedule gives (as `simulate` with flags does), and writes its config beside the results."""
+    from click.testing import CliRunner
+
+    from prefixstudy.cli import main
+
+    path = tmp_path / "sim.yaml"
+    data = {"model": TINY, "study": "simtest", "out": str(tmp_path / "out"), "arrivals": {"process": "constant"},
+            "engine": {"kind": "sim", "calibration": str(calibration), "block_size": 16,
+                       "extra_args": {"num_gpu_blocks_override": 64}},
+            "dataset": {"prefix_len": 48, "suffix_len": 16, "output_len": 4},
+            "sweep": {"rates": [1, 2], "num_requests": 3, "warmup_requests": 1}}
+    path.write_text(yaml.safe_dump(data))
+    dry = CliRunner().invoke(main, ["run", str(path), "--dry-run"])
+    assert dry.exit_code == 0 and dry.output.endswith("executor sim (virtual time); nothing run (--dry-run)\n")
+    r = CliRunner().invoke(main, ["run", str(path), "--no-report"])
+    assert r.exit_code == 0, r.output
+    (line,) = [ln for ln in r.output.splitlines() if ln.startswith("results: ")]
+    res = load(line.removeprefix("results: "))
+    s = res.summary.set_index(["mode", "rate"])
+    assert list(s.mean_e2e_ms) == pytest.approx([4.46, 4.46, 4.94, 4.94])
+    assert res.manifest["engine"] == "sim" and res.manifest["sim"]["calibration"] == str(calibration)
+    assert res.config["engine"]["kind"] == "sim"
+
+
+def test_engine_kind_sim_names_a_missing_calibration_in_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from prefixstudy.cli import main
+
+    path = tmp_path / "sim.yaml"
+    path.write_text(yaml.safe_dump({"model": TINY, "out": str(tmp_path / "out"),
+                                    "engine": {"kind": "sim", "calibration": str(tmp_path / "nowhere")}}))
+    r = CliRunner().invoke(main, ["run", str(path)])
+    assert r.exit_code == 2
+    assert r.output == f"error: field 'engine.calibration': {tmp_path / 'nowhere'} not found (a study's results " \
+                       "folder or a cost_model.json)\n"
+    assert not (tmp_path / "out").exists()

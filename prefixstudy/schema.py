@@ -46,6 +46,8 @@ REQUEST_COLUMNS: dict[str, str] = {
     "turn": "int64",  # turn within the session, 0 first
     "parent_index": "int64",  # request_index of the previous turn, sent first; -1: none
     "estimated_cached_tokens": "int64",  # what ON should serve with the engine's KV-cache blocks (LRU, cachesim)
+    # Added with replicas behind a router (issue 17); 0 for one engine per mode and older results:
+    "replica": "int64",  # which replica of the mode's fleet answered
 }
 
 # One row per engine step, per point.  ``timing`` says where the step was timed:
@@ -74,6 +76,7 @@ ITERATION_COLUMNS: dict[str, str] = {
     "prefix_hits": "int64",  # of those, found in it
     "prompt_tokens": "int64",  # = prefill_tokens (the name older runs used)
     "generation_tokens": "int64",  # tokens sampled this step
+    "replica": "int64",  # which replica of the mode's fleet took the step; 0 for one engine
 }
 
 LATENCY_METRICS = ("ttft", "tpot", "e2e", "queue", "prefill", "decode")
@@ -192,6 +195,7 @@ class RequestRecord:
     turn: int = 0
     parent_index: int = -1
     estimated_cached_tokens: int = 0
+    replica: int = 0
 
 
 @dataclass

@@ -40,6 +40,14 @@ class Terminated(KeyboardInterrupt):
 def check_plan(cfg: StudyConfig) -> None:
     """The point cap must leave room for the whole arrival schedule of every rate, or an engine
     that keeps up still loses requests (seen: 40 Poisson arrivals at 1 req/s overran a 45 s cap)."""
+    if len(cfg.router.policies) > 1 and cfg.replicas == 1:
+        raise UserError("field 'router.policies': comparing policies needs replicas > 1")
+    if cfg.replicas > 1 and cfg.engine.kind in ("http", "vllm-server"):
+        raise UserError(f"field 'replicas': engine.kind {cfg.engine.kind} measures the servers it is given; "
+                        "replicas > 1 needs an in-process backend (vllm, echo)")
+    if cfg.replicas > 1 and cfg.engine.kind == "sim":
+        raise UserError("field 'replicas': the simulator runs one engine per mode (no router yet); "
+                        "replicas > 1 needs an in-process backend (vllm, echo)")
     sw = cfg.sweep
     for rate in sw.rates:
         need = 1.25 * sw.requests_for(rate) / rate

@@ -49,6 +49,7 @@ from prefixstudy.cli import simulate  # noqa: E402
 
 main.add_command(run.run)
 main.add_command(run.merge)
+main.add_command(run.routing)
 main.add_command(dataset.dataset)
 main.add_command(model.model)
 main.add_command(init.init)

@@ -120,10 +120,13 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         check_plan(cfg)
         click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
                    f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s"
-                   + (f" x {cfg.sweep.repeats} repeats" if cfg.sweep.repeats > 1 else "") + ", "
-                   f"executor {'sim (virtual time)' if cfg.engine.kind == 'sim' else resolve_executor(cfg.executor)}; "
+                   + (f" x {cfg.sweep.repeats} repeats" if cfg.sweep.repeats > 1 else "")
+                   + (f", {cfg.replicas} replicas routed by {','.join(cfg.router.policies)}" if cfg.replicas > 1 else "")
+                   + f", executor {'sim (virtual time)' if cfg.engine.kind == 'sim' else resolve_executor(cfg.executor)}; "
                    "nothing run (--dry-run)")
         return
+    if cfg is not None and cfg.replicas > 1:
+        return _run_fleets(cfg, report, progress=not quiet)
     run_dir = _run(cfg, resume, config, progress=not quiet)
     click.echo(f"results: {run_dir}")
     if report:
@@ -135,6 +138,42 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         click.echo(f"{failed} point(s) failed (see manifest.json); run them again with: "
                    f"prefixstudy run --resume {run_dir}", err=True)
         sys.exit(1)
+
+
+def _run_fleets(cfg, report: bool, progress: bool) -> None:
+    """replicas > 1: one run folder per routing policy under one parent (routing_sweep), each with
+    its report, then routing.md comparing them."""
+    from prefixstudy.routing_sweep import routing_report, run_routing_sweep
+    from prefixstudy.study import Terminated
+
+    try:
+        parent = run_routing_sweep(cfg, progress=progress)
+    except KeyboardInterrupt as e:
+        click.echo("interrupted: finished points are saved; continue each policy's folder with "
+                   "prefixstudy run --resume <folder>", err=True)
+        sys.exit(143 if isinstance(e, Terminated) else 130)
+    runs = sorted(d for d in parent.iterdir() if d.is_dir() and d.name.startswith("policy-"))
+    if report:
+        from prefixstudy.report import build_report
+
+        for d in runs:
+            build_report(d)
+    click.echo(f"results: {parent}")
+    click.echo(f"routing: {routing_report(parent)}")
+    failed = sum(_failed_points(d) for d in runs)
+    if failed:
+        click.echo(f"{failed} point(s) failed (see each policy's manifest.json); run them again with: "
+                   f"prefixstudy run --resume {parent}/policy-<name>, then prefixstudy routing {parent}", err=True)
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("parent", type=click.Path(path_type=Path))
+def routing(parent):
+    """Rebuild routing.csv, replicas.csv and routing.md of a routing sweep (after a --resume)."""
+    from prefixstudy.routing_sweep import routing_report
+
+    click.echo(f"routing: {routing_report(parent)}")
 
 
 def _overrides(sets, **flags) -> dict:

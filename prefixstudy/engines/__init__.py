@@ -31,9 +31,15 @@ def engine_class(kind: str) -> type[Engine]:
     return getattr(importlib.import_module(module), name)
 
 
-def make_engine(cfg: "StudyConfig", mode: str, *, ray_workers: bool = False) -> Engine:
+def make_engine(cfg: "StudyConfig", mode: str, *, ray_workers: bool = False, replica_factory=None) -> Engine:
     """An engine for one mode (``on``: prefix caching enabled).  ``ray_workers``: the engine runs
-    inside a Ray placement group and should put its own workers there (vLLM on GPUs)."""
+    inside a Ray placement group and should put its own workers there (vLLM on GPUs).  With
+    ``cfg.replicas`` > 1, a fleet of replicas behind a router (``engines.fleet``); the replicas
+    come from ``replica_factory`` (the Ray executor's actors), else they are built in-process."""
+    if cfg.replicas > 1:
+        from prefixstudy.engines.fleet import FleetEngine, LocalReplicas
+
+        return FleetEngine(cfg, mode, replica_factory or LocalReplicas(cfg, mode, ray_workers))
     return engine_class(cfg.engine.kind)(cfg.model, cfg.engine, mode, ray_workers=ray_workers)
 
 

@@ -44,6 +44,7 @@ class RequestTrace:
     # The generated token ids: a later turn of a session puts them in its prompt, and the cache
     # estimate hashes them.  Kept in memory only (not a results column).
     output_token_ids: list[int] = field(default_factory=list)
+    replica: int = 0  # which replica of the mode's fleet answered (engines.fleet); 0 for one engine
 
 
 @dataclass
@@ -64,6 +65,7 @@ class IterationSample:
     num_running: int
     num_waiting: int
     kv_cache_usage: float  # 0..1
+    replica: int = 0  # which replica of the mode's fleet took the step (engines.fleet)
 
 
 class IterationRecorder:

@@ -27,7 +27,8 @@ from prefixstudy.config import StudyConfig
 from prefixstudy.engines import engine_class
 from prefixstudy.errors import UserError
 from prefixstudy.executors import StudySink, point_line, repeat_tag, total_requests
-from prefixstudy.executors.ray_plan import actor_name, plan_parallel, summarize_actor_error
+from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, node_slots, plan_parallel,
+                                            summarize_actor_error)
 from prefixstudy.runner import ModeSession
 from prefixstudy.schema import PointResult
 
@@ -66,8 +67,10 @@ def _engine_device(use_gpu: bool) -> str:
 class EngineActor:
     """Runs inside a Ray worker: one ModeSession (engine + load generator), points on request."""
 
-    def __init__(self, cfg: StudyConfig, mode: str, rows, use_gpu: bool):
-        self.session = ModeSession(cfg, mode, rows, ray_workers=use_gpu)
+    def __init__(self, cfg: StudyConfig, mode: str, rows, use_gpu: bool, replica_factory=None):
+        # replica_factory (cfg.replicas > 1): this actor is the fleet's load generator and router,
+        # and builds its replicas as actors of their own (executors.ray_fleet).
+        self.session = ModeSession(cfg, mode, rows, ray_workers=use_gpu, replica_factory=replica_factory)
         self.mode, self.use_gpu = mode, use_gpu
 
     async def start(self) -> dict:
@@ -77,7 +80,8 @@ class EngineActor:
         return {"pid": os.getpid(), "host": socket.gethostname(),
                 "node_ip": ray.util.get_node_ip_address(), "device": _engine_device(self.use_gpu),
                 **engine_class(self.session.cfg.engine.kind).versions(),
-                "startup_s": self.session.engine.startup_s, "block_size": self.session.engine.block_size}
+                "startup_s": self.session.engine.startup_s, "block_size": self.session.engine.block_size,
+                **({"replicas": self.session.engine.started} if self.session.cfg.replicas > 1 else {})}
 
     async def run_point(self, rate: float, repeat: int = 0) -> PointResult:
         return await self.session.run_point(rate, repeat)
@@ -142,6 +146,13 @@ def alive_nodes() -> list[dict]:
     return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
 
 
+def alive_node_ids() -> list[str]:
+    """The node ids of ``alive_nodes()``, in the same order."""
+    import ray
+
+    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+
+
 class _ModeRunner:
     """The driver's side of one mode: its placement group, its actor, its points in order."""
 
@@ -149,6 +160,7 @@ class _ModeRunner:
         self.ex, self.mode = ex, mode
         self.actor = None
         self.pg = None
+        self.fleet_pgs: list = []  # cfg.replicas > 1: one placement group per replica
         self.generation = 0
         self.finished_requests = 0  # of points already handed to the sink: the progress bar
 
@@ -166,7 +178,9 @@ class _ModeRunner:
         ex = self.ex
         opts = dict(name=actor_name(ex.cfg.study, ex.sink.run_dir, self.mode, self.generation), namespace=NAMESPACE,
                     runtime_env={"env_vars": actor_env(ex.cfg, self.mode, ex.use_gpu)}, max_restarts=0)
-        if ex.use_gpu:
+        if ex.cfg.replicas > 1:
+            pass  # the generator's resources and place: _fleet_placement
+        elif ex.use_gpu:
             if self.pg is None:
                 from ray.util.placement_group import placement_group
 
@@ -183,12 +197,44 @@ class _ModeRunner:
                 placement_group=self.pg, placement_group_capture_child_tasks=True))
         else:
             opts.update(num_cpus=ex.cfg.ray.num_cpus_per_engine, num_gpus=0)
+        factory = None
+        if ex.cfg.replicas > 1:
+            factory = await self._fleet_placement(opts)
         cls = ray.remote(EngineActor)
-        self.actor = cls.options(**opts).remote(ex.cfg, self.mode, ex.rows_ref, ex.use_gpu)
+        self.actor = cls.options(**opts).remote(ex.cfg, self.mode, ex.rows_ref, ex.use_gpu, factory)
         ex.actors.append(self.actor)
         info = await self.actor.start.remote()
         info["actor"] = actor_name(ex.cfg.study, ex.sink.run_dir, self.mode, self.generation)
         ex.engine_started(self.mode, info)
+
+    async def _fleet_placement(self, opts: dict):
+        """A fleet: one placement group per replica, aimed at the node the plan chose for it; the
+        generator (load generator + router) on the driver's node, beside it (soft: anywhere if full)."""
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from prefixstudy.executors.ray_fleet import RayReplicas
+
+        ex, cfg = self.ex, self.ex.cfg
+        if not self.fleet_pgs:
+            tp = cfg.engine.tensor_parallel_size
+            bundles = [{"GPU": 1, "CPU": 1}] * tp if ex.use_gpu else [{"CPU": cfg.ray.num_cpus_per_engine}]
+            for node in ex.replica_nodes[self.mode]:
+                pg = placement_group(bundles, strategy="STRICT_PACK", _soft_target_node_id=node)
+                ex.pgs.append(pg)
+                self.fleet_pgs.append(pg)
+            try:
+                await asyncio.wait_for(asyncio.gather(*(pg.ready() for pg in self.fleet_pgs)), PLACEMENT_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise UserError(f"cache {self.mode.upper()}: no room for {cfg.replicas} replicas within "
+                                f"{PLACEMENT_TIMEOUT_S:g} s") from None
+        import ray
+
+        opts.update(num_cpus=0 if ex.use_gpu else 1, num_gpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=True))
+        base = opts["name"]
+        return RayReplicas(cfg, self.mode, ex.use_gpu, self.fleet_pgs, [f"{base}/replica{i}" for i in range(cfg.replicas)],
+                           actor_env(cfg, self.mode, ex.use_gpu))
 
     async def _replace_actor(self) -> None:
         import ray
@@ -243,6 +289,13 @@ class _ModeRunner:
                 log.debug("engine actor %s did not stop cleanly", self.mode, exc_info=True)
             ray.kill(self.actor, no_restart=True)
             self.actor = None
+        for pg in self.fleet_pgs:  # the fleet's replicas died with their generator (it owned them)
+            try:
+                ray.util.remove_placement_group(pg)
+                self.ex.pgs.remove(pg)
+            except Exception:
+                log.debug("placement group of a %s replica not removed", self.mode, exc_info=True)
+        self.fleet_pgs = []
         if self.pg is not None:
             # Modes one after the other: the next mode's placement group needs these GPUs.
             pg, self.pg = self.pg, None
@@ -293,8 +346,19 @@ class RayExecutor:
         self.use_gpu = bool(gpus) and cfg.device != "cpu"
         tp = cfg.engine.tensor_parallel_size
         plan = plan_parallel(cfg.ray.parallel, len(cfg.sweep.modes), nodes, self.use_gpu, tp,
-                             cfg.ray.num_cpus_per_engine)
+                             cfg.ray.num_cpus_per_engine, cfg.replicas)
         self.parallel = plan["used"]
+        if cfg.replicas > 1:  # which node each replica of each mode is aimed at
+            ids = alive_node_ids()
+            slots = [node_slots(n, self.use_gpu, tp, cfg.ray.num_cpus_per_engine) for n in nodes]
+            modes = cfg.sweep.modes
+            if self.parallel:
+                both, r = assign_replicas(slots, cfg.replicas * len(modes)), cfg.replicas
+                per_mode = {m: both[k * r:(k + 1) * r] for k, m in enumerate(modes)}  # each fleet spread
+            else:
+                per_mode = {m: assign_replicas(slots, cfg.replicas) for m in modes}
+            self.replica_nodes = {m: [ids[k] for k in ks] for m, ks in per_mode.items()}
+            plan["replica_nodes"] = self.replica_nodes
         self.sink.record("parallel", plan)
         self.sink.record("ray", {
             "address": cfg.ray.address,
@@ -305,6 +369,7 @@ class RayExecutor:
             "cluster_gpus": gpus,
             "engine_resources": ({"placement_group": [{"GPU": 1, "CPU": 1}] * tp, "strategy": "STRICT_PACK"}
                                  if self.use_gpu else {"CPU": cfg.ray.num_cpus_per_engine}),
+            "replicas": cfg.replicas,
             "engine_workers_in_placement_group": self.use_gpu,
         })
 

@@ -23,11 +23,14 @@ def engine_slots(nodes: list[dict], use_gpu: bool, tp: int, cpus_per_engine: int
 
 
 def plan_parallel(requested: str, n_modes: int, nodes: list[dict], use_gpu: bool, tp: int,
-                  cpus_per_engine: int) -> dict:
+                  cpus_per_engine: int, replicas: int = 1) -> dict:
     """Whether the modes run side by side: ``{"requested", "used", "reason"}`` for the manifest.
 
     Raises UserError when not even one engine fits, or ``on`` is asked for and two do not fit.
+    With ``replicas`` > 1 a mode is a fleet of that many engines (``plan_fleets``).
     """
+    if replicas > 1:
+        return plan_fleets(requested, n_modes, nodes, use_gpu, tp, cpus_per_engine, replicas)
     slots = engine_slots(nodes, use_gpu, tp, cpus_per_engine)
     gpus = sum(int(n.get("GPU", 0)) for n in nodes)
     cpus = sum(int(n.get("CPU", 0)) for n in nodes)
@@ -60,6 +63,56 @@ def plan_parallel(requested: str, n_modes: int, nodes: list[dict], use_gpu: bool
     return out(False, f"auto: {cpus} CPUs; 2 CPU engines side by side need 2 x ({cpus_per_engine} + "
                       f"{CPU_OVERHEAD_PER_ENGINE}) = {2 * per} CPUs (engine cores + load generator and engine "
                       "loop); modes run one after the other")
+
+
+def plan_fleets(requested: str, n_modes: int, nodes: list[dict], use_gpu: bool, tp: int,
+                cpus_per_engine: int, replicas: int) -> dict:
+    """As ``plan_parallel``, for fleets of ``replicas`` engines per mode.  A fleet must fit whole;
+    side by side needs room for every mode's fleet at once."""
+    slots = engine_slots(nodes, use_gpu, tp, cpus_per_engine)
+    need = f"{tp} GPUs on one node" if use_gpu else f"{cpus_per_engine} CPUs"
+    if slots < replicas:
+        raise UserError(f"field 'replicas': the Ray cluster has room for {slots} engine(s) of {need}, "
+                        f"a fleet of {replicas} replicas needs {replicas}")
+
+    def out(used: bool, reason: str) -> dict:
+        return {"requested": requested, "used": used, "reason": reason}
+
+    # CPU engines side by side also want a core each for their loops (as CPU_OVERHEAD_PER_ENGINE says).
+    roomy = slots if use_gpu else sum(int(n.get("CPU", 0)) // (cpus_per_engine + CPU_OVERHEAD_PER_ENGINE)
+                                      for n in nodes)
+    both = (slots if requested == "on" else roomy) >= n_modes * replicas
+    if n_modes < 2:
+        return out(False, "one mode only")
+    if requested == "off":
+        return out(False, "parallel off: modes run one after the other")
+    if requested == "on" and not both:
+        raise UserError(f"--parallel on: the Ray cluster has room for {slots} engine(s), "
+                        f"2 fleets of {replicas} replicas need {2 * replicas}")
+    if both:
+        return out(True, f"{requested}: the cluster fits 2 fleets of {replicas} replicas side by side ({slots} engine slots)")
+    return out(False, f"auto: the cluster fits {slots} engine(s), not 2 fleets of {replicas}; modes run one after the other")
+
+
+def assign_replicas(slots_per_node: list[int], n: int) -> list[int]:
+    """Which node each of ``n`` replicas goes to, spread: each to the node with the fewest replicas so
+    far that still has a free slot (ties: the most free slots, then the first node).  A fleet on
+    several nodes loses one node's share, not all of it, to a node's failure."""
+    free, placed, out = list(slots_per_node), [0] * len(slots_per_node), []
+    for _ in range(n):
+        room = [k for k in range(len(free)) if free[k] > 0]
+        if not room:
+            raise UserError(f"field 'replicas': no free engine slot for replica {len(out)} of {n}")
+        k = min(room, key=lambda k: (placed[k], -free[k], k))
+        free[k] -= 1
+        placed[k] += 1
+        out.append(k)
+    return out
+
+
+def node_slots(node: dict, use_gpu: bool, tp: int, cpus_per_engine: int) -> int:
+    """Engines one node fits (as ``engine_slots`` counts them)."""
+    return engine_slots([node], use_gpu, tp, cpus_per_engine)
 
 
 def summarize_actor_error(e: BaseException) -> str:

@@ -89,6 +89,11 @@ def in_system(iterations: pd.DataFrame | None, a0: float, a1: float) -> tuple[fl
     """Mean running + waiting over the engine's steps in the first and last third of [a0, a1]."""
     if iterations is None or not len(iterations):
         return math.nan, math.nan
+    if "replica" in iterations and iterations["replica"].nunique() > 1:
+        # A fleet: the requests in it are the sum over its replicas (a replica with no step in a
+        # third had none in it); a mean over interleaved steps would hide one replica's queue.
+        parts = np.array([in_system(g.drop(columns="replica"), a0, a1) for _, g in iterations.groupby("replica")])
+        return tuple(float(np.nansum(c)) if np.isfinite(c).any() else math.nan for c in parts.T)
     it = iterations[(iterations["t_s"] >= a0) & (iterations["t_s"] <= a1)]
     n = (it["num_running"] + it["num_waiting"]).to_numpy(float)
     return _thirds(it["t_s"].to_numpy(float), n, a0, a1)

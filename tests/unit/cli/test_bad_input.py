@@ -117,6 +117,21 @@ CASES = {
     "unknown-top-level-key": (lambda t: run_cfg(t, {"bogus": 1}), "c.yaml: field 'bogus': unknown key"),
     "unknown-nested-key": (lambda t: run_cfg(t, {"sweep": {"ratez": [1]}}), "c.yaml: field 'sweep.ratez': unknown key"),
     "unknown-deep-section": (lambda t: run_cfg(t, {"nosuch": {"a": 1}}), "c.yaml: field 'nosuch': unknown key"),
+    # --- replicas and routing (issue 17) ---
+    "replicas-zero": (lambda t: run_cfg(t, {"replicas": 0}), "c.yaml: field 'replicas': Input should be greater than"),
+    "router-unknown-policy": (lambda t: run_cfg(t, {"replicas": 2, "router": {"policies": ["random"]}}),
+                              "c.yaml: field 'router.policies.0': Input should be 'round_robin'"),
+    "router-unknown-key": (lambda t: run_cfg(t, {"router": {"policy": "round_robin"}}),
+                           "c.yaml: field 'router.policy': unknown key"),
+    "router-load-bound-below-one": (lambda t: run_cfg(t, {"replicas": 2, "router": {"load_bound": 0.5}}),
+                                    "c.yaml: field 'router.load_bound': Input should be greater than or equal to 1"),
+    "router-policies-one-replica": (
+        lambda t: run_cfg(t, {"router": {"policies": ["round_robin", "prefix_affinity"]}}),
+        "field 'router.policies': comparing policies needs replicas > 1"),
+    "replicas-with-http": (
+        lambda t: ["run", raw(t, "c.yaml", yaml.safe_dump({**base_config(), "replicas": 2, "engine": {
+            "kind": "http", "targets": {"on": "http://127.0.0.1:9", "off": "http://127.0.0.1:9"}}})), "--out", t / "res"],
+        "field 'replicas': engine.kind http measures the servers it is given"),
     "wrong-type-int": (lambda t: run_cfg(t, {"sweep": {"num_requests": "many"}}),
                        "c.yaml: field 'sweep.num_requests': Input should be a valid integer"),
     "wrong-type-fractional-int": (lambda t: run_cfg(t, {"engine": {"max_model_len": 20.5}}),

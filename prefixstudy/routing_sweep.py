@@ -1,0 +1,96 @@
+"""Routing policies as an outer sweep axis: one ordinary run folder per policy under one parent,
+and the tables and report that read them together.
+
+Why one run per policy and not a policy column in the point key: every piece keyed on (mode,
+rate, repeat) (store part names, resume, merge, summary, headline, report) stays as it is, old
+results load unchanged, and each policy's folder is a complete study of its own (its report, its
+``--resume``).  The cost is one fleet start per policy; capacity sweeps (``prefixstudy.capacity``)
+made the same choice.  ``routing.md`` at the parent then compares policies x ON/OFF at each rate.
+
+The parent holds ``routing.json`` (the policies and their folders) and, once read, ``routing.csv``
+(``metrics.replicas.policy_table``), ``replicas.csv`` (per replica) and ``routing.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from prefixstudy.config import StudyConfig
+from prefixstudy.errors import UserError
+from prefixstudy.metrics import replicas as rm
+
+INDEX = "routing.json"
+
+
+def policy_config(cfg: StudyConfig, policy: str) -> StudyConfig:
+    sub = cfg.model_copy(deep=True)
+    sub.router.policies = [policy]
+    return sub
+
+
+def run_routing_sweep(cfg: StudyConfig, parent: Path | None = None, progress: bool = True) -> Path:
+    """One run per policy of ``cfg.router.policies``, in order, under ``parent`` (default: a new
+    run folder).  A run with failed points still counts (its folder can be resumed)."""
+    from prefixstudy.engines import check_engine_config
+    from prefixstudy.results.writer import new_run_dir
+    from prefixstudy.study import StudyFailed, check_device, check_plan, run_study
+
+    check_plan(cfg)  # every input check before the parent folder is made
+    check_device(cfg)
+    check_engine_config(cfg)
+    parent = parent or new_run_dir(cfg)
+    parent.mkdir(parents=True, exist_ok=True)
+    index: dict = {"policies": cfg.router.policies, "replicas": cfg.replicas, "runs": []}
+    for policy in cfg.router.policies:
+        run_dir = parent / f"policy-{policy}"
+        try:
+            run_study(policy_config(cfg, policy), run_dir=run_dir, progress=progress)
+        except StudyFailed:
+            pass  # recorded in its manifest; the other policies still run
+        index["runs"].append({"policy": policy, "dir": run_dir.name})
+        (parent / INDEX).write_text(json.dumps(index, indent=1))
+    return parent
+
+
+def read_sweep(parent: Path) -> dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]]:
+    from prefixstudy.results import load
+
+    f = parent / INDEX
+    if not f.is_file():
+        raise UserError(f"{parent}: no {INDEX} (not a routing sweep folder)")
+    out = {}
+    for r in json.loads(f.read_text())["runs"]:
+        res = load(parent / r["dir"])
+        out[r["policy"]] = (res.requests, res.iterations, res.summary)
+    return out
+
+
+def routing_report(parent: Path) -> Path:
+    """Writes routing.csv, replicas.csv and routing.md at ``parent``; returns routing.md."""
+    from prefixstudy.metrics.breakdown import markdown
+
+    runs = read_sweep(parent)
+    table = rm.policy_table(runs)
+    table.to_csv(parent / "routing.csv", index=False)
+    per = pd.concat([rm.replica_table(req, its).assign(policy=p) for p, (req, its, _) in runs.items()],
+                    ignore_index=True)
+    per.to_csv(parent / "replicas.csv", index=False)
+    lines = [f"# Routing: {', '.join(runs)} over {int(per['replica'].nunique())} replicas", ""]
+    policies = list(runs)
+    if "prefix_affinity" in policies and len(policies) > 1:
+        base = "round_robin" if "round_robin" in policies else next(p for p in policies if p != "prefix_affinity")
+        lines += ["## Where affinity's hits outweigh its imbalance", ""]
+        lines += [f"- {v}" for v in rm.verdicts(table, "prefix_affinity", base)] + [""]
+    cols = ["policy", "mode", "rate", "arrival_rate", "hit_rate_measured", "hit_rate_expected", "mean_e2e_ms",
+            "mean_e2e_lo", "mean_e2e_hi", "mean_ttft_ms", "mean_tpot_ms", "requests_imbalance", "busy_imbalance",
+            "saturated_share"]
+    lines += ["## Policies x ON/OFF at each rate", "", markdown(table.sort_values(["rate", "mode", "policy"])[cols]), "",
+              "## Knees", "", markdown(rm.knees(table)), "",
+              "## Per replica", "", markdown(per[["policy", "mode", "rate", "repeat", "replica", "n_routed", "n_ok",
+                                                  "hit_rate_measured", "busy_s", "mean_e2e_ms", "saturated"]]), ""]
+    out = parent / "routing.md"
+    out.write_text("\n".join(lines))
+    return out

@@ -104,6 +104,9 @@ class VllmServerEngine:
     """One mode's own `vllm serve`, measured through ``HttpEngine``."""
 
     kind = "vllm-server"
+    # Under Ray on GPUs the actor holds the engine's GPUs itself and the server inherits them
+    # (executors.ray_plan.gpu_placement); in-process vLLM leaves them to its Ray workers instead.
+    gpus_in_process = True
 
     def __init__(self, model: str, engine: VllmServerEngineConfig, mode: str, *, ray_workers: bool = False):
         self.model, self.config, self.mode = model, engine, mode
@@ -128,18 +131,21 @@ class VllmServerEngine:
         return VllmEngine.process_env(engine, mode, use_gpu)
 
     async def start(self) -> None:
-        if self.ray_workers:
-            # The server would have to run inside the actor's placement group; not built yet.
-            raise RuntimeError("engine.kind vllm-server does not run under the Ray executor on GPUs yet; "
-                               "use --executor local")
         t0 = time.monotonic()
         port = free_port(self.config.host)
-        env = {**os.environ, **self.process_env(self.config, self.mode, False), "VLLM_SERVER_DEV_MODE": "1"}
+        # ray_workers: inside a Ray actor that holds this engine's GPUs (the server sees them through
+        # CUDA_VISIBLE_DEVICES); a TP group's workers are then the server's own processes, not Ray's.
+        on_ray_gpus = self.ray_workers
+        env = {**os.environ, **self.process_env(self.config, self.mode, on_ray_gpus), "VLLM_SERVER_DEV_MODE": "1"}
+        cmd = server_command(self.model, self.config, self.mode, port)
+        if on_ray_gpus and self.config.tensor_parallel_size > 1 and \
+                "distributed_executor_backend" not in self.config.extra_args:
+            cmd += ["--distributed-executor-backend", "mp"]
         logf = tempfile.NamedTemporaryFile("wb", prefix=f"prefixstudy-vllm-server-{self.mode}-", suffix=".log",
                                            delete=False)
         self.log_path = logf.name
         with logf:
-            self.proc = subprocess.Popen(server_command(self.model, self.config, self.mode, port), env=env,
+            self.proc = subprocess.Popen(cmd, env=env,
                                          stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                          start_new_session=True, preexec_fn=_die_with_parent)
         atexit.register(self.shutdown)

@@ -27,7 +27,7 @@ from prefixstudy.config import StudyConfig
 from prefixstudy.engines import engine_class
 from prefixstudy.errors import UserError
 from prefixstudy.executors import StudySink, point_line, repeat_tag, total_requests
-from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, node_slots, plan_parallel,
+from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, plan_parallel,
                                             summarize_actor_error)
 from prefixstudy.runner import ModeSession
 from prefixstudy.schema import PointResult
@@ -160,6 +160,9 @@ class _ModeRunner:
         self.ex, self.mode = ex, mode
         self.actor = None
         self.pg = None
+        cfg = ex.cfg
+        self.placement = gpu_placement(cfg.engine.tensor_parallel_size,
+                                       getattr(engine_class(cfg.engine.kind), "gpus_in_process", False))
         self.fleet_pgs: list = []  # cfg.replicas > 1: one placement group per replica
         self.generation = 0
         self.finished_requests = 0  # of points already handed to the sink: the progress bar
@@ -185,16 +188,20 @@ class _ModeRunner:
                 from ray.util.placement_group import placement_group
 
                 tp = ex.cfg.engine.tensor_parallel_size
-                self.pg = placement_group([{"GPU": 1, "CPU": 1}] * tp, strategy="STRICT_PACK")
+                self.pg = placement_group(self.placement[0], strategy="STRICT_PACK")
                 ex.pgs.append(self.pg)  # removed by the executor, even after Ctrl-C
                 try:
                     await asyncio.wait_for(self.pg.ready(), PLACEMENT_TIMEOUT_S)
                 except asyncio.TimeoutError:
                     raise UserError(f"cache {self.mode.upper()}: no node freed {tp} GPUs within "
                                     f"{PLACEMENT_TIMEOUT_S:g} s") from None
-            # The actor holds no GPU itself; vLLM's Ray workers take the bundles' GPUs.
-            opts.update(num_cpus=1, num_gpus=0, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_capture_child_tasks=True))
+            # In-process vLLM: the actor holds no GPU, its Ray workers take the bundles' GPUs;
+            # vllm-server: the actor holds them all, for the server it launches (ray_plan.gpu_placement).
+            res = dict(self.placement[1])
+            bundle = res.pop("bundle", None)
+            opts.update(**res, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_capture_child_tasks=True,
+                **({} if bundle is None else {"placement_group_bundle_index": bundle})))
         else:
             opts.update(num_cpus=ex.cfg.ray.num_cpus_per_engine, num_gpus=0)
         factory = None
@@ -360,6 +367,8 @@ class RayExecutor:
             self.replica_nodes = {m: [ids[k] for k in ks] for m, ks in per_mode.items()}
             plan["replica_nodes"] = self.replica_nodes
         self.sink.record("parallel", plan)
+        gpus_in_process = getattr(engine_class(cfg.engine.kind), "gpus_in_process", False)
+        bundles, actor_res = gpu_placement(tp, gpus_in_process)
         self.sink.record("ray", {
             "address": cfg.ray.address,
             "gcs_address": ray.get_runtime_context().gcs_address,
@@ -367,10 +376,10 @@ class RayExecutor:
             "nodes": len(nodes),
             "cluster_cpus": sum(n.get("CPU", 0) for n in nodes),
             "cluster_gpus": gpus,
-            "engine_resources": ({"placement_group": [{"GPU": 1, "CPU": 1}] * tp, "strategy": "STRICT_PACK"}
+            "engine_resources": ({"placement_group": bundles, "strategy": "STRICT_PACK", "actor": actor_res}
                                  if self.use_gpu else {"CPU": cfg.ray.num_cpus_per_engine}),
             "replicas": cfg.replicas,
-            "engine_workers_in_placement_group": self.use_gpu,
+            "engine_workers_in_placement_group": self.use_gpu and not gpus_in_process,
         })
 
     def engine_started(self, mode: str, info: dict) -> None:

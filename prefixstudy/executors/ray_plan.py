@@ -14,6 +14,18 @@ from prefixstudy.errors import UserError
 CPU_OVERHEAD_PER_ENGINE = 2
 
 
+def gpu_placement(tp: int, gpus_in_process: bool) -> tuple[list[dict], dict]:
+    """(placement-group bundles, the engine actor's resources in it) for one GPU engine.
+
+    vLLM in-process: ``tp`` bundles of one GPU; the actor holds none, vLLM's Ray workers take the
+    bundles.  A backend whose process must see the GPUs itself (``vllm-server``: the actor launches
+    `vllm serve`, whose own workers are plain processes): one bundle of ``tp`` GPUs, all held by the
+    actor, so Ray's CUDA_VISIBLE_DEVICES names them and the server inherits it."""
+    if gpus_in_process:
+        return [{"GPU": tp, "CPU": tp + 1}], {"num_cpus": 1, "num_gpus": tp, "bundle": 0}
+    return [{"GPU": 1, "CPU": 1}] * tp, {"num_cpus": 1, "num_gpus": 0}
+
+
 def engine_slots(nodes: list[dict], use_gpu: bool, tp: int, cpus_per_engine: int) -> int:
     """How many engines Ray can place at once: a GPU engine needs ``tp`` GPUs (and a CPU per GPU)
     on one node; a CPU engine ``cpus_per_engine`` CPUs."""

@@ -66,6 +66,23 @@ def test_vllm_server_launches_measures_and_kills(tmp_path):
     assert _servers_under(os.getpid()) == []
 
 
+def test_under_ray_the_server_runs_inside_the_modes_actor(tmp_path):
+    """The Ray executor (a local cluster): the server is launched by the mode's actor, the load
+    generator beside it, and is gone when the study ends (the actor's process tree included)."""
+    path = study_path(tmp_path, rates=[4], num_requests=4, warmup_requests=0, modes=["on"])
+    data = yaml.safe_load(path.read_text())
+    data["executor"] = "ray"
+    path.write_text(yaml.safe_dump(data))
+    res = prefixstudy.load(run_study(load_config(path), progress=False))
+    assert res.measured["num_cached_tokens"].tolist() == [1152] * 4 and (res.measured["error"] == "").all()
+    assert res.summary["server_requests"].tolist() == [4]
+    assert (res.manifest["executor"], res.manifest["engine"]) == ("ray", "vllm-server")
+    (started,) = res.manifest["engines"]["on"]
+    assert started["pid"] != os.getpid()  # the actor's process, not this one
+    assert not psutil.pid_exists(started["pid"]) or _servers_under(started["pid"]) == []
+    assert _servers_under(os.getpid()) == []
+
+
 def _default_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a suite run in the background ignores SIGINT
 

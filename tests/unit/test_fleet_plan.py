@@ -73,3 +73,12 @@ def test_kuberay_rayjob_manifest():
     cfg = load_config(REPO / "prefixstudy/configs/h200-replicas.yaml")
     nodes = [{"CPU": 8, "GPU": 2}] * gpu["replicas"]
     assert plan_parallel(cfg.ray.parallel, 2, nodes, True, cfg.engine.tensor_parallel_size, 1, cfg.replicas)["used"]
+
+
+def test_a_gpu_engine_is_placed_for_its_workers_or_for_its_own_process():
+    from prefixstudy.executors.ray_plan import gpu_placement
+
+    # In-process vLLM: one single-GPU bundle per TP rank for vLLM's Ray workers; the actor holds none.
+    assert gpu_placement(2, False) == ([{"GPU": 1, "CPU": 1}, {"GPU": 1, "CPU": 1}], {"num_cpus": 1, "num_gpus": 0})
+    # vllm-server: one bundle with every GPU, all held by the actor, whose server inherits them.
+    assert gpu_placement(4, True) == ([{"GPU": 4, "CPU": 5}], {"num_cpus": 1, "num_gpus": 4, "bundle": 0})

@@ -166,9 +166,13 @@ def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
     """engine.kind sim: the study in virtual time (prefixstudy.engines.sim says why not through the runner)."""
     from prefixstudy.sim.run import simulate
 
+    from prefixstudy.model.gpus import find_gpu
+
     check_plan(cfg)
     check_engine_config(cfg)
     e = cfg.engine
+    if e.gpu is not None and find_gpu(e.gpu) is None:
+        raise UserError(f"field 'engine.gpu': unknown GPU {e.gpu!r} (see prefixstudy/model/gpus.py)")
     return simulate(cfg, Path(e.calibration), e.gpu, None, None, e.jobs, run_dir)
 
 

@@ -46,11 +46,6 @@ class SimEngine:
         if not path.exists():
             raise UserError(f"field 'engine.calibration': {path} not found (a study's results folder or a "
                             f"cost_model.json)")
-        if engine.gpu is not None:
-            from prefixstudy.model.gpus import find_gpu
-
-            if find_gpu(engine.gpu) is None:
-                raise UserError(f"field 'engine.gpu': unknown GPU {engine.gpu!r} (see prefixstudy/model/gpus.py)")
 
     @classmethod
     def versions(cls) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from prefixstudy.errors import UserError
 from prefixstudy.executors import StudySink, point_line, repeat_tag, total_requests
 from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, plan_parallel,
                                             summarize_actor_error)
+from prefixstudy.results.provenance import gpu_name_via_nvml
 from prefixstudy.runner import ModeSession
 from prefixstudy.schema import PointResult
 
@@ -51,19 +52,6 @@ def actor_env(cfg: StudyConfig, mode: str, use_gpu: bool) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- the actor
 
-def _engine_device(use_gpu: bool) -> str:
-    if use_gpu:
-        try:  # the actor itself holds no GPU (its vLLM workers do), so ask NVML, not torch
-            import pynvml
-
-            pynvml.nvmlInit()
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-            return name.decode() if isinstance(name, bytes) else str(name)
-        except Exception:
-            return "cuda"
-    return "cpu"
-
-
 class EngineActor:
     """Runs inside a Ray worker: one ModeSession (engine + load generator), points on request."""
 
@@ -78,7 +66,7 @@ class EngineActor:
         import ray
 
         return {"pid": os.getpid(), "host": socket.gethostname(),
-                "node_ip": ray.util.get_node_ip_address(), "device": _engine_device(self.use_gpu),
+                "node_ip": ray.util.get_node_ip_address(), "device": gpu_name_via_nvml(self.use_gpu),
                 **engine_class(self.session.cfg.engine.kind).versions(),
                 "startup_s": self.session.engine.startup_s, "block_size": self.session.engine.block_size,
                 **({"replicas": self.session.engine.started} if self.session.cfg.replicas > 1 else {})}

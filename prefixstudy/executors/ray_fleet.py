@@ -26,6 +26,7 @@ from prefixstudy.engines import engine_class
 from prefixstudy.engines.base import IterationSample, RequestTrace
 from prefixstudy.engines.fleet import ReplicaLost
 from prefixstudy.executors.ray_plan import summarize_actor_error
+from prefixstudy.results.provenance import gpu_name_via_nvml
 
 NAMESPACE = "prefixstudy"
 
@@ -41,14 +42,12 @@ class ReplicaActor:
         import ray
         from ray.util import get_current_placement_group
 
-        from prefixstudy.executors.ray import _engine_device
-
         await self.engine.start()
         pg = get_current_placement_group()
         table = ray.util.placement_group_table(pg) if pg is not None else {}
         e = self.engine
         return {"pid": os.getpid(), "host": socket.gethostname(), "node_id": ray.get_runtime_context().get_node_id(),
-                "pg_node_id": (table.get("bundles_to_node_id") or {}).get(0), "device": _engine_device(self.use_gpu),
+                "pg_node_id": (table.get("bundles_to_node_id") or {}).get(0), "device": gpu_name_via_nvml(self.use_gpu),
                 "startup_s": e.startup_s, "block_size": e.block_size, "num_blocks": e.num_blocks,
                 "step_timing": getattr(e, "step_timing", "engine")}
 

@@ -33,6 +33,21 @@ def device_name() -> str:
     return "cpu"
 
 
+def gpu_name_via_nvml(use_gpu: bool) -> str:
+    """The engine's device from a process that may hold no GPU itself (a Ray actor whose vLLM
+    workers hold them): NVML sees every GPU of the node, torch only the visible ones."""
+    if use_gpu:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+            return name.decode() if isinstance(name, bytes) else str(name)
+        except Exception:
+            return "cuda"
+    return "cpu"
+
+
 def base_manifest(study: str, engine: str, engine_versions: dict, dataset: dict, executor: str) -> dict:
     return {
         "prefixstudy_version": __version__,

@@ -131,3 +131,17 @@ def test_engine_kind_sim_names_a_missing_calibration_in_one_line(tmp_path):
     assert r.output == f"error: field 'engine.calibration': {tmp_path / 'nowhere'} not found (a study's results " \
                        "folder or a cost_model.json)\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_engine_kind_sim_names_an_unknown_gpu_in_one_line(calibration, tmp_path):
+    from click.testing import CliRunner
+
+    from prefixstudy.cli import main
+
+    path = tmp_path / "sim.yaml"
+    path.write_text(yaml.safe_dump({"model": TINY, "out": str(tmp_path / "out"),
+                                    "engine": {"kind": "sim", "calibration": str(calibration), "gpu": "Nope-9000"}}))
+    r = CliRunner().invoke(main, ["run", str(path)])
+    assert (r.exit_code, r.output) == (2, "error: field 'engine.gpu': unknown GPU 'Nope-9000' (see prefixstudy/model/gpus.py)\n")
+    assert not (tmp_path / "out").exists()
+

@@ -39,8 +39,8 @@ def test_fleets_side_by_side_only_when_both_fit():
 def test_h200_replicas_config_dry_run():
     r = CliRunner().invoke(main, ["run", "h200-replicas", "--dry-run"])
     assert r.exit_code == 0, r.output
-    assert r.output == ("ok: study h200-replicas, 720 dataset rows, modes on,off, rates 2,8,16,24,32,48 req/s "
-                        "x 3 repeats, 2 replicas routed by round_robin,prefix_affinity, executor ray; "
+    assert r.output == ("ok: study h200-replicas, 480 dataset rows, modes on,off, rates 4,16,32 req/s "
+                        "x 2 repeats, 2 replicas routed by round_robin,prefix_affinity, executor ray; "
                         "nothing run (--dry-run)\n")
     cfg = load_config(REPO / "prefixstudy/configs/h200-replicas.yaml")
     assert (cfg.replicas, cfg.engine.tensor_parallel_size, cfg.dataset.groups, cfg.dataset.prefix_len) == (2, 1, 16, 1800)

@@ -46,8 +46,11 @@ def report(run: Path, band) -> str:
         lines.append(f"| {r:g} | {a.mean_e2e_ms:.1f} ± {a.mean_e2e_ms * band('on', r):.1f} | {b.mean_e2e_ms:.1f} ± "
                      f"{b.mean_e2e_ms * band('off', r):.1f} | {(1 - a.mean_e2e_ms / b.mean_e2e_ms) * 100:.1f} % | "
                      f"{a.prefill_share:.3f} / {b.prefill_share:.3f} | {bool(a.saturated)} / {bool(b.saturated)} |")
-    lines += ["", f"Knee (highest rate before the first saturated one): ON {knee_rate(s, 'on'):g}, "
-              f"OFF {knee_rate(s, 'off'):g} req/s.", "",
+    def knee(mode: str) -> str:
+        m = s[s["mode"] == mode]
+        return f"{knee_rate(s, mode):g} req/s" if m["saturated"].any() else f"none (not saturated up to {m['rate'].max():g})"
+
+    lines += ["", f"Knee (highest rate before the first saturated one): ON {knee('on')}, OFF {knee('off')}.", "",
               "| mean E2E threshold (ms) | ON max rate | OFF max rate |", "|---|---|---|"]
     for t in THRESHOLDS_MS:
         lines.append(f"| {t} | {max_rate_meeting(s, 'mean_e2e_ms', t, 'on'):g} | "

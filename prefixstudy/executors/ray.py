@@ -52,6 +52,11 @@ def actor_env(cfg: StudyConfig, mode: str, use_gpu: bool) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- the actor
 
+def _gpus_in_process(cfg: StudyConfig) -> bool:
+    """Whether the engine's own process must see its GPUs (vllm-server), not only its Ray workers."""
+    return bool(getattr(engine_class(cfg.engine.kind), "gpus_in_process", False))
+
+
 class EngineActor:
     """Runs inside a Ray worker: one ModeSession (engine + load generator), points on request."""
 
@@ -148,9 +153,6 @@ class _ModeRunner:
         self.ex, self.mode = ex, mode
         self.actor = None
         self.pg = None
-        cfg = ex.cfg
-        self.placement = gpu_placement(cfg.engine.tensor_parallel_size,
-                                       getattr(engine_class(cfg.engine.kind), "gpus_in_process", False))
         self.fleet_pgs: list = []  # cfg.replicas > 1: one placement group per replica
         self.generation = 0
         self.finished_requests = 0  # of points already handed to the sink: the progress bar
@@ -172,11 +174,12 @@ class _ModeRunner:
         if ex.cfg.replicas > 1:
             pass  # the generator's resources and place: _fleet_placement
         elif ex.use_gpu:
+            tp = ex.cfg.engine.tensor_parallel_size
+            bundles, actor_res = gpu_placement(tp, _gpus_in_process(ex.cfg))
             if self.pg is None:
                 from ray.util.placement_group import placement_group
 
-                tp = ex.cfg.engine.tensor_parallel_size
-                self.pg = placement_group(self.placement[0], strategy="STRICT_PACK")
+                self.pg = placement_group(bundles, strategy="STRICT_PACK")
                 ex.pgs.append(self.pg)  # removed by the executor, even after Ctrl-C
                 try:
                     await asyncio.wait_for(self.pg.ready(), PLACEMENT_TIMEOUT_S)
@@ -185,7 +188,7 @@ class _ModeRunner:
                                     f"{PLACEMENT_TIMEOUT_S:g} s") from None
             # In-process vLLM: the actor holds no GPU, its Ray workers take the bundles' GPUs;
             # vllm-server: the actor holds them all, for the server it launches (ray_plan.gpu_placement).
-            res = dict(self.placement[1])
+            res = dict(actor_res)
             bundle = res.pop("bundle", None)
             opts.update(**res, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_capture_child_tasks=True,
@@ -355,7 +358,7 @@ class RayExecutor:
             self.replica_nodes = {m: [ids[k] for k in ks] for m, ks in per_mode.items()}
             plan["replica_nodes"] = self.replica_nodes
         self.sink.record("parallel", plan)
-        gpus_in_process = getattr(engine_class(cfg.engine.kind), "gpus_in_process", False)
+        gpus_in_process = _gpus_in_process(cfg)
         bundles, actor_res = gpu_placement(tp, gpus_in_process)
         self.sink.record("ray", {
             "address": cfg.ray.address,

@@ -164,9 +164,8 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
 
 def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
     """engine.kind sim: the study in virtual time (prefixstudy.engines.sim says why not through the runner)."""
-    from prefixstudy.sim.run import simulate
-
     from prefixstudy.model.gpus import find_gpu
+    from prefixstudy.sim.run import simulate
 
     check_plan(cfg)
     check_engine_config(cfg)

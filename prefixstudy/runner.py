@@ -14,6 +14,7 @@ import gc
 import time
 import traceback
 from dataclasses import asdict, replace
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -94,7 +95,7 @@ class ModeSession:
                             max(max(r.prompt_token_ids) for r in rows) + 1)
         self.progress = progress  # callable(n_done) or None
         self._seq = 0
-        self._sent: list[tuple] = []
+        self._sent: list[_Sent] = []
 
     async def __aenter__(self) -> "ModeSession":
         await self.engine.start()
@@ -162,7 +163,7 @@ class ModeSession:
         started_at = time.time()
         await eng.reset_prefix_cache()
         settle_heap()
-        self._sent: list[tuple] = []  # (sent, point index or -1, request, start, end, replica)
+        self._sent: list[_Sent] = []
         records, warmup_s = await self._prime_and_warm_up(rate, repeat)
 
         await _optional_hook(eng, "begin_point")
@@ -208,15 +209,15 @@ class ModeSession:
             return [0] * n, [0] * n, 0
         exp_i, est_i, evicted = [0] * n, [0] * n, 0
         # Each replica of a fleet has its own cache: replay what each one was sent, apart.
-        for replica in sorted({x[5] for x in self._sent}):
-            sent = sorted((x for x in self._sent if x[5] == replica), key=lambda x: x[0])
-            inf, _ = simulate([x[2] for x in sent], self.engine.block_size, None)
-            est, ev = simulate_timed([(x[3], x[4], x[2]) for x in sent], self.engine.block_size,
+        for replica in sorted({x.replica for x in self._sent}):
+            sent = sorted((x for x in self._sent if x.replica == replica), key=lambda x: x.sent)
+            inf, _ = simulate([x.request for x in sent], self.engine.block_size, None)
+            est, ev = simulate_timed([(x.start, x.end, x.request) for x in sent], self.engine.block_size,
                                      self.engine.num_blocks or None)
             evicted += ev
-            for k, (_, i, *_) in enumerate(sent):
-                if i >= 0:
-                    exp_i[i], est_i[i] = inf[k], est[k]
+            for k, x in enumerate(sent):
+                if x.index >= 0:
+                    exp_i[x.index], est_i[x.index] = inf[k], est[k]
         return exp_i, est_i, evicted
 
     async def _prime_and_warm_up(self, rate: float, repeat: int) -> tuple[list[RequestRecord], float]:
@@ -308,8 +309,8 @@ class ModeSession:
         except Exception as e:
             tr.error = f"{type(e).__name__}: {e}".strip()[:500]
         # What the engine saw, for the cache estimates (ids it generated, where the backend says).
-        self._sent.append((sent, index, SentRequest(row.prompt_token_ids, tr.output_token_ids or None,
-                                                    max(len(tr.token_times), 1)), *_held_span(tr), tr.replica))
+        self._sent.append(_Sent(sent, index, SentRequest(row.prompt_token_ids, tr.output_token_ids or None,
+                                                         max(len(tr.token_times), 1)), *_held_span(tr), tr.replica))
         return tr
 
 
@@ -322,6 +323,17 @@ class _Point:
         self.offsets = offsets
         self.scheduled_s = np.array(offsets, dtype=float)
         self.prompts: list[list[int]] = [[] for _ in rows]
+
+
+class _Sent(NamedTuple):
+    """What one request of a point put in a replica's cache, for ``_cache_estimates``."""
+
+    sent: float  # client send time
+    index: int  # measured request index, -1 for primes and warm-ups
+    request: SentRequest
+    start: float  # when it held KV blocks (_held_span)
+    end: float
+    replica: int
 
 
 def _held_span(tr: RequestTrace) -> tuple[float, float]:

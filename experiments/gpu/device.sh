@@ -4,6 +4,9 @@
 #   part NN              copy one bundle part (carried as .gpu/part-NN) to /tmp/b
 #   unpack               join the parts and extract vLLM 0.26.0 + Ray 2.60.0 into /tmp/site
 #   study CONFIG [ARGS]  prefixstudy run CONFIG (a shipped name, e.g. h200-tp1, or a path) into /tmp/results, results copied to $OUT
+#   capsplit TAG CONFIG UNIT=V1,V2 [ARGS]
+#                        prefixstudy capacity, ON on GPU 0 and OFF on GPU 1 (as split); locally,
+#                        experiments/gpu/join_capacity.py joins the two into one capacity folder
 #   resume               prefixstudy run --resume the newest run in /tmp/results
 #   swap CONFIG GPU0_MODE REPEATS [ARGS]
 #                        like split, for some repeats only, with GPU 0 serving GPU0_MODE (GPU 1 the
@@ -53,9 +56,18 @@ case "$1" in
     wait
     for m in on off; do grep -v "INFO\|^(.*) WARNING" "/tmp/swap-$tag-$m.log" | tail -40 > "$OUT/$tag-$m.log"; done
     tar -czf "$OUT/swap-$tag.tgz" -C /tmp "swap-$tag" ;;
+  capsplit) shift; tag=$1; cfg=$2; caps=$3; shift 3
+    for i in 0 1; do m=$([ $i = 0 ] && echo on || echo off)
+      CUDA_VISIBLE_DEVICES=$i VLLM_CACHE_ROOT=/tmp/vc-$m timeout -s TERM "${STUDY_TIMEOUT:-560}" python3 -m prefixstudy \
+        capacity "$cfg" --capacity "$caps" --out "/tmp/cap-$tag/$m" --set "sweep.modes=[$m]" --set executor=local \
+        --quiet "$@" > "/tmp/cap-$tag-$m.log" 2>&1 &
+    done
+    wait
+    for m in on off; do grep -v "INFO\|^(.*) WARNING" "/tmp/cap-$tag-$m.log" | tail -40 > "$OUT/cap-$tag-$m.log"; done
+    tar -czf "$OUT/cap-$tag.tgz" -C /tmp "cap-$tag" ;;
   resume)
     run=$(ls -d /tmp/results/*/*/ | sort | tail -1)
     ps run --resume "$run" --no-report --quiet 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/resume.log"
     collect ;;
-  *) echo "usage: device.sh part NN | unpack | study CONFIG [ARGS] | split CONFIG [ARGS] | swap CONFIG MODE REPEATS [ARGS] | resume" >&2; exit 2 ;;
+  *) echo "usage: device.sh part NN | unpack | study CONFIG [ARGS] | split CONFIG [ARGS] | swap CONFIG MODE REPEATS [ARGS] | capsplit TAG CONFIG UNIT=V1,.. [ARGS] | resume" >&2; exit 2 ;;
 esac

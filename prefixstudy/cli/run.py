@@ -234,9 +234,19 @@ def _failed_points(run_dir: Path) -> int:
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Results root for the merged run.")
 def merge(runs, out):
-    """Join runs of one study made apart (e.g. ON and OFF side by side, one GPU each) into one run."""
-    from prefixstudy.results.merge import merge_runs
+    """Join runs of one study made apart (e.g. ON and OFF side by side, one GPU each) into one run;
+    capacity sweeps (folders with capacity.json) into one sweep, capacity by capacity."""
+    from prefixstudy.capacity import INDEX, capacity_table
+    from prefixstudy.results.merge import merge_capacity, merge_runs
 
-    click.echo(f"results: {merge_runs(list(runs), out)}")
+    sweeps = [(Path(r) / INDEX).is_file() for r in runs]
+    if any(sweeps) and not all(sweeps):
+        raise UserError("merge: give either run folders or capacity sweep folders (with capacity.json), not both")
+    if not all(sweeps):
+        click.echo(f"results: {merge_runs(list(runs), out)}")
+        return
+    parent = merge_capacity(list(runs), out)
+    capacity_table(parent).to_csv(parent / "capacity.csv", index=False)
+    click.echo(f"results: {parent}")
 
 

@@ -1,8 +1,11 @@
 """Join runs of one study made apart (caching ON and OFF side by side, one GPU or one machine
-each) into one run folder, as if one run had made them."""
+each) into one run folder, as if one run had made them; and capacity sweeps made apart
+(``capacity.json`` parents) into one capacity sweep, capacity by capacity."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 from prefixstudy.config import flat_config, parse_config
@@ -13,9 +16,10 @@ from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
 from prefixstudy.schema import PointResult, point_key
 
 
-def merge_runs(run_dirs: list[Path], out: Path) -> Path:
+def merge_runs(run_dirs: list[Path], out: Path, run_dir: Path | None = None) -> Path:
     """Join runs of one study made apart (e.g. caching ON and OFF side by side, one GPU or one
-    machine each) into one run folder.  Their configs must agree on everything but the modes."""
+    machine each) into one run folder (``run_dir``, default a new one under ``out``).  Their configs
+    must agree on everything but the modes."""
     runs = [load(find_run_dir(d)) for d in run_dirs]
     if len(runs) < 2:
         raise UserError("merge: give at least two run folders")
@@ -45,7 +49,7 @@ def merge_runs(run_dirs: list[Path], out: Path) -> Path:
                       "device": r.manifest.get("device"), "executor": r.manifest.get("executor"),
                       "started_at": r.manifest.get("started_at"), "status": r.manifest.get("status")} for r in runs],
     )
-    run_dir = new_run_dir(cfg, out)
+    run_dir = run_dir or new_run_dir(cfg, out)
     preflight_out(run_dir)
     writer = ResultsWriter(run_dir, cfg, manifest)
     writer.start()
@@ -60,3 +64,36 @@ def merge_runs(run_dirs: list[Path], out: Path) -> Path:
 
 def _at(df, key: tuple[str, float, int]):
     return df[(df["mode"] == key[0]) & (df["rate"] == key[1]) & (df["repeat"] == key[2])]
+
+
+def merge_capacity(parents: list[Path], out: Path) -> Path:
+    """Join capacity sweeps made apart (e.g. ON on one GPU, OFF on another; or some capacities
+    on one machine, the rest on another) into one sweep folder under ``out``: each capacity's runs
+    are merged as ``merge_runs`` does, a capacity only one sweep ran is copied.  Only the runs a
+    sweep's ``capacity.json`` lists count: a capacity cut off mid-run is left out."""
+    from prefixstudy.capacity import INDEX
+
+    indexes = [json.loads((p / INDEX).read_text()) for p in parents]
+    units = {ix["unit"] for ix in indexes}
+    if len(units) > 1:
+        raise UserError(f"merge: capacity sweeps in different units ({', '.join(sorted(units))})")
+    by_value: dict[float, list[tuple[Path, dict]]] = {}
+    for p, ix in zip(parents, indexes):
+        for r in ix["runs"]:
+            by_value.setdefault(float(r["capacity"]), []).append((p / r["dir"], r))
+    if not by_value:
+        raise UserError("merge: the capacity sweeps hold no finished capacity")
+    first = load(by_value[next(iter(by_value))][0][0])
+    dest = new_run_dir(parse_config(first.config, str(first.path / CONFIG)), out)
+    preflight_out(dest)
+    index: dict = {"unit": units.pop(), "values": sorted(by_value), "runs": [], "merged_from": [str(p) for p in parents]}
+    for v in sorted(by_value):
+        runs = by_value[v]
+        target = dest / runs[0][0].name
+        if len(runs) > 1:
+            merge_runs([d for d, _ in runs], out, run_dir=target)
+        else:
+            shutil.copytree(runs[0][0], target)
+        index["runs"].append({**runs[0][1], "dir": target.name})
+    (dest / INDEX).write_text(json.dumps(index, indent=1))
+    return dest

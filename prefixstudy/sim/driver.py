@@ -12,6 +12,7 @@ iteration layout (``step_start_s``, ``t_s``, ``step_ms``, ``prefill_tokens``, ..
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -26,7 +27,11 @@ class SimRequest:
     request_id: str
     prompt_token_ids: list[int]
     output_len: int
-    arrival_s: float  # virtual seconds
+    arrival_s: float  # virtual seconds; ignored for a request with a parent
+    # A later turn of a session (the runner's one rule of dependence): it arrives think_s after its
+    # parent finished, with the parent's prompt + the parent's generated ids + prompt_token_ids.
+    parent: str | None = None
+    think_s: float = 0.0
 
 
 @dataclass
@@ -37,6 +42,7 @@ class SimTrace:
     scheduled_s: float = math.nan
     token_times: list[float] = field(default_factory=list)
     num_cached_tokens: int = 0
+    prompt_token_ids: list[int] | None = None  # as sent (a later turn's carries its history)
 
 
 @dataclass(frozen=True)
@@ -73,12 +79,18 @@ class Simulator:
         """Run ``requests`` (arrival times on this simulator's clock) until all finish or the
         clock passes ``deadline_s``; what is open then is aborted.  Steps are appended to
         ``self.steps`` when ``record``."""
-        pending = sorted(requests, key=lambda r: r.arrival_s)
-        traces = {r.request_id: SimTrace(r.arrival_s) for r in requests}
+        pending = sorted((r for r in requests if r.parent is None), key=lambda r: r.arrival_s)
+        children: dict[str, list[SimRequest]] = {}
+        for r in requests:
+            if r.parent is not None:
+                children.setdefault(r.parent, []).append(r)
+        traces = {r.request_id: SimTrace(r.arrival_s if r.parent is None else math.inf) for r in requests}
+        sent: dict[str, list[int]] = {}  # the prompt each request was sent with
         i = 0
         while i < len(pending) or self.sched.has_unfinished_requests():
             while i < len(pending) and pending[i].arrival_s <= self.clock_s:
                 r = pending[i]
+                sent[r.request_id] = r.prompt_token_ids
                 self.sched.add_request(make_request(r.request_id, r.prompt_token_ids, r.output_len,
                                                     r.arrival_s, self.hasher))
                 i += 1
@@ -90,7 +102,16 @@ class Simulator:
             if not self.sched.has_unfinished_requests():
                 self.clock_s = max(self.clock_s, pending[i].arrival_s)  # idle: jump to the next arrival
                 continue
-            self.step(traces, record)
+            for rid in self.step(traces, record):
+                for c in children.pop(rid, ()):  # release the finished parent's next turns
+                    done = traces[rid]
+                    prompt = sent[rid] + [SAMPLED_TOKEN_ID] * len(done.token_times) + c.prompt_token_ids
+                    arrival = done.token_times[-1] + c.think_s
+                    traces[c.request_id].arrival_s = arrival
+                    bisect.insort(pending, SimRequest(c.request_id, prompt, c.output_len, arrival), i,
+                                  key=lambda r: r.arrival_s)
+        for rid, prompt in sent.items():
+            traces[rid].prompt_token_ids = prompt
         return traces
 
     def _abort(self, request_ids: list[str]) -> None:
@@ -100,7 +121,8 @@ class Simulator:
         if open_ids:
             self.sched.finish_requests(open_ids, RequestStatus.FINISHED_ABORTED)
 
-    def step(self, traces: dict[str, SimTrace], record: bool) -> None:
+    def step(self, traces: dict[str, SimTrace], record: bool) -> list[str]:
+        """One engine step; returns the requests it finished."""
         start_s = self.clock_s
         so = self.sched.schedule()
         feats, sampled_ids, new_ids = self.features(so)
@@ -119,6 +141,7 @@ class Simulator:
                 traces[rid].token_times.append(self.clock_s)
         if record:
             self.steps.append(self.step_row(start_s, step_ms, feats))
+        return [r for r in req_ids if r not in self.sched.requests]
 
     def features(self, so) -> tuple[StepFeatures, set[str], dict[str, int]]:
         """The step's cost inputs, the requests that sample a token, and the requests scheduled for

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
 
-from prefixstudy import arrivals
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines.base import RequestTrace
 from prefixstudy.errors import UserError
@@ -117,20 +116,25 @@ class SimSession:
         tw = self.sim.clock_s
         wtr = self._one_at_a_time("warmup", rate, [(r.prompt_token_ids, r.output_len) for r in wrows])
         warm_groups |= {r.group for r in wrows}
-        n = sw.requests_for(rate)
-        rows = [self.rows[i % len(self.rows)] for i in range(n)]
-        offsets = arrivals.schedule(n, rate, self.cfg.arrivals.process, self.cfg.arrivals.burstiness,
-                                    self.cfg.arrivals.seed + repeat)
+        # The runner's own plan (rows, each later turn's parent, first turns' offsets or a trace's
+        # recorded times), taken from it, not re-derived.
+        rows, parents, offsets = ModeSession._plan(SimpleNamespace(rows=self.rows, cfg=self.cfg), rate, repeat)
+        n = len(rows)
         t0 = self.sim.clock_s
         ids = [f"{self.mode}-{rate:g}-m{i}-{self._seq}" for i in range(n)]
-        reqs = [SimRequest(ids[i], r.prompt_token_ids, r.output_len, t0 + float(offsets[i])) for i, r in enumerate(rows)]
+        reqs = [SimRequest(ids[i], r.prompt_token_ids, r.output_len, t0 + float(offsets[i])) if parents[i] < 0 else
+                SimRequest(ids[i], r.prompt_token_ids, r.output_len, math.nan, ids[parents[i]], r.think_time_s)
+                for i, r in enumerate(rows)]
         self.sim.steps = []
         traces = self.sim.run(reqs, deadline_s=t0 + sw.max_point_duration_s)
         exp = expected_cached(rows, self.prefixes, self.target.block_size, warm_groups) if self.mode == "on" else [0] * n
         records = [_record(self.mode, rate, i, f"warmup{i}", r, True, math.nan, tw, t, 0, sw.request_timeout_s)
                    for i, (r, t) in enumerate(zip(wrows, wtr))]
-        records += [_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), t0, traces[ids[i]],
-                            exp[i], sw.request_timeout_s, t0 + sw.max_point_duration_s) for i in range(n)]
+        for i in range(n):
+            tr = traces[ids[i]]
+            row = replace(rows[i], prompt_token_ids=tr.prompt_token_ids) if tr.prompt_token_ids else rows[i]
+            records.append(_record(self.mode, rate, i, ids[i], row, False, tr.arrival_s - t0, t0, tr, exp[i],
+                                   sw.request_timeout_s, t0 + sw.max_point_duration_s, parents[i]))
         meta = {"status": "ok", "error": "", "n_sent": n, "started_at": started_at,
                 "duration_s": self.sim.clock_s - t0, "warmup_s": t0 - tw, "block_size": self.target.block_size,
                 "engine_startup_s": 0.0, "sim_wall_s": time.perf_counter() - wall0, "sim_steps": len(self.sim.steps)}
@@ -141,7 +145,7 @@ class SimSession:
 
 
 def _record(mode, rate, index, rid, row, warmup, scheduled_s, t0, tr: SimTrace, expected, timeout_s,
-            deadline_s: float = math.inf):
+            deadline_s: float = math.inf, parent_index: int = -1):
     """The runner's record of one request, from virtual stamps.  Tokens later than the request's
     timeout after its send never reach the real client: they are cut and the request is unfinished.
     A request due after the point's deadline is never sent, as in the runner."""
@@ -149,7 +153,8 @@ def _record(mode, rate, index, rid, row, warmup, scheduled_s, t0, tr: SimTrace, 
 
     if tr.arrival_s > deadline_s:
         rt = RequestTrace(math.nan, error="unfinished: not sent before max_point_duration_s")
-        return make_record(mode, rate, index, rid, row, warmup, scheduled_s, t0, rt, expected)
+        return make_record(mode, rate, index, rid, row, warmup, scheduled_s, t0, rt, expected,
+                           parent_index=parent_index)
     times = [t for t in tr.token_times if t - tr.arrival_s <= timeout_s]
     rt = RequestTrace(tr.arrival_s, times, tr.num_cached_tokens, tr.arrival_s, tr.scheduled_s,
                       times[0] if times else math.nan, times[-1] if times else math.nan)
@@ -157,7 +162,7 @@ def _record(mode, rate, index, rid, row, warmup, scheduled_s, t0, tr: SimTrace, 
         rt.error = f"unfinished: request_timeout_s ({timeout_s:g} s) passed"
     elif len(times) < row.output_len:
         rt.error = "unfinished: cancelled at max_point_duration_s"
-    return make_record(mode, rate, index, rid, row, warmup, scheduled_s, t0, rt, expected)
+    return make_record(mode, rate, index, rid, row, warmup, scheduled_s, t0, rt, expected, parent_index=parent_index)
 
 
 def _iterations(mode: str, rate: float, steps: list[dict], t0: float) -> pd.DataFrame:

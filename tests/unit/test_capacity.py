@@ -96,3 +96,34 @@ def test_report_has_capacity_per_turn_and_per_group_sections(tmp_path):
 
     cap = capacity_frame(load(run))
     assert cap[["rate", "block_size", "num_blocks", "evicted_blocks_estimated"]].values.tolist() == [[50, 16, 64, 0]]
+
+
+def test_sweeps_made_apart_merge_capacity_by_capacity(tmp_path):
+    """ON ran capacities 14 and 12 on one machine, OFF ran 14 on another and 12 on a third: the
+    merged sweep is the one-run sweep's table.  A capacity a sweep did not finish is left out."""
+    from prefixstudy.results.merge import merge_capacity
+
+    def sweep(name, modes, values):
+        return run_capacity_sweep(load_config(None, {**GROUPS, "sweep.modes": modes, "out": str(tmp_path)}),
+                                  "blocks", values, tmp_path / name, progress=False)
+
+    on, off14, off12 = sweep("on", ["on"], [14, 12]), sweep("off14", ["off"], [14]), sweep("off12", ["off"], [12])
+    (off12 / "blocks-99").mkdir()  # cut off before its run finished: not in capacity.json
+    merged = merge_capacity([on, off14, off12], tmp_path / "m")
+    index = json.loads((merged / "capacity.json").read_text())
+    assert index["values"] == [12, 14] and [r["dir"] for r in index["runs"]] == ["blocks-12", "blocks-14"]
+    t = capacity_table(merged)
+    assert t[["capacity", "mode"]].values.tolist() == [[12, "on"], [12, "off"], [14, "on"], [14, "off"]]
+    assert t[t["mode"] == "on"]["hit_rate_measured"].tolist() == pytest.approx([16 / 432, 32 / 36])
+    assert t["e2e_gain"].notna().sum() == 2
+    assert json.loads((merged / "blocks-12" / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_merge_refuses_sweeps_in_different_units(tmp_path):
+    from prefixstudy.results.merge import merge_capacity
+
+    for name, unit in (("a", "blocks"), ("b", "bytes")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "capacity.json").write_text(json.dumps({"unit": unit, "values": [], "runs": []}))
+    with pytest.raises(UserError, match="different units"):
+        merge_capacity([tmp_path / "a", tmp_path / "b"], tmp_path / "m")

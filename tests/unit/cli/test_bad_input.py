@@ -54,6 +54,7 @@ def config(tmp: Path, patch: dict | None = None, name: str = "c.yaml") -> Path:
 
 def raw(tmp: Path, name: str, content: str | bytes) -> Path:
     p = tmp / name
+    p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(content if isinstance(content, bytes) else content.encode())
     return p
 
@@ -347,6 +348,9 @@ CASES = {
                             "field 'dataset.sessions.turns': a session has at least 1 turn"),
     "jsonl-parent-not-earlier": (lambda t: run_cfg(t, {"dataset": {"path": str(raw(t, "d.jsonl", json.dumps(
         {**GOOD_ROW, "parent": 0}) + "\n"))}}), "d.jsonl:1: field 'parent': 0 is not an earlier row"),
+    "merge-run-with-capacity-sweep": (lambda t: ["merge", recorded_run(t), raw(t, "sweep/capacity.json", json.dumps(
+        {"unit": "blocks", "values": [], "runs": []})).parent, "--out", t / "res"],
+        "merge: give either run folders or capacity sweep folders (with capacity.json), not both"),
     "capacity-bad-unit": (lambda t: ["capacity", config(t), "--capacity", "pages=1", "--out", t / "res"],
                           "--capacity 'pages=1': expected UNIT=V1,V2,... with UNIT one of blocks, bytes, share"),
     # --- engine arguments vLLM does not know (imports vllm: the slow case) ---

@@ -78,3 +78,27 @@ def test_the_deadline_aborts_what_is_open(make_sim):
     # prefill 1.1 ms, then 1.1 ms per token: past 10.5 ms after 9 tokens, which are kept
     assert len(tr["a"].token_times) == 9
     assert not sim.sched.has_unfinished_requests()
+
+
+def test_a_later_turn_arrives_after_its_parent_with_the_history(make_sim):
+    """b is a's next turn: sent 0.5 s after a's last token, with a's 40-token prompt + a's 8
+    generated ids + 10 new tokens.  a computed 47 tokens (its last sampled token has no KV yet), so
+    two whole blocks of b's 58 are cached: 32 tokens hit, 26 are computed."""
+    sim = make_sim("on")
+    a = SimRequest("a", PREFIX, 8, 0.0)
+    b = SimRequest("b", list(range(3000, 3010)), 1, float("nan"), parent="a", think_s=0.5)
+    tr = sim.run([b, a])
+    # a: prefill 1 + 0.4 = 1.4 ms, then 7 decodes of 1.1 ms: last token at 9.1 ms
+    assert tr["a"].token_times[-1] == pytest.approx(0.0091)
+    assert tr["b"].arrival_s == pytest.approx(0.5091) and tr["b"].scheduled_s == pytest.approx(0.5091)
+    assert tr["b"].prompt_token_ids == PREFIX + [0] * 8 + list(range(3000, 3010))
+    assert tr["b"].num_cached_tokens == 32
+    assert tr["b"].token_times == pytest.approx([0.5091 + 0.00126])  # 1 ms + 26 uncached tokens
+
+
+def test_a_later_turn_whose_parent_is_cut_is_never_sent(make_sim):
+    sim = make_sim("on")
+    tr = sim.run([SimRequest("a", PREFIX, 100, 0.0),
+                  SimRequest("b", [5, 6, 7], 1, float("nan"), parent="a")], deadline_s=0.01)
+    assert tr["b"].arrival_s == float("inf") and tr["b"].token_times == []
+    assert not sim.sched.has_unfinished_requests()

@@ -17,12 +17,14 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from prefixstudy.cachesim import block_hashes
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import UserError
 from prefixstudy.workloads import DatasetRow, load_rows
+from prefixstudy.workloads.base import group_prefixes
 
 UNITS = ("blocks", "bytes", "share")
 INDEX = "capacity.json"
@@ -71,6 +73,42 @@ def working_set_blocks(rows: list[DatasetRow], block: int) -> int:
     return sum(1 for n in seen.values() if n > 1)
 
 
+def reuse_footprint_blocks(rows: list[DatasetRow], block: int, primes: list[list[int]] = (),
+                           limit: int = 500) -> int | None:
+    """How many blocks an LRU cache must hold for a reuse to hit: for each request that reuses a
+    prompt block, the distinct whole blocks cached since that block's previous use, its own
+    request's included (prompt and generated tokens; outputs are never shared); the median over
+    those requests.
+    ``primes`` (the group prefixes sent before a point) count as earlier uses, but a reuse of a prime
+    only counts when no request reuses another request's blocks: right after priming the spans are
+    shorter than in the steady state this number is meant to describe.  The working set
+    counts only the shared blocks; this counts everything that churns the LRU queue between two
+    uses (the one-off prompts and every request's unique tail), which is what decides eviction.
+    Later turns of sessions count by their new tokens only; the first ``limit`` requests."""
+    seqs = [(list(p), 1) for p in primes] + [(r.prompt_token_ids, r.output_len) for r in rows[:limit]]
+    last: dict = {}  # block -> index of its last use
+    touched: list[set] = []
+    steady: list[int] = []
+    after_prime: list[int] = []
+    fresh = 0
+    for k, (prompt, n_out) in enumerate(seqs):
+        hs = block_hashes(prompt, block)
+        # Whole blocks only (a partial one is never cached, and is reused first), generated tokens
+        # included but the last (sampled, never computed): what the request leaves in the cache.
+        n_new = max((len(prompt) + n_out - 1) // block - len(hs), 0)
+        own = set(hs) | {("out", fresh + i) for i in range(n_new)}
+        fresh += n_new
+        reused = [h for h in hs if h in last]
+        if reused and k >= len(primes):
+            j = last[reused[0]]
+            (steady if j >= len(primes) else after_prime).append(len(set().union(own, *touched[j + 1:k])))
+        for h in hs:
+            last[h] = k
+        touched.append(own)
+    spans = steady or after_prime
+    return int(np.median(spans)) if spans else None
+
+
 def run_capacity_sweep(cfg: StudyConfig, unit: str, values: list[float], parent: Path | None = None,
                        progress: bool = True) -> Path:
     """One run per capacity, in the order given, under ``parent`` (default: a new run folder)."""
@@ -80,13 +118,15 @@ def run_capacity_sweep(cfg: StudyConfig, unit: str, values: list[float], parent:
     parent = parent or new_run_dir(cfg)
     parent.mkdir(parents=True, exist_ok=True)
     rows = load_rows(cfg)
+    primes = [p for _, p in sorted(group_prefixes(rows).items()) if p] if cfg.sweep.prime_prefixes else []
     index: dict = {"unit": unit, "values": values, "runs": []}
     for v in values:
         run = run_study(capacity_config(cfg, unit, v), run_dir=parent / f"{unit}-{v:g}", progress=progress)
         points = json.loads((run / "manifest.json").read_text())["points"]
         block = next((p["block_size"] for p in points if p.get("block_size")), 0)
         index["runs"].append({"capacity": v, "dir": run.name,
-                              "working_set_blocks": working_set_blocks(rows, block) if block else None})
+                              "working_set_blocks": working_set_blocks(rows, block) if block else None,
+                              "reuse_footprint_blocks": reuse_footprint_blocks(rows, block, primes) if block else None})
         (parent / INDEX).write_text(json.dumps(index, indent=1))
     return parent
 
@@ -110,6 +150,8 @@ def capacity_table(parent: Path) -> pd.DataFrame:
         s["num_blocks"] = s["mode"].map(blocks)
         s["working_set_blocks"] = r["working_set_blocks"]
         s["working_set_ratio"] = s["working_set_blocks"] / (s["num_blocks"] - 1)  # one block is vLLM's null block
+        s["reuse_footprint_blocks"] = r.get("reuse_footprint_blocks")
+        s["reuse_footprint_ratio"] = s["reuse_footprint_blocks"] / (s["num_blocks"] - 1)
         out.append(s)
     df = pd.concat(out, ignore_index=True)
     return with_gain(df, ["capacity"])
@@ -128,27 +170,34 @@ def with_gain(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def collapse_lines(table: pd.DataFrame, share: float = 0.5) -> list[str]:
-    """Per rate, in words: the smallest working set ÷ capacity at which ON's measured hit rate is
-    below ``share`` of the infinite-cache bound (the cache no longer holds the reuse), with the hit
-    rate and E2E gain on either side; or that it never fell over the capacities run."""
-    on = table[table["mode"] == "on"].sort_values("working_set_ratio")
+    """Per rate, in words: the smallest capacity ratio at which ON's measured hit rate is below
+    ``share`` of the infinite-cache bound (the cache no longer holds the reuse), with the hit rate
+    and E2E gain on either side; or that it never fell over the capacities run.  The ratio is the
+    blocks cached between two uses of a block ÷ capacity where the sweep recorded it (it decides
+    LRU eviction), else the working set ÷ capacity."""
+    x, name = "working_set_ratio", "working set ÷ capacity"
+    if table.get("reuse_footprint_ratio") is not None and table["reuse_footprint_ratio"].notna().all():
+        x, name = "reuse_footprint_ratio", "blocks cached between two uses ÷ capacity"
+    on = table[table["mode"] == "on"].sort_values(x, kind="stable")
     out = []
     for rate, g in on.groupby("rate", sort=True):
         low = g["hit_rate_measured"] < share * g["hit_rate_expected"]
         if not low.any():
-            out.append(f"{rate:g} req/s: the hit rate held at every capacity run "
-                       f"(working set ÷ capacity up to {g['working_set_ratio'].max():.2f})")
+            w = g.loc[(g["hit_rate_measured"] / g["hit_rate_expected"]).idxmin()]
+            out.append(f"{rate:g} req/s: the hit rate stayed at or above {share:.0%} of its bound at every capacity "
+                       f"run ({name} up to {g[x].max():.2f}; lowest {w['hit_rate_measured']:.3f} of "
+                       f"{w['hit_rate_expected']:.3f}, at {w[x]:.2f})")
             continue
         k = int(low.to_numpy().argmax())
         after = g.iloc[k]
         gain = "" if pd.isna(after.get("e2e_gain")) else f", E2E gain {after['e2e_gain']:.1%}"
         if k == 0:
-            out.append(f"{rate:g} req/s: collapsed already at working set ÷ capacity {after['working_set_ratio']:.2f} "
+            out.append(f"{rate:g} req/s: collapsed already at {name} {after[x]:.2f} "
                        f"(hit rate {after['hit_rate_measured']:.3f}{gain})")
             continue
         before = g.iloc[k - 1]
         gain0 = "" if pd.isna(before.get("e2e_gain")) else f", E2E gain {before['e2e_gain']:.1%}"
-        out.append(f"{rate:g} req/s: the hit rate collapses between working set ÷ capacity "
-                   f"{before['working_set_ratio']:.2f} (hit rate {before['hit_rate_measured']:.3f}{gain0}) and "
-                   f"{after['working_set_ratio']:.2f} (hit rate {after['hit_rate_measured']:.3f}{gain})")
+        out.append(f"{rate:g} req/s: the hit rate collapses between {name} {before[x]:.2f} (hit rate "
+                   f"{before['hit_rate_measured']:.3f}{gain0}) and {after[x]:.2f} (hit rate "
+                   f"{after['hit_rate_measured']:.3f}{gain})")
     return out

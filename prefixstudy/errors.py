@@ -1,8 +1,13 @@
-"""Errors the CLI turns into one line and exit code 2."""
+"""Errors the CLI turns into one line: bad input (exit code 2) and a run stopped early (exit code 1)."""
 
 
 class UserError(Exception):
     """Bad input: a config, dataset or flag.  The message names the file, line or field."""
+
+
+class StudyFailed(Exception):
+    """The run stopped (an engine that did not start, a check the config made fatal); its points so
+    far are saved."""
 
 
 def read_text(path, missing: str, expected: str) -> str:

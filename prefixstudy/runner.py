@@ -10,6 +10,7 @@ sessions live.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 import traceback
@@ -23,6 +24,7 @@ from prefixstudy import arrivals
 from prefixstudy.cachesim import SentRequest, simulate, simulate_timed
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines import IterationSample, RequestTrace, make_engine
+from prefixstudy.errors import StudyFailed
 from prefixstudy.schema import PointResult, RequestRecord, typed_iterations, typed_requests
 from prefixstudy.workloads.base import DatasetRow, group_prefixes
 from prefixstudy.workloads.trace import trace_offsets
@@ -98,7 +100,15 @@ class ModeSession:
         self._sent: list[_Sent] = []
 
     async def __aenter__(self) -> "ModeSession":
-        await self.engine.start()
+        try:
+            await self.engine.start()
+        except Exception as e:
+            # One line for the user, not the launcher's traceback: vLLM logs its own reason (e.g. a
+            # KV cache too small for max_model_len) above it, from the engine's process.
+            with contextlib.suppress(Exception):  # what half-started is stopped; the start's error is the one to show
+                self.engine.shutdown()
+            why = (str(e).strip().splitlines() or [""])[0][:300]
+            raise StudyFailed(f"cache {self.mode.upper()}: the engine did not start ({type(e).__name__}: {why})") from e
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from prefixstudy.config import StudyConfig, flat_config, load_config
 from prefixstudy.engines import check_engine_config, engine_class
-from prefixstudy.errors import UserError
+from prefixstudy.errors import StudyFailed, UserError  # noqa: F401 (StudyFailed: importers' name)
 from prefixstudy.executors import pick_executor
 from prefixstudy.results import find_run_dir, load
 from prefixstudy.results.provenance import base_manifest, device_name, now
@@ -25,10 +25,6 @@ from prefixstudy.schema import PointResult, point_key
 from prefixstudy.workloads import DatasetRow, describe, load_rows
 
 log = logging.getLogger(__name__)
-
-
-class StudyFailed(Exception):
-    """The run stopped on purpose (a check the config made fatal); its points so far are saved."""
 
 
 class Terminated(KeyboardInterrupt):

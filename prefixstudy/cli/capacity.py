@@ -3,6 +3,7 @@ parent), then the table across them; ``prefixstudy breakdown``: per-turn or per-
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -20,23 +21,37 @@ from prefixstudy.cli.run import _console, _overrides
 @click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
 def capacity(config, capacity, out, sets, quiet, verbose):
     """Run CONFIG once per KV-cache size; write capacity.csv (hit rate and gain vs working set ÷ capacity)."""
-    from prefixstudy.capacity import capacity_table, collapse_lines, parse_capacity, run_capacity_sweep
+    from prefixstudy.capacity import collapse_lines, parse_capacity, run_capacity_sweep
     from prefixstudy.config import load_config
     from prefixstudy.configs import resolve_config
     from prefixstudy.metrics.breakdown import markdown
+    from prefixstudy.report.capacity import write_capacity_report
 
     unit, values = parse_capacity(capacity)
     cfg = load_config(resolve_config(config), _overrides(sets, out=out))
     _console(verbose)
-    parent = run_capacity_sweep(cfg, unit, values, progress=not quiet)
-    table = capacity_table(parent)
-    table.to_csv(parent / "capacity.csv", index=False)
-    cols = ["capacity", "num_blocks", "working_set_ratio", "mode", "rate", "hit_rate_measured",
-            "hit_rate_estimated", "hit_rate_expected", "mean_e2e_ms", "e2e_gain"]
+    parent = _sweep(run_capacity_sweep, cfg, unit, values, progress=not quiet)
+    table = write_capacity_report(parent)
+    cols = ["capacity", "num_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate",
+            "hit_rate_measured", "hit_rate_estimated", "hit_rate_expected", "mean_e2e_ms", "e2e_gain"]
     click.echo(markdown(table[cols]))
     for line in collapse_lines(table):
         click.echo(line)
     click.echo(f"results: {parent}")
+
+
+def _sweep(run, *args, **kwargs):
+    """The sweep, with its ways of stopping early as `prefixstudy run` has them (exit 1, 130 / 143)."""
+    from prefixstudy.study import StudyFailed, Terminated
+
+    try:
+        return run(*args, **kwargs)
+    except StudyFailed as e:
+        click.echo(f"error: {e}; finished capacities and points are saved", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt as e:
+        click.echo("interrupted: finished capacities and points are saved", err=True)
+        sys.exit(143 if isinstance(e, Terminated) else 130)
 
 
 @click.command()

@@ -236,7 +236,7 @@ def _failed_points(run_dir: Path) -> int:
 def merge(runs, out):
     """Join runs of one study made apart (e.g. ON and OFF side by side, one GPU each) into one run;
     capacity sweeps (folders with capacity.json) into one sweep, capacity by capacity."""
-    from prefixstudy.capacity import INDEX, capacity_table
+    from prefixstudy.capacity import INDEX
     from prefixstudy.results.merge import merge_capacity, merge_runs
 
     sweeps = [(Path(r) / INDEX).is_file() for r in runs]
@@ -245,8 +245,10 @@ def merge(runs, out):
     if not all(sweeps):
         click.echo(f"results: {merge_runs(list(runs), out)}")
         return
+    from prefixstudy.report.capacity import write_capacity_report
+
     parent = merge_capacity(list(runs), out)
-    capacity_table(parent).to_csv(parent / "capacity.csv", index=False)
+    write_capacity_report(parent)
     click.echo(f"results: {parent}")
 
 

@@ -8,13 +8,14 @@ import json
 import pytest
 
 from prefixstudy.capacity import (capacity_config, capacity_table, collapse_lines, parse_capacity,
-                                  run_capacity_sweep, working_set_blocks)
+                                  reuse_footprint_blocks, run_capacity_sweep, working_set_blocks)
 from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.breakdown import breakdown
 from prefixstudy.results import load
 from prefixstudy.study import run_study
 from prefixstudy.workloads import load_rows
+from prefixstudy.workloads.base import group_prefixes
 
 GROUPS = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "arrivals.process": "constant",
           "dataset.kind": "groups", "dataset.groups": 6, "dataset.prefix_len": 32, "dataset.suffix_len": 4,
@@ -45,12 +46,26 @@ def test_working_set_is_the_blocks_reused_by_more_than_one_request():
     assert working_set_blocks(load_rows(load_config(None, GROUPS)), 16) == 12  # 6 groups x 2 prefix blocks
 
 
+def test_reuse_footprint_counts_what_churns_the_cache_between_two_uses():
+    """The H200 sweep's workload: 1800 shared + 200 unique tokens, 64 generated, round robin.  A
+    request leaves 128 whole blocks (2063 computed tokens), so G groups need G x 128 between two uses
+    of a prefix; with 48 groups and 80 requests only 32 groups come back (the working set is 32 x 112
+    blocks) but all 48 requests between two uses churn the cache."""
+    for groups, working_set, footprint in ((40, 40 * 112, 40 * 128), (48, 32 * 112, 48 * 128)):
+        cfg = load_config(None, {"dataset.kind": "groups", "dataset.groups": groups, "dataset.prefix_len": 1800,
+                                 "dataset.suffix_len": 200, "dataset.output_len": 64, "sweep.num_requests": 80,
+                                 "dataset.mix": {"order": "round_robin"}, "engine.max_model_len": 4096})
+        rows = load_rows(cfg)
+        primes = [p for _, p in sorted(group_prefixes(rows).items()) if p]
+        assert (working_set_blocks(rows, 16), reuse_footprint_blocks(rows, 16, primes)) == (working_set, footprint)
+
+
 def test_sweep_writes_one_run_per_capacity_and_a_table(tmp_path):
     parent = run_capacity_sweep(load_config(None, {**GROUPS, "out": str(tmp_path)}), "blocks", [14, 12],
                                 tmp_path / "sweep", progress=False)
     assert json.loads((parent / "capacity.json").read_text())["runs"] == [
-        {"capacity": 14, "dir": "blocks-14", "working_set_blocks": 12},
-        {"capacity": 12, "dir": "blocks-12", "working_set_blocks": 12}]
+        {"capacity": 14, "dir": "blocks-14", "working_set_blocks": 12, "reuse_footprint_blocks": 12},
+        {"capacity": 12, "dir": "blocks-12", "working_set_blocks": 12, "reuse_footprint_blocks": 12}]
     t = capacity_table(parent)
     on = t[t["mode"] == "on"]
     assert on["num_blocks"].tolist() == [14, 12]
@@ -61,8 +76,8 @@ def test_sweep_writes_one_run_per_capacity_and_a_table(tmp_path):
     assert on["hit_rate_expected"].tolist() == pytest.approx([32 / 36, 32 / 36])
     assert t["e2e_gain"].notna().sum() == 2 and t[t["mode"] == "off"]["e2e_gain"].isna().all()
     line, = collapse_lines(t)
-    assert line.startswith("50 req/s: the hit rate collapses between working set ÷ capacity 0.92 (hit rate 0.889, "
-                           "E2E gain ") and "and 1.09 (hit rate 0.037, E2E gain " in line
+    assert line.startswith("50 req/s: the hit rate collapses between blocks cached between two uses ÷ capacity 0.92 "
+                           "(hit rate 0.889, E2E gain ") and "and 1.09 (hit rate 0.037, E2E gain " in line
 
 
 def test_breakdown_per_turn_shows_later_turns_hit_more(tmp_path):
@@ -117,6 +132,14 @@ def test_sweeps_made_apart_merge_capacity_by_capacity(tmp_path):
     assert t[t["mode"] == "on"]["hit_rate_measured"].tolist() == pytest.approx([16 / 432, 32 / 36])
     assert t["e2e_gain"].notna().sum() == 2
     assert json.loads((merged / "blocks-12" / "manifest.json").read_text())["status"] == "complete"
+    from prefixstudy.report.capacity import write_capacity_report
+
+    write_capacity_report(merged)
+    assert sorted(p.name for p in merged.glob("capacity.*")) == [
+        "capacity.csv", "capacity.json", "capacity.md", "capacity.png", "capacity.svg"]
+    md = (merged / "capacity.md").read_text()
+    assert md.splitlines()[0].startswith("| capacity | num_blocks | working_set_ratio | reuse_footprint_ratio | mode |")
+    assert "- 50 req/s: the hit rate collapses between blocks cached between two uses ÷ capacity 0.92" in md
 
 
 def test_merge_refuses_sweeps_in_different_units(tmp_path):

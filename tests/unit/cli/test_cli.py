@@ -134,8 +134,10 @@ def test_capacity_sweep_and_breakdown_commands_on_the_echo_backend(tmp_path):
         "sweep": {"rates": [50], "num_requests": 12, "warmup_requests": 0}}))
     r = cli("capacity", cfg, "--capacity", "blocks=14,12", "--out", tmp_path / "res", "--quiet")
     assert r.returncode == 0, r.stderr
-    assert "50 req/s: the hit rate collapses between working set ÷ capacity 0.92 (hit rate 0.889" in r.stdout
+    assert ("50 req/s: the hit rate collapses between blocks cached between two uses ÷ capacity 0.92 (hit rate 0.889"
+            in r.stdout)
     parent = Path(r.stdout.strip().splitlines()[-1].removeprefix("results: "))
-    assert sorted(p.name for p in parent.iterdir()) == ["blocks-12", "blocks-14", "capacity.csv", "capacity.json"]
+    assert sorted(p.name for p in parent.iterdir()) == ["blocks-12", "blocks-14", "capacity.csv", "capacity.json",
+                                                        "capacity.md", "capacity.png", "capacity.svg"]
     b = cli("breakdown", parent / "blocks-14", "--by", "group")
     assert b.stdout.count("| on | 50 |") == 6 and b.stdout.count("| off | 50 |") == 6

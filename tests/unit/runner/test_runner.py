@@ -191,3 +191,27 @@ def test_a_long_wait_for_a_send_naps_briefly_so_a_timer_that_runs_slow_cannot_ma
     timed = [d for d in naps if d > 0]
     assert max(timed) == runner.MAX_NAP_S and len(timed) == 90
     assert 0 <= now[0] - 104.5 < 2e-6  # one sleep(0) past the target at most; one 4.5-s sleep: 22.5 ms
+
+
+def test_an_engine_that_does_not_start_stops_the_study_with_one_line(tmp_path, monkeypatch):
+    """Its first line is the reason; the run folder stays, marked failed, with ON's points kept."""
+    import json
+
+    from prefixstudy.engines.echo import EchoEngine
+    from prefixstudy.errors import StudyFailed
+
+    started = []
+
+    async def start(self):
+        started.append(self.mode)
+        if self.mode == "off":
+            raise ValueError("KV cache too small for max_model_len\nmore detail")
+
+    monkeypatch.setattr(EchoEngine, "start", start)
+    with pytest.raises(StudyFailed) as e:
+        run_study(cfg_with(out=str(tmp_path)), progress=False)
+    assert str(e.value) == "cache OFF: the engine did not start (ValueError: KV cache too small for max_model_len)"
+    run, = (tmp_path / "default").iterdir()
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and [p["mode"] for p in manifest["points"]] == ["on"]
+    assert started == ["on", "off"]

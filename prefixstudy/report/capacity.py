@@ -1,0 +1,59 @@
+"""Report of a capacity sweep (``prefixstudy capacity``, or sweeps joined by ``prefixstudy merge``):
+``capacity.csv``, ``capacity.md`` (the per-point table and the collapse in words) and
+``capacity.png`` / ``.svg``: ON's hit rate and the E2E gain against the capacity ratio, one line per
+rate.  The ratio is the blocks cached between two uses ÷ capacity where the sweep recorded it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from prefixstudy.capacity import capacity_table, collapse_lines
+from prefixstudy.metrics.breakdown import markdown
+from prefixstudy.report.figures import new_figure, save
+
+COLUMNS = ["capacity", "num_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate", "repeat",
+           "hit_rate_measured", "hit_rate_estimated", "hit_rate_expected", "mean_e2e_ms", "e2e_gain", "saturated"]
+
+
+def ratio_column(table: pd.DataFrame) -> tuple[str, str]:
+    if "reuse_footprint_ratio" in table and table["reuse_footprint_ratio"].notna().all():
+        return "reuse_footprint_ratio", "blocks cached between two uses ÷ capacity"
+    return "working_set_ratio", "working set ÷ capacity"
+
+
+def capacity_figure(table: pd.DataFrame):
+    """Two panels over the capacity ratio, means over repeats: ON's measured hit rate (dashed: the
+    infinite-cache bound) and the E2E gain over OFF; one line per rate."""
+    x, label = ratio_column(table)
+    on = table[table["mode"] == "on"]
+    means = on.groupby(["rate", "capacity"], sort=True)[[x, "hit_rate_measured", "hit_rate_expected", "e2e_gain"]].mean()
+    fig = new_figure(10, 4.2)
+    hit, gain = fig.subplots(1, 2)
+    for rate, g in means.groupby(level="rate"):
+        g = g.sort_values(x)
+        hit.plot(g[x], g["hit_rate_measured"], marker="o", label=f"{rate:g} req/s")
+        gain.plot(g[x], 100 * g["e2e_gain"], marker="o", label=f"{rate:g} req/s")
+    bound = means.groupby(level="capacity").agg({x: "mean", "hit_rate_expected": "mean"}).sort_values(x)
+    hit.plot(bound[x], bound["hit_rate_expected"], ls="--", color="gray", label="infinite cache")
+    for ax, title in ((hit, "ON's prefix hit rate"), (gain, "E2E gain over OFF (%)")):
+        ax.axvline(1.0, color="gray", lw=0.8, ls=":")
+        ax.set_xlabel(label)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    hit.set_ylim(bottom=0)
+    hit.legend(fontsize=8)
+    return fig
+
+
+def write_capacity_report(parent: Path) -> pd.DataFrame:
+    """Writes capacity.csv, capacity.md and capacity.png/.svg into ``parent``; returns the table."""
+    table = capacity_table(parent)
+    table.to_csv(parent / "capacity.csv", index=False)
+    cols = [c for c in COLUMNS if c in table]
+    lines = collapse_lines(table)
+    (parent / "capacity.md").write_text(markdown(table[cols]) + "\n\n" + "\n".join(f"- {s}" for s in lines) + "\n")
+    if (table["mode"] == "on").any():
+        save(capacity_figure(table), parent / "capacity")
+    return table

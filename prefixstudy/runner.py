@@ -108,7 +108,8 @@ class ModeSession:
             with contextlib.suppress(Exception):  # what half-started is stopped; the start's error is the one to show
                 self.engine.shutdown()
             why = (str(e).strip().splitlines() or [""])[0][:300]
-            raise StudyFailed(f"cache {self.mode.upper()}: the engine did not start ({type(e).__name__}: {why})") from e
+            raise StudyFailed(f"cache {self.mode.upper()}: the engine did not start ({type(e).__name__}: {why}); "
+                              "-v shows the engine's own log") from e
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines import engine_class
-from prefixstudy.errors import UserError
+from prefixstudy.errors import StudyFailed, UserError
 from prefixstudy.executors import StudySink, point_line, repeat_tag, total_requests
 from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, plan_parallel,
                                             summarize_actor_error)
@@ -201,9 +201,27 @@ class _ModeRunner:
         cls = ray.remote(EngineActor)
         self.actor = cls.options(**opts).remote(ex.cfg, self.mode, ex.rows_ref, ex.use_gpu, factory)
         ex.actors.append(self.actor)
-        info = await self.actor.start.remote()
+        info = await self._started(self.actor.start.remote())
         info["actor"] = actor_name(ex.cfg.study, ex.sink.run_dir, self.mode, self.generation)
         ex.engine_started(self.mode, info)
+
+    async def _started(self, call) -> dict:
+        """The actor's start, or one line for the user: the engine's own reason (ModeSession's
+        StudyFailed) without Ray's wrapping of the remote traceback."""
+        from ray.exceptions import RayActorError, RayTaskError
+
+        try:
+            return await call
+        except RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, StudyFailed):
+                raise StudyFailed(str(cause)) from None
+            why = (str(cause or e).strip().splitlines() or [""])[0][:300]
+            raise StudyFailed(f"cache {self.mode.upper()}: the engine actor did not start "
+                              f"({type(cause or e).__name__}: {why})") from None
+        except RayActorError as e:
+            raise StudyFailed(f"cache {self.mode.upper()}: the engine actor died while starting "
+                              f"({summarize_actor_error(e)})") from None
 
     async def _fleet_placement(self, opts: dict):
         """A fleet: one placement group per replica, aimed at the node the plan chose for it; the

@@ -210,7 +210,8 @@ def test_an_engine_that_does_not_start_stops_the_study_with_one_line(tmp_path, m
     monkeypatch.setattr(EchoEngine, "start", start)
     with pytest.raises(StudyFailed) as e:
         run_study(cfg_with(out=str(tmp_path)), progress=False)
-    assert str(e.value) == "cache OFF: the engine did not start (ValueError: KV cache too small for max_model_len)"
+    assert str(e.value) == ("cache OFF: the engine did not start (ValueError: KV cache too small for max_model_len); "
+                            "-v shows the engine's own log")
     run, = (tmp_path / "default").iterdir()
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "failed" and [p["mode"] for p in manifest["points"]] == ["on"]

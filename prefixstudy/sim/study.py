@@ -133,7 +133,8 @@ class SimSession:
         for i in range(n):
             tr = traces[ids[i]]
             row = replace(rows[i], prompt_token_ids=tr.prompt_token_ids) if tr.prompt_token_ids else rows[i]
-            records.append(_record(self.mode, rate, i, ids[i], row, False, tr.arrival_s - t0, t0, tr, exp[i],
+            sent_s = tr.arrival_s - t0 if math.isfinite(tr.arrival_s) else math.nan  # inf: a turn never released
+            records.append(_record(self.mode, rate, i, ids[i], row, False, sent_s, t0, tr, exp[i],
                                    sw.request_timeout_s, t0 + sw.max_point_duration_s, parents[i]))
         meta = {"status": "ok", "error": "", "n_sent": n, "started_at": started_at,
                 "duration_s": self.sim.clock_s - t0, "warmup_s": t0 - tw, "block_size": self.target.block_size,

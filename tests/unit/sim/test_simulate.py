@@ -145,3 +145,21 @@ def test_engine_kind_sim_names_an_unknown_gpu_in_one_line(calibration, tmp_path)
     assert (r.exit_code, r.output) == (2, "error: field 'engine.gpu': unknown GPU 'Nope-9000' (see prefixstudy/model/gpus.py)\n")
     assert not (tmp_path / "out").exists()
 
+
+
+def test_a_simulated_session_sends_its_next_turn_after_the_parent_with_the_history(calibration, tmp_path,
+                                                                                  tiny_vllm_config):
+    """One session of two turns: turn 0 is 64 tokens (48 + 16, nothing primed: one session shares
+    nothing with another); turn 1 is sent 0.5 s after turn 0's last token with its 64 + 4 generated
+    + 16 new tokens.  Turn 0 computed 67 tokens, so ON serves 4 whole blocks (64) of turn 1's 84."""
+    cfg = load_config(None, {**OVERRIDES, "sweep.rates": [1], "sweep.num_requests": 2, "sweep.warmup_requests": 0,
+                             "dataset.kind": "sessions",
+                             "dataset.sessions": {"turns": 2, "user_len": 16, "think_time_s": 0.5}})
+    req = load(simulate(cfg, calibration, out=tmp_path / "out")).requests
+    for mode, cached in (("on", 64), ("off", 0)):
+        m = req[req["mode"] == mode].sort_values("turn")
+        assert m.turn.tolist() == [0, 1] and m.prompt_tokens.tolist() == [64, 84]
+        assert m.num_cached_tokens.tolist() == [0, cached] and m.parent_index.tolist() == [-1, 0]
+        t0_done = m.scheduled_s.iloc[0] + m.e2e_ms.iloc[0] / 1e3
+        assert m.scheduled_s.iloc[1] == pytest.approx(t0_done + 0.5)
+        assert m.ttft_ms.iloc[1] == pytest.approx(1 + 0.01 * (84 - cached))  # one prefill step

@@ -169,15 +169,19 @@ def with_gain(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return m.drop(columns=["mean_e2e_ms_off", "mean_ttft_ms_off"])
 
 
+def ratio_column(table: pd.DataFrame) -> tuple[str, str]:
+    """The capacity ratio to read collapse on, and its name: blocks cached between two uses ÷
+    capacity where the sweep recorded it (it decides LRU eviction), else working set ÷ capacity."""
+    if "reuse_footprint_ratio" in table and table["reuse_footprint_ratio"].notna().all():
+        return "reuse_footprint_ratio", "blocks cached between two uses ÷ capacity"
+    return "working_set_ratio", "working set ÷ capacity"
+
+
 def collapse_lines(table: pd.DataFrame, share: float = 0.5) -> list[str]:
     """Per rate, in words: the smallest capacity ratio at which ON's measured hit rate is below
     ``share`` of the infinite-cache bound (the cache no longer holds the reuse), with the hit rate
-    and E2E gain on either side; or that it never fell over the capacities run.  The ratio is the
-    blocks cached between two uses of a block ÷ capacity where the sweep recorded it (it decides
-    LRU eviction), else the working set ÷ capacity."""
-    x, name = "working_set_ratio", "working set ÷ capacity"
-    if table.get("reuse_footprint_ratio") is not None and table["reuse_footprint_ratio"].notna().all():
-        x, name = "reuse_footprint_ratio", "blocks cached between two uses ÷ capacity"
+    and E2E gain on either side; or that it never fell over the capacities run (``ratio_column``)."""
+    x, name = ratio_column(table)
     on = table[table["mode"] == "on"].sort_values(x, kind="stable")
     out = []
     for rate, g in on.groupby("rate", sort=True):

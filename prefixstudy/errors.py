@@ -5,6 +5,11 @@ class UserError(Exception):
     """Bad input: a config, dataset or flag.  The message names the file, line or field."""
 
 
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's first line (vLLM's and Ray's messages run to many), cut at ``limit``."""
+    return (str(e).strip().splitlines() or [""])[0][:limit]
+
+
 class StudyFailed(Exception):
     """The run stopped (an engine that did not start, a check the config made fatal); its points so
     far are saved."""

@@ -24,7 +24,7 @@ from prefixstudy import arrivals
 from prefixstudy.cachesim import SentRequest, simulate, simulate_timed
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines import IterationSample, RequestTrace, make_engine
-from prefixstudy.errors import StudyFailed
+from prefixstudy.errors import StudyFailed, first_line
 from prefixstudy.schema import PointResult, RequestRecord, typed_iterations, typed_requests
 from prefixstudy.workloads.base import DatasetRow, group_prefixes
 from prefixstudy.workloads.trace import trace_offsets
@@ -107,8 +107,7 @@ class ModeSession:
             # KV cache too small for max_model_len) above it, from the engine's process.
             with contextlib.suppress(Exception):  # what half-started is stopped; the start's error is the one to show
                 self.engine.shutdown()
-            why = (str(e).strip().splitlines() or [""])[0][:300]
-            raise StudyFailed(f"cache {self.mode.upper()}: the engine did not start ({type(e).__name__}: {why}); "
+            raise StudyFailed(f"cache {self.mode.upper()}: the engine did not start ({type(e).__name__}: {first_line(e)}); "
                               "-v shows the engine's own log") from e
         return self
 

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines import engine_class
-from prefixstudy.errors import StudyFailed, UserError
+from prefixstudy.errors import StudyFailed, UserError, first_line
 from prefixstudy.executors import StudySink, point_line, repeat_tag, total_requests
 from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, plan_parallel,
                                             summarize_actor_error)
@@ -216,9 +216,8 @@ class _ModeRunner:
             cause = getattr(e, "cause", None)
             if isinstance(cause, StudyFailed):
                 raise StudyFailed(str(cause)) from None
-            why = (str(cause or e).strip().splitlines() or [""])[0][:300]
             raise StudyFailed(f"cache {self.mode.upper()}: the engine actor did not start "
-                              f"({type(cause or e).__name__}: {why})") from None
+                              f"({type(cause or e).__name__}: {first_line(cause or e)})") from None
         except RayActorError as e:
             raise StudyFailed(f"cache {self.mode.upper()}: the engine actor died while starting "
                               f"({summarize_actor_error(e)})") from None

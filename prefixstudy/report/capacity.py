@@ -9,18 +9,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from prefixstudy.capacity import capacity_table, collapse_lines
+from prefixstudy.capacity import capacity_table, collapse_lines, ratio_column
 from prefixstudy.metrics.breakdown import markdown
 from prefixstudy.report.figures import new_figure, save
 
 COLUMNS = ["capacity", "num_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate", "repeat",
            "hit_rate_measured", "hit_rate_estimated", "hit_rate_expected", "mean_e2e_ms", "e2e_gain", "saturated"]
-
-
-def ratio_column(table: pd.DataFrame) -> tuple[str, str]:
-    if "reuse_footprint_ratio" in table and table["reuse_footprint_ratio"].notna().all():
-        return "reuse_footprint_ratio", "blocks cached between two uses ÷ capacity"
-    return "working_set_ratio", "working set ÷ capacity"
 
 
 def capacity_figure(table: pd.DataFrame):

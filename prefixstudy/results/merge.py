@@ -8,7 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-from prefixstudy.config import flat_config, parse_config
+from prefixstudy.config import flat_config, load_config, parse_config
 from prefixstudy.errors import UserError
 from prefixstudy.results import find_run_dir, load
 from prefixstudy.results.store import CONFIG
@@ -83,8 +83,8 @@ def merge_capacity(parents: list[Path], out: Path) -> Path:
             by_value.setdefault(float(r["capacity"]), []).append((p / r["dir"], r))
     if not by_value:
         raise UserError("merge: the capacity sweeps hold no finished capacity")
-    first = load(by_value[next(iter(by_value))][0][0])
-    dest = new_run_dir(parse_config(first.config, str(first.path / CONFIG)), out)
+    first = by_value[next(iter(by_value))][0][0]
+    dest = new_run_dir(load_config(first / CONFIG), out)
     preflight_out(dest)
     index: dict = {"unit": units.pop(), "values": sorted(by_value), "runs": [], "merged_from": [str(p) for p in parents]}
     for v in sorted(by_value):

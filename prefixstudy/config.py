@@ -185,11 +185,21 @@ class RouterConfig(BaseModel):
         default_factory=lambda: ["round_robin"], min_length=1)
     prefix_blocks: int = Field(4, ge=1)  # prefix_affinity: whole prompt blocks hashed
     load_bound: float = Field(1.25, ge=1)  # prefix_affinity: spill past ceil(bound x mean in flight)
+    # The policies that also run with caching OFF (None: all).  OFF has no cache for a policy to
+    # exploit, so one OFF baseline (round_robin) is often enough, and saves a fleet start per policy.
+    off_policies: list[Literal["round_robin", "least_loaded", "prefix_affinity"]] | None = None
 
-    @field_validator("policies")
+    @field_validator("policies", "off_policies")
     @classmethod
-    def _unique(cls, v: list[str]) -> list[str]:
-        return list(dict.fromkeys(v))
+    def _unique(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else list(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _off_within(self) -> "RouterConfig":
+        stray = [p for p in self.off_policies or [] if p not in self.policies]
+        if stray:
+            raise ValueError(f"off_policies names {stray[0]}, which is not one of policies {self.policies}")
+        return self
 
 
 class StudyConfig(BaseModel):

@@ -25,44 +25,76 @@ from prefixstudy.metrics import replicas as rm
 INDEX = "routing.json"
 
 
-def policy_config(cfg: StudyConfig, policy: str) -> StudyConfig:
+def policy_config(cfg: StudyConfig, policy: str) -> StudyConfig | None:
+    """``cfg`` for one policy; None when none of its modes runs under it (OFF, outside
+    ``router.off_policies``, and no other mode)."""
     sub = cfg.model_copy(deep=True)
     sub.router.policies = [policy]
-    return sub
+    off = cfg.router.off_policies
+    sub.router.off_policies = None
+    sub.sweep.modes = [m for m in cfg.sweep.modes if m != "off" or off is None or policy in off]
+    return sub if sub.sweep.modes else None
 
 
-def run_routing_sweep(cfg: StudyConfig, parent: Path | None = None, progress: bool = True) -> Path:
+def run_routing_sweep(cfg: StudyConfig | None, parent: Path | None = None, progress: bool = True,
+                      resume: Path | None = None) -> Path:
     """One run per policy of ``cfg.router.policies``, in order, under ``parent`` (default: a new
-    run folder).  A run with failed points still counts (its folder can be resumed)."""
+    run folder).  A run with failed points still counts (its folder can be resumed).
+
+    ``resume``: a parent folder made before; its recorded config is read, each policy's run is
+    resumed (missing and failed points), and a policy that never started is started.  So a sweep
+    stopped by Ctrl-C or a deadline goes on with one command.  KeyboardInterrupt leaves with the
+    parent in ``run_dir``, for the CLI's resume line."""
+    from prefixstudy.config import dump_config, load_config
     from prefixstudy.engines import check_engine_config
+    from prefixstudy.results.store import CONFIG, MANIFEST, atomic_write_text
     from prefixstudy.results.writer import new_run_dir
     from prefixstudy.study import StudyFailed, check_device, check_plan, run_study
 
+    if resume is not None:
+        parent = resume
+        if not (parent / INDEX).is_file() or not (parent / CONFIG).is_file():
+            raise UserError(f"{parent}: no {INDEX} and {CONFIG} here (not a routing sweep folder)")
+        cfg = load_config(parent / CONFIG)
     check_plan(cfg)  # every input check before the parent folder is made
     check_device(cfg)
     check_engine_config(cfg)
     parent = parent or new_run_dir(cfg)
     parent.mkdir(parents=True, exist_ok=True)
+    if resume is None:
+        atomic_write_text(parent / CONFIG, dump_config(cfg))
     index: dict = {"policies": cfg.router.policies, "replicas": cfg.replicas, "runs": []}
     for policy in cfg.router.policies:
+        sub = policy_config(cfg, policy)
+        if sub is None:
+            continue
         run_dir = parent / f"policy-{policy}"
-        try:
-            run_study(policy_config(cfg, policy), run_dir=run_dir, progress=progress)
-        except StudyFailed:
-            pass  # recorded in its manifest; the other policies still run
         index["runs"].append({"policy": policy, "dir": run_dir.name})
         (parent / INDEX).write_text(json.dumps(index, indent=1))
+        try:
+            if (run_dir / MANIFEST).is_file():
+                run_study(None, progress=progress, resume=run_dir)
+            else:
+                run_study(sub, run_dir=run_dir, progress=progress)
+        except StudyFailed:
+            pass  # recorded in its manifest; the other policies still run
+        except KeyboardInterrupt as e:
+            e.run_dir = parent  # type: ignore[attr-defined]
+            raise
     return parent
 
 
 def read_sweep(parent: Path) -> dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]]:
     from prefixstudy.results import load
+    from prefixstudy.results.store import MANIFEST
 
     f = parent / INDEX
     if not f.is_file():
         raise UserError(f"{parent}: no {INDEX} (not a routing sweep folder)")
     out = {}
     for r in json.loads(f.read_text())["runs"]:
+        if not (parent / r["dir"] / MANIFEST).is_file():
+            continue  # stopped before this policy's run began: nothing of it to read yet
         res = load(parent / r["dir"])
         out[r["policy"]] = (res.requests, res.iterations, res.summary)
     return out

@@ -125,8 +125,8 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
                    + f", executor {'sim (virtual time)' if cfg.engine.kind == 'sim' else resolve_executor(cfg.executor)}; "
                    "nothing run (--dry-run)")
         return
-    if cfg is not None and cfg.replicas > 1:
-        return _run_fleets(cfg, report, progress=not quiet)
+    if cfg is not None and cfg.replicas > 1 or resume is not None and _is_routing_sweep(resume):
+        return _run_fleets(cfg, report, progress=not quiet, resume=resume)
     run_dir = _run(cfg, resume, config, progress=not quiet)
     click.echo(f"results: {run_dir}")
     if report:
@@ -140,19 +140,20 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         sys.exit(1)
 
 
-def _run_fleets(cfg, report: bool, progress: bool) -> None:
+def _run_fleets(cfg, report: bool, progress: bool, resume: Path | None = None) -> None:
     """replicas > 1: one run folder per routing policy under one parent (routing_sweep), each with
-    its report, then routing.md comparing them."""
+    its report, then routing.md comparing them.  ``resume``: such a parent, gone on with."""
     from prefixstudy.routing_sweep import routing_report, run_routing_sweep
     from prefixstudy.study import Terminated
 
     try:
-        parent = run_routing_sweep(cfg, progress=progress)
+        parent = run_routing_sweep(cfg, progress=progress, resume=resume)
     except KeyboardInterrupt as e:
-        click.echo("interrupted: finished points are saved; continue each policy's folder with "
-                   "prefixstudy run --resume <folder>", err=True)
+        where = getattr(e, "run_dir", "<run dir>")
+        click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}",
+                   err=True)
         sys.exit(143 if isinstance(e, Terminated) else 130)
-    runs = sorted(d for d in parent.iterdir() if d.is_dir() and d.name.startswith("policy-"))
+    runs = sorted(d for d in parent.iterdir() if d.name.startswith("policy-") and (d / "manifest.json").is_file())
     if report:
         from prefixstudy.report import build_report
 
@@ -163,8 +164,14 @@ def _run_fleets(cfg, report: bool, progress: bool) -> None:
     failed = sum(_failed_points(d) for d in runs)
     if failed:
         click.echo(f"{failed} point(s) failed (see each policy's manifest.json); run them again with: "
-                   f"prefixstudy run --resume {parent}/policy-<name>, then prefixstudy routing {parent}", err=True)
+                   f"prefixstudy run --resume {parent}", err=True)
         sys.exit(1)
+
+
+def _is_routing_sweep(path: Path) -> bool:
+    from prefixstudy.routing_sweep import INDEX
+
+    return (Path(path) / INDEX).is_file()
 
 
 @click.command()

@@ -126,6 +126,12 @@ CASES = {
                            "c.yaml: field 'router.policy': unknown key"),
     "router-load-bound-below-one": (lambda t: run_cfg(t, {"replicas": 2, "router": {"load_bound": 0.5}}),
                                     "c.yaml: field 'router.load_bound': Input should be greater than or equal to 1"),
+    "router-off-policy-not-run": (
+        lambda t: run_cfg(t, {"replicas": 2, "router": {"policies": ["prefix_affinity"], "off_policies": ["round_robin"]}}),
+        "c.yaml: field 'router': Value error, off_policies names round_robin, which is not one of policies"),
+    "resume-sweep-without-config": (
+        lambda t: ["run", "--resume", raw(t, "sweep/routing.json", '{"runs": []}').parent],
+        "no routing.json and config.yaml here (not a routing sweep folder)"),
     "router-policies-one-replica": (
         lambda t: run_cfg(t, {"router": {"policies": ["round_robin", "prefix_affinity"]}}),
         "field 'router.policies': comparing policies needs replicas > 1"),

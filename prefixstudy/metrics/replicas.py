@@ -5,6 +5,13 @@ frames (or lines) out; ``routing_sweep`` reads and writes the files.
   counted, failed; hit rate measured and expected (each replica's own infinite cache); busy time
   (the sum of its engine steps); mean / p90 E2E, mean TTFT and TPOT; saturation as
   ``metrics.saturation`` judges it on that replica's requests and steps.
+* ``replica_summary``: one row per policy x mode x rate x replica over its repeats: requests routed,
+  counted and failed (totals over the repeats), hit rate (measured and expected, over all its
+  requests), ``busy_s`` (total over the repeats), mean E2E with a hierarchical block-bootstrap
+  interval (``mean_e2e_lo`` / ``mean_e2e_hi``, as ``policy_table``'s: repeats, then blocks of the
+  replica's consecutive requests, which share its queue) and the share of repeats in which that
+  replica saturated.  ``routing_sweep`` writes it as ``replicas_summary.csv``, beside
+  ``replicas.csv`` (one row per repeat): the two have different keys, so one file each.
 * ``balance``: per point, max / mean over replicas of requests routed and of busy time (1.0 is
   perfectly even; 2.0 with two replicas is one replica doing everything).
 * ``policy_table``: one row per policy x mode x rate over its repeats: hit rate, E2E / TTFT / TPOT
@@ -52,6 +59,30 @@ def replica_table(requests: pd.DataFrame, iterations: pd.DataFrame) -> pd.DataFr
                      "p90_e2e_ms": float(np.percentile(ok["e2e_ms"], 90)) if len(ok) else math.nan,
                      "mean_ttft_ms": _mean(ok["ttft_ms"]), "mean_tpot_ms": _mean(ok["tpot_ms"]),
                      "saturated": sat["saturated"], "saturation_reason": sat["reason"]})
+    return pd.DataFrame(rows)
+
+
+def replica_summary(runs: dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
+    """``runs``: policy -> (requests, iterations, summary), as ``policy_table``.  One row per policy
+    x mode x rate x replica over the repeats (see the module docstring)."""
+    rows = []
+    for policy, (requests, iterations, _) in runs.items():
+        req = with_repeat(measured(requests))
+        per = replica_table(req, iterations)
+        if per.empty:
+            continue
+        for (mode, rate, replica), t in per.groupby(["mode", "rate", "replica"], sort=True):
+            at = req[(req["mode"] == mode) & (req["rate"] == rate) & (req["replica"] == replica)]
+            # A seed per rate and replica: the same interval however many policies are compared.
+            seed = np.random.SeedSequence([rate_seed(rate), int(replica)])
+            e2e, lo, hi = _ci(counted(at), "e2e_ms", seed)
+            hit, expected = hit_rates(at)
+            rows.append({"policy": policy, "mode": mode, "rate": float(rate), "replica": int(replica),
+                         "n_repeats": int(t["repeat"].nunique()), "n_routed": int(t["n_routed"].sum()),
+                         "n_ok": int(t["n_ok"].sum()), "n_failed": int(t["n_failed"].sum()),
+                         "hit_rate_measured": hit, "hit_rate_expected": expected, "busy_s": float(t["busy_s"].sum()),
+                         "mean_e2e_ms": e2e, "mean_e2e_lo": lo, "mean_e2e_hi": hi,
+                         "saturated_share": float(t["saturated"].astype(bool).mean())})
     return pd.DataFrame(rows)
 
 

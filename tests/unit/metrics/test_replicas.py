@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from prefixstudy.metrics.replicas import balance, replica_table, verdicts
+from prefixstudy.metrics.replicas import balance, replica_summary, replica_table, verdicts
 from prefixstudy.schema import typed_iterations, typed_requests
 
 
@@ -35,6 +35,47 @@ def test_replica_table_and_balance():
     b = balance(t.reset_index()).iloc[0]
     assert b["requests_imbalance"] == pytest.approx(3 / 2)  # max 3 over mean 2
     assert b["busy_imbalance"] == pytest.approx(0.06 / 0.04)
+
+
+def two_repeats() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Replica 0: E2E 40, 20, 20 then 10, 30 (and one failed request); replica 1: 50 every time."""
+    r0 = requests([0, 0, 0, 1], [0, 96, 96, 0], [40.0, 20.0, 20.0, 50.0])
+    r1 = requests([0, 1, 0, 1, 0], [0, 0, 96, 96, 0], [10.0, 50.0, 30.0, 50.0, 999.0]).assign(repeat=1)
+    r1.loc[4, "error"] = "RuntimeError: boom"
+    its = typed_iterations(pd.concat([steps(0, [10.0, 20.0, 30.0]), steps(1, [20.0]),
+                                      steps(0, [5.0]).assign(repeat=1), steps(1, [15.0, 25.0]).assign(repeat=1)]))
+    return pd.concat([r0, r1], ignore_index=True), its
+
+
+def test_replica_summary_pools_the_repeats_with_a_block_bootstrap_interval():
+    req, its = two_repeats()
+    s = replica_summary({"round_robin": (req, its, None)}).set_index("replica")
+    assert list(s["policy"]) == ["round_robin"] * 2 and list(s["mode"]) == ["on"] * 2
+    assert s["rate"].tolist() == [4.0, 4.0] and s["n_repeats"].tolist() == [2, 2]
+    assert s["n_routed"].to_dict() == {0: 6, 1: 3}  # totals over the repeats, the failed one included
+    assert s["n_ok"].to_dict() == {0: 5, 1: 3} and s["n_failed"].to_dict() == {0: 1, 1: 0}
+    assert s["busy_s"].to_dict() == pytest.approx({0: 0.065, 1: 0.06})
+    # Prompt tokens served from the cache over counted requests of both repeats: 288 / 500, 96 / 300.
+    assert s["hit_rate_measured"].to_dict() == pytest.approx({0: 0.576, 1: 0.32})
+    assert s["hit_rate_expected"].to_dict() == pytest.approx({0: 0.576, 1: 0.32})
+    assert s.loc[0, "mean_e2e_ms"] == pytest.approx(24.0)  # (40 + 20 + 20 + 10 + 30) / 5: 999 failed
+    lo, hi = s.loc[0, "mean_e2e_lo"], s.loc[0, "mean_e2e_hi"]
+    assert 10.0 <= lo < 24.0 < hi <= 40.0  # spread: a real interval, inside the data's range
+    assert (s.loc[1, "mean_e2e_lo"], s.loc[1, "mean_e2e_ms"], s.loc[1, "mean_e2e_hi"]) == (50.0, 50.0, 50.0)
+    assert s["saturated_share"].tolist() == [0.0, 0.0]
+    again = replica_summary({"round_robin": two_repeats() + (None,)}).set_index("replica")
+    assert (again.loc[0, "mean_e2e_lo"], again.loc[0, "mean_e2e_hi"]) == (lo, hi)  # seeded: the same interval
+
+
+def test_replica_summary_one_row_per_policy_mode_rate_replica():
+    req, its = two_repeats()
+    off = req.assign(mode="off", num_cached_tokens=0)
+    s = replica_summary({"a": (req, its, None), "b": (pd.concat([req, off], ignore_index=True), its, None)})
+    assert list(zip(s["policy"], s["mode"], s["replica"])) == [
+        ("a", "on", 0), ("a", "on", 1), ("b", "off", 0), ("b", "off", 1), ("b", "on", 0), ("b", "on", 1)]
+    b_off = s[(s["policy"] == "b") & (s["mode"] == "off")].set_index("replica")
+    assert b_off["hit_rate_measured"].tolist() == [0.0, 0.0] and b_off["busy_s"].tolist() == [0.0, 0.0]  # no steps
+    assert b_off.loc[0, "mean_e2e_ms"] == pytest.approx(24.0)
 
 
 def row(policy, e2e, lo, hi, hit=0.5, busy=1.0, sat=0.0):

@@ -16,6 +16,7 @@ figures under ``plots/`` (``report.routing``).
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pandas as pd
@@ -25,6 +26,7 @@ from prefixstudy.errors import UserError
 from prefixstudy.metrics import replicas as rm
 
 INDEX = "routing.json"
+log = logging.getLogger(__name__)
 
 
 def policy_config(cfg: StudyConfig, policy: str) -> StudyConfig | None:
@@ -78,8 +80,8 @@ def run_routing_sweep(cfg: StudyConfig | None, parent: Path | None = None, progr
                 run_study(None, progress=progress, resume=run_dir)
             else:
                 run_study(sub, run_dir=run_dir, progress=progress)
-        except StudyFailed:
-            pass  # recorded in its manifest; the other policies still run
+        except StudyFailed as e:  # recorded in its manifest; the other policies still run
+            log.error("error: policy %s: %s", policy, e)
         except KeyboardInterrupt as e:
             e.run_dir = parent  # type: ignore[attr-defined]
             raise
@@ -107,7 +109,11 @@ def routing_report(parent: Path) -> Path:
     plots/routing_* at ``parent`` (``report.routing``); returns routing.md."""
     from prefixstudy.report.routing import write_routing_report
 
-    runs = read_sweep(parent)
+    runs = {p: v for p, v in read_sweep(parent).items() if len(v[0])}
+    if not runs:  # every policy stopped before a point finished: say so rather than draw nothing
+        out = parent / "routing.md"
+        out.write_text("# Routing\n\nNo policy finished a point: see each policy's manifest.json (`error`).\n")
+        return out
     table = rm.policy_table(runs)
     table.to_csv(parent / "routing.csv", index=False)
     per = pd.concat([rm.replica_table(req, its).assign(policy=p) for p, (req, its, _) in runs.items()],

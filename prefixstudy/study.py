@@ -15,7 +15,7 @@ from typing import Any
 
 from prefixstudy.config import StudyConfig, flat_config, load_config
 from prefixstudy.engines import check_engine_config, engine_class
-from prefixstudy.errors import StudyFailed, UserError  # noqa: F401 (StudyFailed: importers' name)
+from prefixstudy.errors import StudyFailed, UserError, first_line  # noqa: F401 (StudyFailed: importers' name)
 from prefixstudy.executors import pick_executor
 from prefixstudy.results import find_run_dir, load
 from prefixstudy.results.provenance import base_manifest, device_name, now
@@ -184,6 +184,9 @@ def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path
     except KeyboardInterrupt as e:
         status = "interrupted"
         e.run_dir = study.run_dir
+        raise
+    except Exception as e:  # the reason stays with the run, not only on a console that may be gone
+        study.writer.manifest["error"] = first_line(e)
         raise
     finally:
         try:

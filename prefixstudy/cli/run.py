@@ -158,13 +158,16 @@ def _run_fleets(cfg, report: bool, progress: bool, resume: Path | None = None) -
         from prefixstudy.report import build_report
 
         for d in runs:
-            build_report(d)
+            if _status(d) != "failed":  # a policy stopped before its points has nothing to report
+                build_report(d)
     click.echo(f"results: {parent}")
     click.echo(f"routing: {routing_report(parent)}")
     failed = sum(_failed_points(d) for d in runs)
-    if failed:
-        click.echo(f"{failed} point(s) failed (see each policy's manifest.json); run them again with: "
-                   f"prefixstudy run --resume {parent}", err=True)
+    stopped = [d.name for d in runs if _status(d) == "failed"]
+    if failed or stopped:
+        click.echo(f"{failed} point(s) failed" + (f", {len(stopped)} policy run(s) stopped" if stopped else "")
+                   + f" (see each policy's manifest.json); run them again with: prefixstudy run --resume {parent}",
+                   err=True)
         sys.exit(1)
 
 
@@ -228,6 +231,12 @@ def _run(cfg, resume: Path | None, config: Path | None, progress: bool) -> Path:
         click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}",
                    err=True)
         sys.exit(143 if isinstance(e, Terminated) else 130)
+
+
+def _status(run_dir: Path) -> str:
+    import json
+
+    return json.loads((run_dir / "manifest.json").read_text()).get("status", "")
 
 
 def _failed_points(run_dir: Path) -> int:

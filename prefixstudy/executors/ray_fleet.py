@@ -151,6 +151,16 @@ class RemoteReplica:
             pass
 
 
+def replica_env(env: dict[str, str], replica: int, use_gpu: bool) -> dict[str, str]:
+    """A replica's env: on GPUs its own torch.compile cache.  The modes already compile apart (an
+    H200 engine that loaded another engine's artifacts died with "CUDA driver error: invalid
+    argument"); the replicas of one mode start one after the other, so without this the second
+    would load the first's.  CPU engines share one cache, as single engines do."""
+    if not use_gpu or "VLLM_CACHE_ROOT" not in env:
+        return env
+    return {**env, "VLLM_CACHE_ROOT": f"{env['VLLM_CACHE_ROOT']}-replica{replica}"}
+
+
 class RayReplicas:
     """Builds a fleet's replicas as Ray actors on the placement groups the driver reserved
     (picklable: it travels to the generator actor).  ``names[i]`` is replica i's actor name."""
@@ -168,6 +178,7 @@ class RayReplicas:
         # GPU: the actor holds no GPU itself, vLLM's Ray workers take the bundles' GPUs (as for one engine).
         cpus = 1 if self.use_gpu else self.cfg.ray.num_cpus_per_engine
         handle = ray.remote(ReplicaActor).options(
-            name=name, namespace=NAMESPACE, runtime_env={"env_vars": self.env}, max_restarts=0, num_cpus=cpus,
+            name=name, namespace=NAMESPACE, runtime_env={"env_vars": replica_env(self.env, replica, self.use_gpu)},
+            max_restarts=0, num_cpus=cpus,
             num_gpus=0, scheduling_strategy=strategy).remote(self.cfg, self.mode, self.use_gpu)
         return RemoteReplica(handle, name)

@@ -65,3 +65,34 @@ def test_a_sweep_stopped_before_its_second_policy_resumes_from_its_parent(tmp_pa
     # Affinity keeps each of the 3 groups on one replica: after the primes every request hits.
     aff = table[table["policy"] == "prefix_affinity"].iloc[0]
     assert aff["hit_rate_measured"] == pytest.approx(64 / 72)
+
+
+def test_a_fleet_that_does_not_start_is_one_line_per_policy_and_its_reason_stays_in_the_manifest(
+        tmp_path, monkeypatch, caplog):
+    """Found on 2 x H200: both policies' fleets failed to start, nothing said why, and the routing
+    report then crashed on an empty table."""
+    from prefixstudy.engines.echo import EchoEngine
+
+    async def start(self):
+        raise RuntimeError("CUDA driver error: invalid argument\nmore")
+
+    monkeypatch.setattr(EchoEngine, "start", start)
+    parent = run_routing_sweep(load_config(None, {**BASE, "out": str(tmp_path)}), progress=False)
+    reason = "the engine did not start (RuntimeError: CUDA driver error: invalid argument)"
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert [m.split(":")[0:2] for m in errors] == [["error", " policy round_robin"], ["error", " policy prefix_affinity"]]
+    assert all(reason in m for m in errors)
+    for policy in ("round_robin", "prefix_affinity"):
+        manifest = json.loads((parent / f"policy-{policy}" / "manifest.json").read_text())
+        assert manifest["status"] == "failed" and manifest["points"] == [] and reason in manifest["error"]
+    assert routing_report(parent).read_text() == (
+        "# Routing\n\nNo policy finished a point: see each policy's manifest.json (`error`).\n")
+
+
+def test_each_gpu_replica_compiles_into_its_own_cache():
+    from prefixstudy.executors.ray_fleet import replica_env
+
+    env = {"VLLM_CACHE_ROOT": "/c/prefixstudy-on", "X": "1"}
+    assert replica_env(env, 1, use_gpu=True) == {"VLLM_CACHE_ROOT": "/c/prefixstudy-on-replica1", "X": "1"}
+    assert replica_env(env, 1, use_gpu=False) is env
+    assert replica_env({"X": "1"}, 0, use_gpu=True) == {"X": "1"}

@@ -215,4 +215,5 @@ def test_an_engine_that_does_not_start_stops_the_study_with_one_line(tmp_path, m
     run, = (tmp_path / "default").iterdir()
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "failed" and [p["mode"] for p in manifest["points"]] == ["on"]
+    assert manifest["error"] == str(e.value)  # the reason stays with the run
     assert started == ["on", "off"]

@@ -14,7 +14,10 @@ A point is **saturated** if any of these holds:
 3. **the system filled up**: the number of requests in the engine (running + waiting, over the
    engine's steps) rose from the first third of the window to the last by at least
    ``GROWTH_MIN`` requests and ``GROWTH_REL`` of the first third's mean.  In vLLM v1 overload
-   below ``max_num_seqs`` shows as more *running* requests, not as waiting ones;
+   below ``max_num_seqs`` shows as more *running* requests, not as waiting ones.  Without engine
+   steps (a server measured over HTTP) the count is the client's: requests sent and not yet
+   answered, at each send.  On one H200 at 32 req/s OFF it rose from about 50 to 300 either way,
+   while the E2E trend (rule 4) fell: the point's first requests met the backlog of the warm-ups;
 4. **latency climbed**: mean E2E of the last third of requests (by schedule) is at least
    ``TREND_REL`` x that of the first third.
 
@@ -85,6 +88,17 @@ def completion_ratio(requests: pd.DataFrame) -> float:
     return float(((done >= a0) & (done <= a1 + lag)).sum() / sched.size)
 
 
+def in_flight(requests: pd.DataFrame, a0: float, a1: float) -> tuple[float, float]:
+    """The client's view of rule 3: at each send in [a0, a1], the measured requests sent and not
+    yet answered (one still open at the end counts to the end), in the first and last third."""
+    m = sent(requests)
+    start = m["sent_s"].to_numpy(float)
+    end = start + np.nan_to_num(m["e2e_ms"].to_numpy(float) / 1e3, nan=np.inf)
+    t = start[(start >= a0) & (start <= a1)]
+    n = ((start[None, :] <= t[:, None]) & (end[None, :] > t[:, None])).sum(axis=1).astype(float)
+    return _thirds(t, n, a0, a1)
+
+
 def in_system(iterations: pd.DataFrame | None, a0: float, a1: float) -> tuple[float, float]:
     """Mean running + waiting over the engine's steps in the first and last third of [a0, a1]."""
     if iterations is None or not len(iterations):
@@ -107,6 +121,8 @@ def saturation(requests: pd.DataFrame, iterations: pd.DataFrame | None = None) -
     ok = counted(m)
     e_first, e_last = _thirds(ok["scheduled_s"].to_numpy(float), ok["e2e_ms"].to_numpy(float))
     n_first, n_last = in_system(iterations, a0, a1)
+    if math.isnan(n_first) and sched.size:  # no engine steps (HTTP): count what the client has in flight
+        n_first, n_last = in_flight(requests, a0, a1)
     s = {"arrival_rate": arrival_rate(requests), "completion_ratio": completion_ratio(requests),
          "in_system_first": n_first, "in_system_last": n_last, "e2e_first_ms": e_first, "e2e_last_ms": e_last,
          "n_unfinished_open": int(open_at_end(requests).sum())}

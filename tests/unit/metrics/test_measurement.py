@@ -50,6 +50,20 @@ def test_running_requests_that_pile_up_saturate_below_max_num_seqs():
     assert not s["saturated"]
 
 
+def test_without_engine_steps_the_clients_requests_in_flight_fill_up():
+    """A server measured over HTTP has no steps: the count is the client's, sent and not answered.
+    Every request answered at 20 s (the first four) or 30 s: E2E barely trends (18.5 -> 20.5 s),
+    but the requests in flight at each send go 1, 2, 3, 4 ... 9, 10, 11, 12, as OFF at 32 req/s on
+    an H200 through vllm serve (no rule fired there before)."""
+    t = np.arange(12.0)
+    s = saturation.saturation(point(list((np.where(t < 4, 20.0, 30.0) - t) * 1e3)), None)
+    assert (s["in_system_first"], s["in_system_last"]) == (2.5, 10.5)
+    assert (s["e2e_first_ms"], s["e2e_last_ms"]) == (18500.0, 20500.0) and s["completion_ratio"] == 1.0
+    assert s["saturated"] and s["reason"] == "in system 2.5->10.5"
+    steady = saturation.saturation(point([100.0] * 12), None)
+    assert (steady["in_system_first"], steady["in_system_last"]) == (1.0, 1.0) and not steady["saturated"]
+
+
 def test_latency_that_climbs_through_the_point_saturates_it():
     # thirds by schedule (12 requests over 11 s): first t <= 3.67 (4 requests), last t >= 7.33 (4)
     e2e = [100.0] * 4 + [150.0] * 4 + [160.0] * 4

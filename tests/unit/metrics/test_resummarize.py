@@ -8,6 +8,9 @@ Changed on purpose, and every committed summary.csv regenerated with it:
   completions and the E2E trend inside the arrival window), and the new columns after them; the
   engine columns come from the study-wide step-cost fit (``results.finish``), so they are
   compared after the same fit.
+* issue 15: without engine steps (``vllm-server`` / ``http``), rule 3 of the saturation test counts
+  the client's requests in flight; h200-vllm-server's summary.csv was regenerated with it (its OFF
+  32 req/s points were not flagged before).
 """
 
 from __future__ import annotations
@@ -58,4 +61,5 @@ def test_runs_found():
     pressure = [f"h200-cache-pressure/groups-{g}/blocks-{c}" for g, cs in ((40, (4400, 4800, 5200, 6400)),
                                                                          (48, (5600, 6400))) for c in cs]
     assert RUNS == ["cpu-default", *pressure, "h200-multiturn", "h200-tp1", "h200-tp1-gc", "h200-tp2",
+                    "h200-vllm-server",
                     "sim-seed-a100x8-tp8", "sim-seed-h200x8-tp4-parallel", "sim-seed-h200x8-tp8"]

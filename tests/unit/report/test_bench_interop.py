@@ -20,7 +20,7 @@ from prefixstudy.results import load
 from prefixstudy.study import run_study
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_bench"
-GPU = ["gpu-0.26-on-4.json", "gpu-0.26-off-4.json"]
+GPU = ["gpu-0.26-on-4.json", "gpu-0.26-off-4.json", "gpu-0.26-detailed-on-1.json"]
 CPU = ["cpu-poisson-4.json", "cpu-detailed-8.json", "cpu-gamma-8.json", "cpu-inf.json"]
 # Not written: the per-request gap arrays (requests.parquet keeps per-request ITL summaries) and text.
 DETAILED_NOT_WRITTEN = {"itls", "generated_texts"}
@@ -90,6 +90,10 @@ def test_detailed_arrays_as_vllm_save_detailed(exported, study):
     ttft_ms = m[(m["mode"] == "on") & (m["rate"] == 25.0)].sort_values("request_index")["ttft_ms"]
     assert [t * 1e3 for t in on["ttfts"]] == pytest.approx(ttft_ms.tolist())  # seconds, as vLLM's
     assert all(isinstance(t, float) and t < 1 for t in theirs["ttfts"])  # vLLM's are seconds too
+    # vLLM 0.26 on an H200, --save-detailed: one entry per prompt, the gaps per request (143 tokens: 142).
+    gpu = real("gpu-0.26-detailed-on-1.json")
+    assert gpu["input_lens"] == [1215] * 20 and gpu["output_lens"] == [143] * 20 and gpu["errors"] == [""] * 20
+    assert [len(g) for g in gpu["itls"]] == [142] * 20 and max(gpu["ttfts"]) < 0.1
 
 
 def test_poisson_export_has_no_burstiness_and_failed_counts_errors_only(tmp_path):
@@ -111,6 +115,9 @@ def test_real_files_import_with_rates_labels_and_flags(caplog):
     gpu_on = real("gpu-0.26-on-4.json")
     assert p.loc["gpu-0.26-on-4", "mean_e2e_ms"] == gpu_on["mean_e2el_ms"]
     assert p.loc["gpu-0.26-on-4", "p99_e2e_ms"] == gpu_on["p99_e2el_ms"] and p.loc["gpu-0.26-on-4", "rate"] == 4.0
+    detailed = real("gpu-0.26-detailed-on-1.json")
+    assert p.loc["gpu-0.26-detailed-on-1", "mean_e2e_ms"] == detailed["mean_e2el_ms"]
+    assert p.loc["gpu-0.26-detailed-on-1", "rate"] == 1.0
     # --label cpu-tiny-on --metadata enable_prefix_caching=True: the file's label and flag.
     assert p.loc["cpu-tiny-on", "prefix_caching"] == True  # noqa: E712 (an object column)
     assert p.loc["cpu-tiny-on", "p90_e2e_ms"] == real("cpu-detailed-8.json")["p90_e2el_ms"]

@@ -149,6 +149,7 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
                                  describe(rows), executor.name)
     else:
         manifest = old.manifest
+        manifest.pop("error", None)  # why it stopped before; this attempt records its own
         manifest.setdefault("resumed_at", []).append(now())
     writer = ResultsWriter(run_dir, cfg, manifest)
     if old is not None:

@@ -87,6 +87,12 @@ def test_a_fleet_that_does_not_start_is_one_line_per_policy_and_its_reason_stays
         assert manifest["status"] == "failed" and manifest["points"] == [] and reason in manifest["error"]
     assert routing_report(parent).read_text() == (
         "# Routing\n\nNo policy finished a point: see each policy's manifest.json (`error`).\n")
+    monkeypatch.undo()  # the fleets start now: one --resume runs both policies, and the reason is gone
+    run_routing_sweep(None, progress=False, resume=parent)
+    for policy, modes in (("round_robin", ["off", "on"]), ("prefix_affinity", ["on"])):
+        manifest = json.loads((parent / f"policy-{policy}" / "manifest.json").read_text())
+        assert manifest["status"] == "complete" and "error" not in manifest
+        assert sorted(p["mode"] for p in manifest["points"]) == modes
 
 
 def test_each_gpu_replica_compiles_into_its_own_cache():

@@ -158,12 +158,13 @@ def _run_fleets(cfg, report: bool, progress: bool, resume: Path | None = None) -
         from prefixstudy.report import build_report
 
         for d in runs:
-            if _status(d) != "failed":  # a policy stopped before its points has nothing to report
+            if _manifest(d).get("status") != "failed":  # a policy stopped before its points has nothing to report
                 build_report(d)
     click.echo(f"results: {parent}")
     click.echo(f"routing: {routing_report(parent)}")
-    failed = sum(_failed_points(d) for d in runs)
-    stopped = [d.name for d in runs if _status(d) == "failed"]
+    manifests = [_manifest(d) for d in runs]
+    failed = sum(_failed_in(m) for m in manifests)
+    stopped = [m for m in manifests if m.get("status") == "failed"]
     if failed or stopped:
         click.echo(f"{failed} point(s) failed" + (f", {len(stopped)} policy run(s) stopped" if stopped else "")
                    + f" (see each policy's manifest.json); run them again with: prefixstudy run --resume {parent}",
@@ -233,17 +234,18 @@ def _run(cfg, resume: Path | None, config: Path | None, progress: bool) -> Path:
         sys.exit(143 if isinstance(e, Terminated) else 130)
 
 
-def _status(run_dir: Path) -> str:
+def _manifest(run_dir: Path) -> dict:
     import json
 
-    return json.loads((run_dir / "manifest.json").read_text()).get("status", "")
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+def _failed_in(manifest: dict) -> int:
+    return sum(p.get("status") != "ok" for p in manifest.get("points", []))
 
 
 def _failed_points(run_dir: Path) -> int:
-    import json
-
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    return sum(p.get("status") != "ok" for p in manifest.get("points", []))
+    return _failed_in(_manifest(run_dir))
 
 
 @click.command()

@@ -16,7 +16,7 @@ A point is **saturated** if any of these holds:
    ``GROWTH_MIN`` requests and ``GROWTH_REL`` of the first third's mean.  In vLLM v1 overload
    below ``max_num_seqs`` shows as more *running* requests, not as waiting ones.  Without engine
    steps (a server measured over HTTP) the count is the client's: requests sent and not yet
-   answered, at each send.  On one H200 at 32 req/s OFF it rose from about 50 to 300 either way,
+   answered, at each send.  On one H200 at 32 req/s OFF it rose from 50-80 to about 300 either way,
    while the E2E trend (rule 4) fell: the point's first requests met the backlog of the warm-ups;
 4. **latency climbed**: mean E2E of the last third of requests (by schedule) is at least
    ``TREND_REL`` x that of the first third.

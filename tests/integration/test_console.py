@@ -3,6 +3,7 @@ bar, one line per point and where the results went; nothing of Ray's, vLLM's or 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -19,7 +20,8 @@ BAR = re.compile(r"^((starting|restarting) engine \(cache (ON|OFF)\)|cache (ON|O
 def test_default_run_console_is_progress_points_and_results_only(tmp_path):
     r = subprocess.run([sys.executable, "-m", "prefixstudy", "run", "--modes", "on", "--rates", "8",
                         "--num-requests", "4", "--set", "sweep.warmup_requests=1", "--set", "dataset.output_len=16",
-                        "--out", str(tmp_path)], cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True,
+                        "--out", str(tmp_path)], cwd=tmp_path, env=dict(os.environ), stdin=subprocess.DEVNULL,
+                       capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [ln for ln in re.split(r"[\r\n]", r.stdout + r.stderr) if ln.strip() and not BAR.match(ln)]

@@ -108,7 +108,7 @@ def test_sigint_flushes_finished_points_then_resume_completes(tmp_path):
     assert len(before) == 9  # 8 measured + 1 warm-up, nothing of the interrupted point
 
     done = subprocess.run([sys.executable, "-m", "prefixstudy", "run", "--resume", str(run), "--no-report"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+                          cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     res = load(run)
     assert res.manifest["status"] == "complete" and len(res.manifest["resumed_at"]) == 1

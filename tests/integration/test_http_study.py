@@ -78,8 +78,10 @@ def test_http_hits_match_the_in_process_engine(http_study):
     assert on["expected_cached_tokens"].tolist() == [1152] * 16
     assert off["num_cached_tokens"].tolist() == [0] * 16
     assert (r["prompt_tokens"] == 1214).all() and (r["output_tokens"] == 32).all() and (r["error"] == "").all()
-    # Client clock only: TTFT before E2E, and no per-request engine stamps over HTTP.
-    assert (r["ttft_ms"] > 0).all() and (r["e2e_ms"] > r["ttft_ms"]).all()
+    # Client clock only: TTFT no later than E2E, and no per-request engine stamps over HTTP.  Equal
+    # is a real outcome on two busy cores: a starved API server merges a request's queued deltas,
+    # or a starved client reads every SSE message in one chunk, so all 32 tokens share one stamp.
+    assert (r["ttft_ms"] > 0).all() and (r["e2e_ms"] >= r["ttft_ms"]).all()
     assert r["prefill_ms"].isna().all() and len(http_study.iterations) == 0
 
 

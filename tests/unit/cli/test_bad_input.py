@@ -9,6 +9,7 @@ except the unknown engine argument, which has to import vLLM to know its argumen
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -23,8 +24,11 @@ GOOD_ROW = {"request_id": "a", "prompt_token_ids": [1, 2, 3], "output_len": 4}
 
 
 def cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
+    # env is an explicit copy: without one, the vfork()ed child execs with the live ``environ``, and
+    # a thread left by an earlier in-process engine that calls setenv() meanwhile frees that array
+    # (a CI run failed one case with "OSError: [Errno 14] Bad address" from the exec).
     return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+                          env=dict(os.environ), capture_output=True, text=True, timeout=timeout)
 
 
 def _merge(base: dict, patch: dict) -> dict:

@@ -4,6 +4,7 @@ cwd is outside the repo, as a user who installed the package would run it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ SHIPPED = ["default", "h200-cache-pressure", "h200-multiturn", "h200-replicas", 
 
 
 def cli(cwd: Path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=cwd, env=dict(os.environ),
                           capture_output=True, text=True, timeout=120)
 
 

@@ -3,6 +3,7 @@ results folder.  Driven through the real CLI in a subprocess; none gets as far a
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO, env=dict(os.environ),
                           capture_output=True, text=True, timeout=120)
 
 

@@ -5,6 +5,7 @@ Expected numbers are worked out by hand in the comments; tests never re-derive a
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,4 +90,4 @@ def test_rate_ceiling(a100x8):
 def test_model_module_needs_no_gpu_stack():
     code = ("import sys, prefixstudy.model.roofline, prefixstudy.model.explain, prefixstudy.model.calibrate, "
             "prefixstudy.cli.model; assert not {'torch', 'vllm', 'ray'} & set(sys.modules)")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=dict(os.environ))

@@ -1,5 +1,9 @@
 """Errors the CLI turns into one line: bad input (exit code 2) and a run stopped early (exit code 1)."""
 
+from __future__ import annotations
+
+import re
+
 
 class UserError(Exception):
     """Bad input: a config, dataset or flag.  The message names the file, line or field."""
@@ -12,7 +16,48 @@ def first_line(e: BaseException, limit: int = 300) -> str:
 
 class StudyFailed(Exception):
     """The run stopped (an engine that did not start, a check the config made fatal); its points so
-    far are saved."""
+    far are saved.  ``log``: the engine's own output, when it was read (a Ray actor's, see
+    executors.own_log); the run keeps it beside its manifest."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
+
+    def __reduce__(self):  # through Ray with its log: the default pickles ``args`` only
+        return (type(self), (str(self), self.log))
+
+
+# An exception line in an engine's log: "ValueError: ...", also under vLLM's log prefix
+# ("(EngineCore pid=12) ERROR 12-01 03:17:08 [core.py:1510] ValueError: ...") or Ray's ("(pid=12) ").
+_EXCEPTION_LINE = re.compile(r"^(?:\([^)]*\) )?(?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\] )?"
+                             r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit)(?:\([\w.]+\))?: \S.*)$")
+# What vLLM raises in the frontend for any engine-core failure: it names no cause.
+_WRAPPERS = ("Engine core initialization failed", "EngineCore failed to start")
+
+
+_SEE_ABOVE = re.compile(r"\. See root cause above\..*$")
+
+
+def root_cause(log: str, limit: int = 240) -> str:
+    """The last exception line in an engine's log that is not vLLM's generic wrapper ("Engine core
+    initialization failed. See root cause above."), or "" when there is none."""
+    found = ""
+    for line in log.splitlines():
+        m = _EXCEPTION_LINE.match(line.rstrip())
+        if m and not any(w in m.group(1) for w in _WRAPPERS):
+            found = m.group(1)
+    return found[:limit]
+
+
+def describe_failure(e: BaseException, log: str = "") -> str:
+    """An engine's failure on one line: ``Type: first line`` (a StudyFailed as it reads), then the
+    log's root cause when it names another."""
+    what = str(e) if isinstance(e, StudyFailed) else f"{type(e).__name__}: {first_line(e)}"
+    cause = root_cause(log)
+    if not cause or cause in what:
+        return what
+    # vLLM's wrapper points at a log the user may not have ("See root cause above."): the cause follows.
+    return f"{_SEE_ABOVE.sub('', what)}; root cause: {cause}"
 
 
 def read_text(path, missing: str, expected: str) -> str:

@@ -24,7 +24,7 @@ from prefixstudy import arrivals
 from prefixstudy.cachesim import SentRequest, simulate, simulate_timed
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines import IterationSample, RequestTrace, make_engine
-from prefixstudy.errors import StudyFailed, first_line
+from prefixstudy.errors import StudyFailed, describe_failure
 from prefixstudy.schema import PointResult, RequestRecord, typed_iterations, typed_requests
 from prefixstudy.workloads.base import DatasetRow, group_prefixes
 from prefixstudy.workloads.trace import trace_offsets
@@ -86,8 +86,9 @@ class ModeSession:
     """One engine, one mode, many points.  Use as ``async with``."""
 
     def __init__(self, cfg: StudyConfig, mode: str, rows: list[DatasetRow], progress=None,
-                 ray_workers: bool = False, replica_factory=None):
+                 ray_workers: bool = False, replica_factory=None, own_log=None):
         self.cfg, self.mode, self.rows = cfg, mode, rows
+        self.own_log = own_log  # a Ray actor's: its engine's output, read when the start fails (executors.own_log)
         self.ray_workers = ray_workers  # the engine sits in a Ray placement group (see make_engine)
         self.replica_factory = replica_factory  # cfg.replicas > 1: where the fleet's replicas live
         self.engine = make_engine(cfg, mode, ray_workers=ray_workers, replica_factory=replica_factory)
@@ -103,12 +104,15 @@ class ModeSession:
         try:
             await self.engine.start()
         except Exception as e:
-            # One line for the user, not the launcher's traceback: vLLM logs its own reason (e.g. a
-            # KV cache too small for max_model_len) above it, from the engine's process.
+            # One line for the user, not the launcher's traceback.  vLLM's own reason (e.g. a KV
+            # cache too small for max_model_len) is in the engine's log: on the console here, or
+            # read back from a Ray actor's files and named in the line as its root cause.
             with contextlib.suppress(Exception):  # what half-started is stopped; the start's error is the one to show
                 self.engine.shutdown()
-            raise StudyFailed(f"cache {self.mode.upper()}: the engine did not start ({type(e).__name__}: {first_line(e)}); "
-                              "-v shows the engine's own log") from e
+            log = getattr(e, "log", "") or (self.own_log.since() if self.own_log is not None else "")
+            hint = "" if log else "; -v shows the engine's own log"
+            raise StudyFailed(f"cache {self.mode.upper()}: the engine did not start ({describe_failure(e, log)}){hint}",
+                              log=log) from e
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -19,7 +19,7 @@ from prefixstudy.errors import StudyFailed, UserError, first_line  # noqa: F401 
 from prefixstudy.executors import pick_executor
 from prefixstudy.results import find_run_dir, load
 from prefixstudy.results.provenance import base_manifest, device_name, now
-from prefixstudy.results.store import CONFIG
+from prefixstudy.results.store import CONFIG, ENGINE_LOG, atomic_write_text
 from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
 from prefixstudy.schema import PointResult, point_key
 from prefixstudy.workloads import DatasetRow, describe, load_rows
@@ -150,6 +150,7 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
     else:
         manifest = old.manifest
         manifest.pop("error", None)  # why it stopped before; this attempt records its own
+        manifest.pop("error_log", None)
         manifest.setdefault("resumed_at", []).append(now())
     writer = ResultsWriter(run_dir, cfg, manifest)
     if old is not None:
@@ -187,7 +188,13 @@ def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path
         e.run_dir = study.run_dir
         raise
     except Exception as e:  # the reason stays with the run, not only on a console that may be gone
-        study.writer.manifest["error"] = first_line(e)
+        log = getattr(e, "log", "")
+        if log:  # an engine's own output from a Ray node: kept, and named in the one line
+            path = study.run_dir / ENGINE_LOG
+            atomic_write_text(path, log)
+            study.writer.manifest["error_log"] = ENGINE_LOG
+            e.args = (f"{e}; its log: {path}",)
+        study.writer.manifest["error"] = first_line(e, limit=1000)
         raise
     finally:
         try:

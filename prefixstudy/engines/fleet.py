@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from prefixstudy.engines.base import IterationSample, RequestTrace
+from prefixstudy.errors import StudyFailed, describe_failure
 from prefixstudy.router import Router
 
 
@@ -128,7 +129,11 @@ class FleetEngine:
     async def _start(self, i: int) -> None:
         r = self.factory.make(i, self.generations[i])
         self.replicas[i] = r
-        await r.start()
+        try:
+            await r.start()
+        except Exception as e:  # which replica, and its log when a Ray actor read it (executors.own_log)
+            log = getattr(e, "log", "")
+            raise StudyFailed(f"replica {i}: {describe_failure(e, log)}", log=log) from e
         self.started.append({"replica": i, "generation": self.generations[i], **r.info})
 
     async def start(self) -> None:

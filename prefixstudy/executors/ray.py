@@ -27,6 +27,7 @@ from prefixstudy.config import StudyConfig
 from prefixstudy.engines import engine_class
 from prefixstudy.errors import StudyFailed, UserError, first_line
 from prefixstudy.executors import StudySink, point_line, repeat_tag, total_requests
+from prefixstudy.executors.own_log import OwnLog
 from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, plan_parallel,
                                             summarize_actor_error)
 from prefixstudy.results.provenance import gpu_name_via_nvml
@@ -63,7 +64,9 @@ class EngineActor:
     def __init__(self, cfg: StudyConfig, mode: str, rows, use_gpu: bool, replica_factory=None):
         # replica_factory (cfg.replicas > 1): this actor is the fleet's load generator and router,
         # and builds its replicas as actors of their own (executors.ray_fleet).
-        self.session = ModeSession(cfg, mode, rows, ray_workers=use_gpu, replica_factory=replica_factory)
+        own_log = OwnLog()  # before the engine prints: what it logs from here on, should its start fail
+        self.session = ModeSession(cfg, mode, rows, ray_workers=use_gpu, replica_factory=replica_factory,
+                                   own_log=own_log)
         self.mode, self.use_gpu = mode, use_gpu
 
     async def start(self) -> dict:
@@ -215,7 +218,7 @@ class _ModeRunner:
         except RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, StudyFailed):
-                raise StudyFailed(str(cause)) from None
+                raise StudyFailed(str(cause), log=cause.log) from None
             raise StudyFailed(f"cache {self.mode.upper()}: the engine actor did not start "
                               f"({type(cause or e).__name__}: {first_line(cause or e)})") from None
         except RayActorError as e:

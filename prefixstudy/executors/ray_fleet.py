@@ -25,6 +25,8 @@ import time
 from prefixstudy.engines import engine_class
 from prefixstudy.engines.base import IterationSample, RequestTrace
 from prefixstudy.engines.fleet import ReplicaLost
+from prefixstudy.errors import StudyFailed, describe_failure
+from prefixstudy.executors.own_log import OwnLog
 from prefixstudy.executors.ray_plan import summarize_actor_error
 from prefixstudy.results.provenance import gpu_name_via_nvml
 
@@ -35,6 +37,7 @@ class ReplicaActor:
     """Runs inside a Ray worker: one engine of a fleet."""
 
     def __init__(self, cfg, mode: str, use_gpu: bool):
+        self.own_log = OwnLog()  # before the engine prints: what it logs from here on, should its start fail
         self.engine = engine_class(cfg.engine.kind)(cfg.model, cfg.engine, mode, ray_workers=use_gpu)
         self.use_gpu = use_gpu
 
@@ -42,7 +45,11 @@ class ReplicaActor:
         import ray
         from ray.util import get_current_placement_group
 
-        await self.engine.start()
+        try:
+            await self.engine.start()
+        except Exception as e:  # the cause, and this actor's log, travel to the generator (then the driver)
+            log = self.own_log.since()
+            raise StudyFailed(describe_failure(e, log), log=log) from None
         pg = get_current_placement_group()
         table = ray.util.placement_group_table(pg) if pg is not None else {}
         e = self.engine
@@ -93,7 +100,16 @@ class RemoteReplica:
             raise ReplicaLost(summarize_actor_error(e)) from None
 
     async def start(self) -> None:
-        self.info = {**await self._call("start"), "actor": self.name}
+        from ray.exceptions import RayTaskError
+
+        try:
+            info = await self._call("start")
+        except RayTaskError as e:  # ReplicaActor.start's StudyFailed, without Ray's wrapping
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, StudyFailed):
+                raise StudyFailed(str(cause), log=cause.log) from None
+            raise
+        self.info = {**info, "actor": self.name}
         self.block_size, self.num_blocks = self.info["block_size"], self.info["num_blocks"]
         self.step_timing = self.info["step_timing"]
 

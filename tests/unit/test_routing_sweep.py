@@ -78,13 +78,15 @@ def test_a_fleet_that_does_not_start_is_one_line_per_policy_and_its_reason_stays
 
     monkeypatch.setattr(EchoEngine, "start", start)
     parent = run_routing_sweep(load_config(None, {**BASE, "out": str(tmp_path)}), progress=False)
-    reason = "the engine did not start (RuntimeError: CUDA driver error: invalid argument)"
+    reason = ("cache ON: the engine did not start (replica 0: RuntimeError: CUDA driver error: invalid argument); "
+              "-v shows the engine's own log")  # in-process replicas: their log is on the console
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert [m.split(":")[0:2] for m in errors] == [["error", " policy round_robin"], ["error", " policy prefix_affinity"]]
     assert all(reason in m for m in errors)
     for policy in ("round_robin", "prefix_affinity"):
         manifest = json.loads((parent / f"policy-{policy}" / "manifest.json").read_text())
-        assert manifest["status"] == "failed" and manifest["points"] == [] and reason in manifest["error"]
+        assert manifest["status"] == "failed" and manifest["points"] == [] and manifest["error"] == reason
+        assert "error_log" not in manifest
     assert routing_report(parent).read_text() == (
         "# Routing\n\nNo policy finished a point: see each policy's manifest.json (`error`).\n")
     monkeypatch.undo()  # the fleets start now: one --resume runs both policies, and the reason is gone

@@ -35,6 +35,20 @@ _EXCEPTION_LINE = re.compile(r"^(?:\([^)]*\) )?(?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\
 _WRAPPERS = ("Engine core initialization failed", "EngineCore failed to start")
 
 
+LOG_BYTES = 256 * 1024  # of an engine's log: the end of its start-up is what says why it failed
+
+
+def log_end(path, start: int = 0, max_bytes: int = LOG_BYTES) -> str:
+    """A log file's text from byte ``start`` on, its last ``max_bytes`` at most ("" if unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, 2)
+            f.seek(max(start, end - max_bytes))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 _SEE_ABOVE = re.compile(r"\. See root cause above\..*$")
 
 

@@ -28,6 +28,7 @@ from pydantic import Field
 from prefixstudy.engines.base import IterationSample, RequestTrace
 from prefixstudy.engines.http import HttpEngine, HttpEngineConfig
 from prefixstudy.engines.vllm import VllmEngine, VllmEngineConfig, engine_args
+from prefixstudy.errors import StudyFailed, first_line, log_end, root_cause
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +160,13 @@ class VllmServerEngine:
             await self.http.start()
         except Exception as e:
             self.shutdown()
-            raise RuntimeError(f"vllm serve (caching {self.mode.upper()}) did not come up: {e}; "
-                               f"its log: {self.log_path}: {_tail(self.log_path)}") from None
+            # The log travels with the failure (a Ray actor's temp file is on a node that may be
+            # gone by the time anyone looks); the run keeps it.  Without an exception line in it
+            # (a server killed from outside), its last lines go into the message instead.
+            text = log_end(self.log_path)
+            why = "" if root_cause(text) else f"; the end of its log: {_tail(text)}"
+            raise StudyFailed(f"vllm serve (caching {self.mode.upper()}) did not come up: {first_line(e)}{why}",
+                              log=text) from None
         self.block_size, self.startup_s = self.http.block_size, time.monotonic() - t0
         self.num_blocks = self.http.num_blocks
         log.info("server %s up in %.1f s at %s (block size %s)", self.mode, self.startup_s, url, self.block_size)
@@ -201,11 +207,6 @@ class VllmServerEngine:
         atexit.unregister(self.shutdown)
 
 
-def _tail(path: str, n: int = 3) -> str:
-    """The server log's last lines, joined: why it did not come up."""
-    try:
-        with open(path, errors="replace") as f:
-            lines = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return " | ".join(lines[-n:])
+def _tail(text: str, n: int = 3) -> str:
+    """A log's last non-empty lines, joined on one line."""
+    return " | ".join([ln.strip() for ln in text.splitlines() if ln.strip()][-n:])

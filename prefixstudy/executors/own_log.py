@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-MAX_BYTES = 256 * 1024  # per file: the end of an engine's start-up is what says why it failed
+from prefixstudy.errors import LOG_BYTES, log_end
 
 
 class OwnLog:
@@ -30,18 +30,12 @@ class OwnLog:
             except OSError:  # no /proc (not Linux), or a closed descriptor
                 continue
 
-    def since(self, max_bytes: int = MAX_BYTES) -> str:
+    def since(self, max_bytes: int = LOG_BYTES) -> str:
         """What the files gained since construction (the last ``max_bytes`` of each), each under a
         ``==> path <==`` line, as `tail` heads several files."""
         parts = []
         for path, start in self.files.items():
-            try:
-                with open(path, "rb") as f:
-                    end = f.seek(0, os.SEEK_END)
-                    f.seek(max(start, end - max_bytes))
-                    text = f.read().decode("utf-8", errors="replace")
-            except OSError:
-                continue
+            text = log_end(path, start, max_bytes)
             if text.strip():
                 parts.append(f"==> {path} <==\n{text.rstrip()}\n")
         return "\n".join(parts)

@@ -119,3 +119,21 @@ def _point_started(server: psutil.Process) -> bool:
         if "prefixstudy-vllm-server-on-" in f.path:
             return "POST /v1/completions" in Path(f.path).read_text(errors="replace")
     return False
+
+
+def test_a_server_that_does_not_start_names_its_root_cause_and_the_run_keeps_its_log(tmp_path):
+    """`vllm serve` on a model folder without weights: the engine core fails as it loads them."""
+    from prefixstudy.study import StudyFailed
+
+    path = study_path(tmp_path, rates=[4], num_requests=4, warmup_requests=0)
+    cfg = load_config(path, {"sweep.modes": ["on"], "engine.load_format": "safetensors"})
+    with pytest.raises(StudyFailed) as e:
+        run_study(cfg, progress=False)
+    (run,) = (tmp_path / "res/server").iterdir()
+    tiny = REPO / "prefixstudy/configs/models/tiny-llama"
+    assert str(e.value) == ("cache ON: the engine did not start (vllm serve (caching ON) did not come up: "
+                            "server for caching ON exited before it was healthy; root cause: RuntimeError: "
+                            f"Cannot find any model weights with `{tiny}`); its log: {run / 'engine-start.log'}")
+    log = (run / "engine-start.log").read_text()
+    assert "Cannot find any model weights" in log and "EngineCore" in log
+    assert _servers_under(os.getpid()) == []

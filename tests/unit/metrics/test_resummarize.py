@@ -24,11 +24,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 RESULTS = REPO / "experiments/results"
-# Every committed study folder, and the runs of every committed capacity sweep (h200-smoke-after-layout
-# holds runs of an older layout, before repeats: its own README section says what they show).
+# Every committed study folder, the runs of every committed capacity sweep, and each policy's run of
+# every committed routing sweep (h200-smoke-after-layout holds runs of an older layout, before
+# repeats: its own README section says what they show).
 RUNS = sorted([p.parent.name for p in RESULTS.glob("*/summary.csv")] +
               [str(p.parent.relative_to(RESULTS)) for p in RESULTS.glob("*/*/*/summary.csv")
-               if (p.parent.parent / "capacity.json").is_file()])
+               if (p.parent.parent / "capacity.json").is_file()] +
+              [str(p.parent.relative_to(RESULTS)) for p in RESULTS.glob("*/policy-*/summary.csv")
+               if (p.parent.parent / "routing.json").is_file()])
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -60,6 +63,7 @@ def test_committed_summary_is_reproduced(run):
 def test_runs_found():
     pressure = [f"h200-cache-pressure/groups-{g}/blocks-{c}" for g, cs in ((40, (4400, 4800, 5200, 6400)),
                                                                          (48, (5600, 6400))) for c in cs]
-    assert RUNS == ["cpu-default", *pressure, "h200-multiturn", "h200-tp1", "h200-tp1-gc", "h200-tp2",
+    assert RUNS == ["cpu-default", "cpu-replicas/policy-prefix_affinity", "cpu-replicas/policy-round_robin",
+                    *pressure, "h200-multiturn", "h200-tp1", "h200-tp1-gc", "h200-tp2",
                     "h200-vllm-server",
                     "sim-seed-a100x8-tp8", "sim-seed-h200x8-tp4-parallel", "sim-seed-h200x8-tp8"]

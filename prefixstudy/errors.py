@@ -16,8 +16,8 @@ def first_line(e: BaseException, limit: int = 300) -> str:
 
 class StudyFailed(Exception):
     """The run stopped (an engine that did not start, a check the config made fatal); its points so
-    far are saved.  ``log``: the engine's own output, when it was read (a Ray actor's, see
-    executors.own_log); the run keeps it beside its manifest."""
+    far are saved.  ``log``: the engine's own output, when it was read (a Ray actor's files, see
+    executors.own_log, or a launched server's log); the run keeps it beside its manifest."""
 
     def __init__(self, message: str, log: str = ""):
         super().__init__(message)
@@ -25,14 +25,6 @@ class StudyFailed(Exception):
 
     def __reduce__(self):  # through Ray with its log: the default pickles ``args`` only
         return (type(self), (str(self), self.log))
-
-
-# An exception line in an engine's log: "ValueError: ...", also under vLLM's log prefix
-# ("(EngineCore pid=12) ERROR 12-01 03:17:08 [core.py:1510] ValueError: ...") or Ray's ("(pid=12) ").
-_EXCEPTION_LINE = re.compile(r"^(?:\([^)]*\) )?(?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\] )?"
-                             r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit)(?:\([\w.]+\))?: \S.*)$")
-# What vLLM raises in the frontend for any engine-core failure: it names no cause.
-_WRAPPERS = ("Engine core initialization failed", "EngineCore failed to start")
 
 
 LOG_BYTES = 256 * 1024  # of an engine's log: the end of its start-up is what says why it failed
@@ -49,6 +41,12 @@ def log_end(path, start: int = 0, max_bytes: int = LOG_BYTES) -> str:
         return ""
 
 
+# An exception line in an engine's log: "ValueError: ...", also under vLLM's log prefix
+# ("(EngineCore pid=12) ERROR 12-01 03:17:08 [core.py:1510] ValueError: ...") or Ray's ("(pid=12) ").
+_EXCEPTION_LINE = re.compile(r"^(?:\([^)]*\) )?(?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\] )?"
+                             r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit)(?:\([\w.]+\))?: \S.*)$")
+# What vLLM raises in the frontend for any engine-core failure: it names no cause.
+_WRAPPERS = ("Engine core initialization failed", "EngineCore failed to start")
 _SEE_ABOVE = re.compile(r"\. See root cause above\..*$")
 
 

@@ -189,7 +189,7 @@ def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path
         raise
     except Exception as e:  # the reason stays with the run, not only on a console that may be gone
         log = getattr(e, "log", "")
-        if log:  # an engine's own output from a Ray node: kept, and named in the one line
+        if log:  # an engine's own output (a Ray actor's, a server's): kept, and named in the one line
             path = study.run_dir / ENGINE_LOG
             atomic_write_text(path, log)
             study.writer.manifest["error_log"] = ENGINE_LOG

@@ -35,7 +35,7 @@ REQUESTS = "requests.parquet"
 ITERATIONS = "iterations.parquet"
 SUMMARY = "summary.csv"
 HEADLINE = "headline.csv"
-ENGINE_LOG = "engine-start.log"  # an engine's own output, when it failed to start on a Ray actor
+ENGINE_LOG = "engine-start.log"  # an engine's own output when it did not start (a Ray actor's files, a server's log)
 
 
 def _file_mode() -> int:

@@ -4,6 +4,8 @@ and exit code 2 here, and nowhere else."""
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import os
 import sys
 
@@ -34,6 +36,21 @@ class Group(click.Group):
         except click.ClickException as e:
             e.show()
             sys.exit(e.exit_code)
+
+
+def _quiet_spawned_child() -> None:
+    """A process that multiprocessing spawned from a quiet `prefixstudy run` (vLLM's engine core,
+    under the local executor) imports this module first: it re-runs the parent's main module,
+    which is this CLI.  vLLM's import-time notes there ("Triton is installed, but doesn't include
+    CPU backend") come before vLLM configures its logging, so VLLM_LOGGING_LEVEL, which the parent
+    set (cli.run._console), does not hold them back yet; this does.  Under `python -m prefixstudy`
+    the child re-runs nothing (multiprocessing skips a package's __main__), and the note shows."""
+    # The child is named before it re-runs the main module; parent_process() is set only after.
+    if multiprocessing.current_process().name != "MainProcess" and os.environ.get("VLLM_LOGGING_LEVEL") == "ERROR":
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+_quiet_spawned_child()
 
 
 @click.group(cls=Group)

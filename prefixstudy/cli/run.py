@@ -154,17 +154,17 @@ def _run_fleets(cfg, report: bool, progress: bool, resume: Path | None = None) -
                    err=True)
         sys.exit(143 if isinstance(e, Terminated) else 130)
     runs = sorted(d for d in parent.iterdir() if d.name.startswith("policy-") and (d / "manifest.json").is_file())
+    manifests = {d: _manifest(d) for d in runs}  # building a report leaves them as they are
     if report:
         from prefixstudy.report import build_report
 
-        for d in runs:
-            if _manifest(d).get("status") != "failed":  # a policy stopped before its points has nothing to report
+        for d, m in manifests.items():
+            if m.get("status") != "failed":  # a policy stopped before its points has nothing to report
                 build_report(d)
     click.echo(f"results: {parent}")
     click.echo(f"routing: {routing_report(parent)}")
-    manifests = [_manifest(d) for d in runs]
-    failed = sum(_failed_in(m) for m in manifests)
-    stopped = [m for m in manifests if m.get("status") == "failed"]
+    failed = sum(_failed_in(m) for m in manifests.values())
+    stopped = [m for m in manifests.values() if m.get("status") == "failed"]
     if failed or stopped:
         click.echo(f"{failed} point(s) failed" + (f", {len(stopped)} policy run(s) stopped" if stopped else "")
                    + f" (see each policy's manifest.json); run them again with: prefixstudy run --resume {parent}",

@@ -217,8 +217,8 @@ class _ModeRunner:
             return await call
         except RayTaskError as e:
             cause = getattr(e, "cause", None)
-            if isinstance(cause, StudyFailed):
-                raise StudyFailed(str(cause), log=cause.log) from None
+            if isinstance(cause, StudyFailed):  # unpickled with its log (StudyFailed.__reduce__)
+                raise cause from None
             raise StudyFailed(f"cache {self.mode.upper()}: the engine actor did not start "
                               f"({type(cause or e).__name__}: {first_line(cause or e)})") from None
         except RayActorError as e:

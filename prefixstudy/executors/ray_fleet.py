@@ -106,8 +106,8 @@ class RemoteReplica:
             info = await self._call("start")
         except RayTaskError as e:  # ReplicaActor.start's StudyFailed, without Ray's wrapping
             cause = getattr(e, "cause", None)
-            if isinstance(cause, StudyFailed):
-                raise StudyFailed(str(cause), log=cause.log) from None
+            if isinstance(cause, StudyFailed):  # unpickled with its log (StudyFailed.__reduce__)
+                raise cause from None
             raise
         self.info = {**info, "actor": self.name}
         self.block_size, self.num_blocks = self.info["block_size"], self.info["num_blocks"]

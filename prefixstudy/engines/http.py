@@ -38,7 +38,7 @@ class HttpEngineConfig(EngineConfigBase):
     expected cached tokens); unset, it is read from vLLM's /metrics."""
 
     kind: Literal["http"] = "http"
-    targets: dict[Literal["on", "off"], str] = Field(default_factory=dict)  # mode -> base URL
+    targets: dict[str, str] = Field(default_factory=dict)  # arm (on, off, ...) -> base URL
     served_model: str | None = None  # the request's "model"; None: the first of the server's /v1/models
     reset_path: str = "/reset_prefix_cache"  # POST here resets the prefix cache (vLLM: dev mode)
     metrics_path: str | None = "/metrics"  # Prometheus text; None: not scraped

@@ -52,9 +52,10 @@ def _latency(ok: pd.DataFrame, mode: str, seed) -> dict:
     return out
 
 
-def _paired_gain(ok: pd.DataFrame, seed) -> dict:
-    on = ok[ok["mode"] == "on"][["repeat", "request_index", "e2e_ms"]]
-    off = ok[ok["mode"] == "off"][["repeat", "request_index", "e2e_ms"]]
+def _paired_gain(ok: pd.DataFrame, seed, arm: str = "on", baseline: str = "off") -> dict:
+    """The gain of ``arm`` over ``baseline``, (baseline - arm) / baseline, paired by request."""
+    on = ok[ok["mode"] == arm][["repeat", "request_index", "e2e_ms"]]
+    off = ok[ok["mode"] == baseline][["repeat", "request_index", "e2e_ms"]]
     p = on.merge(off, on=["repeat", "request_index"], suffixes=("_on", "_off"))
     out = {"n_pairs": len(p)}
     if p.empty:
@@ -116,6 +117,45 @@ def headline(requests: pd.DataFrame, summary: pd.DataFrame, iterations: pd.DataF
             if (at["mode"] == "on").any() else (math.nan, math.nan)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+ARMS_COLUMNS = ["rate", "arm", "baseline", "n_repeats", "arrival_rate", "mean_e2e_ms", "mean_e2e_lo", "mean_e2e_hi",
+                "p90_e2e_ms", "p90_e2e_lo", "p90_e2e_hi", "baseline_mean_e2e_ms", "baseline_p90_e2e_ms",
+                "n_pairs", "gain_mean_e2e", "gain_mean_e2e_lo", "gain_mean_e2e_hi", "gain_p90_e2e",
+                "gain_p90_e2e_lo", "gain_p90_e2e_hi", "saturated", "baseline_saturated", "gain_is_bound",
+                "hit_rate", "hit_rate_expected"]
+
+
+def versus_baseline(requests: pd.DataFrame, summary: pd.DataFrame, arms: list[str], baseline: str) -> pd.DataFrame:
+    """arms.csv: one row per rate x arm other than ``baseline``: the arm's E2E with intervals (as
+    headline.csv's per mode) and its gain over the baseline, paired by request as headline.csv's ON
+    over OFF.  Every arm replayed the same schedule, so request i of any two arms saw the same
+    arrivals.  Seeded per (rate, arm's position), so adding an arm at the end moves no other row."""
+    ok = counted(requests)
+    rows = []
+    for rate in sorted(summary["rate"].unique()):
+        s, at = summary[summary["rate"] == rate], ok[ok["rate"] == rate]
+        base_sat = s[s["mode"] == baseline]["saturated"].astype(bool)
+        for i, arm in enumerate(a for a in arms if a != baseline):
+            if not (s["mode"] == arm).any():
+                continue
+            seed = np.random.SeedSequence([rate_seed(rate), 1 + i])
+            lat = _latency(at, arm, seed.spawn(1)[0])
+            b = at.loc[at["mode"] == baseline, "e2e_ms"].to_numpy(float)
+            sat = s[s["mode"] == arm]["saturated"].astype(bool)
+            g = _paired_gain(at, seed, arm, baseline)
+            m = at[at["mode"] == arm]
+            hit, hit_exp = hit_rates(m) if len(m) else (math.nan, math.nan)
+            rows.append({
+                "rate": float(rate), "arm": arm, "baseline": baseline, "n_repeats": int(s["repeat"].nunique()),
+                "arrival_rate": float(s["arrival_rate"].mean()) if "arrival_rate" in s else math.nan,
+                **{k: lat[f"{arm}_{k}"] for k in ("mean_e2e_ms", "mean_e2e_lo", "mean_e2e_hi",
+                                                   "p90_e2e_ms", "p90_e2e_lo", "p90_e2e_hi")},
+                "baseline_mean_e2e_ms": float(b.mean()) if b.size else math.nan,
+                "baseline_p90_e2e_ms": float(np.percentile(b, 90)) if b.size else math.nan, **g,
+                "saturated": bool(sat.any()), "baseline_saturated": bool(base_sat.any()),
+                "gain_is_bound": bool(sat.any() or base_sat.any()), "hit_rate": hit, "hit_rate_expected": hit_exp})
+    return pd.DataFrame(rows, columns=ARMS_COLUMNS)
 
 
 def knee(head: pd.DataFrame, mode: str) -> tuple[float, float, float]:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import counted, parse_slo
-from prefixstudy.report import bench_json, figures as plots, first_screen, tables
+from prefixstudy.report import arms as arm_report, bench_json, figures as plots, first_screen, tables
 from prefixstudy.report.data import ReportData, analyze, norm_rate
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, write_report
 from prefixstudy.results import HEADLINE, MANIFEST, SUMMARY, find_run_dir, load, write_json
@@ -96,6 +96,10 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
         ("prefill_share", lambda: plots.prefill_share(done),
          "Figure 8. Prefill share vs rate: request level (solid) and engine level (dashed)."),
     ]
+    if arm_report.shown(d.study.arms):
+        specs.append(("arms", lambda: arm_report.figure(d.study.arms),
+                      "Figure 9. Every arm against the baseline arm: mean E2E with 95 % intervals (left) and the "
+                      "paired gain of the mean (right), vs the actual arrival rate."))
     return plots.save_all(specs, out_dir / PLOTS_DIR, formats)
 
 
@@ -133,6 +137,9 @@ def _model_blocks(model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
 def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
     f = {x.stem: x for x in figs}
     b: list[tuple] = [("meta", tables.meta_line(d.study))]
+    if arm_report.shown(d.study.arms):
+        b += [("headline", t) for t in arm_report.sentences(d.study.arms)]
+        b += [("table", arm_report.table(d.study.arms)), ("fig", f["arms"])]
     if len(d.head):
         b += [("headline", t) for t in first_screen.why_sentences(d.head)]
         b += [("table", first_screen.headline_table(d.head)), ("fig", f["e2e_intervals"])]
@@ -186,6 +193,7 @@ def build_report(results_dir: str | Path, slo: dict[str, float] | str | None = N
         finish_run(run, manifest)
         write_json(run / MANIFEST, manifest)
     study = load(run)
+    plots.register_arms(((study.config.get("sweep") or {}).get("modes")) or plots.MODES)
     slo = parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
     slo = slo or dict(study.config.get("goodput") or {})  # the run's --goodput, unless one is given here
     point = parse_point(point) if isinstance(point, str) or point is None else point

@@ -141,7 +141,8 @@ def thresholds(values) -> np.ndarray:
 
 
 def max_rate_curves(done: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    return {title: summary.max_rate_curve(done, metric, thresholds(done[metric]))
+    arms = list(dict.fromkeys(["on", "off", *done["mode"]]))
+    return {title: summary.max_rate_curve(done, metric, thresholds(done[metric]), modes=arms)
             for metric, title in (("p90_e2e_ms", "p90 E2E"), ("p90_ttft_ms", "p90 TTFT"))}
 
 

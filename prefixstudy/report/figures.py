@@ -29,9 +29,40 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from prefixstudy.report.render import SavedFigure  # noqa: E402
 
-MODE_COLORS = {"on": "tab:blue", "off": "tab:orange"}
-MODE_LABELS = {"on": "caching ON", "off": "caching OFF"}
+# Arms beyond on / off take these in the order the study names them (register_arms), so an arm
+# keeps its colour in every figure of a report.
+ARM_PALETTE = ("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+
+
+class _ArmColors(dict):
+    def __missing__(self, arm: str) -> str:
+        self[arm] = ARM_PALETTE[(len(self) - 2) % len(ARM_PALETTE)]
+        return self[arm]
+
+
+class _ArmLabels(dict):
+    def __missing__(self, arm: str) -> str:
+        return f"arm {arm}"
+
+
+MODE_COLORS = _ArmColors({"on": "tab:blue", "off": "tab:orange"})
+MODE_LABELS = _ArmLabels({"on": "caching ON", "off": "caching OFF"})
 MODES = ("on", "off")
+
+
+def register_arms(arms: Sequence[str]) -> None:
+    """Give a study's arms their colours in its own order (on and off keep blue and orange), so
+    the same config draws every arm in the same colour, in every figure and every report."""
+    for a in [k for k in MODE_COLORS if k not in MODES]:
+        del MODE_COLORS[a]
+    for a in arms:
+        MODE_COLORS[a]  # noqa: B018 (assigns on first sight)
+
+
+def arms_in(df: pd.DataFrame) -> list[str]:
+    """The arms of a frame with a ``mode`` column: on, off, then the others as they first appear."""
+    seen = list(dict.fromkeys(df["mode"])) if "mode" in df else []
+    return [m for m in MODES if m in seen] + [m for m in seen if m not in MODES]
 DOT = "o"
 SAT_MARKER = "X"
 SAT_SIZE = 11
@@ -134,7 +165,7 @@ def latency_vs_rate(points: pd.DataFrame, metric: str, title: str,
     """
     fig = new_figure()
     ax = fig.add_subplot()
-    for mode in MODES:
+    for mode in arms_in(points):
         mode_line(ax, points, mode, f"mean_{metric}_ms", label=f"{MODE_LABELS[mode]} mean")
         mode_line(ax, points, mode, f"{tail}_{metric}_ms", ls="--", label=f"{MODE_LABELS[mode]} {tail}")
     if peers is not None and len(peers):
@@ -168,17 +199,18 @@ def latency_breakdown(points: pd.DataFrame) -> Figure:
     The number on each bar is the request-level prefill share (mean prefill / mean E2E).
     """
     rates = sorted(points["rate"].unique())
-    fig = new_figure(max(8.0, 0.6 * len(rates) + 3), 5.5)
+    arms = arms_in(points) if len(arms_in(points)) > 2 else list(MODES)
+    fig = new_figure(max(8.0, 0.3 * len(arms) * len(rates) + 3), 5.5)
     ax = fig.add_subplot()
-    width = 0.4
+    width = 0.8 / len(arms)
     top = 0.0
-    for k, mode in enumerate(MODES):
+    for k, mode in enumerate(arms):
         p = points[points["mode"] == mode].set_index("rate")
         for i, rate in enumerate(rates):
             if rate not in p.index:
                 continue
             r = p.loc[rate]
-            x = i + (k - 0.5) * width
+            x = i + (k - (len(arms) - 1) / 2) * width
             sat = bool(r.get("saturated", False)) if pd.notna(r.get("saturated", False)) else False
             bottom = 0.0
             for col, _, alpha, hatch in COMPONENTS:
@@ -198,10 +230,10 @@ def latency_breakdown(points: pd.DataFrame) -> Figure:
                         markeredgecolor="black", ls="none")
     ax.set_ylim(0, top * 1.25 if top > 0 else 1)
     ax.set_xticks(range(len(rates)), [f"{r:g}" for r in rates])
-    ax.set_xlabel("offered request rate (req/s); left bar ON, right bar OFF")
+    ax.set_xlabel("offered request rate (req/s); bars left to right: " + ", ".join(MODE_LABELS[m] for m in arms))
     ax.set_ylabel("mean latency per request (ms)")
     ax.set_title("Where the time goes: queue / prefill / decode (label: prefill share)")
-    handles = [Patch(facecolor=MODE_COLORS[m], label=MODE_LABELS[m]) for m in MODES]
+    handles = [Patch(facecolor=MODE_COLORS[m], label=MODE_LABELS[m]) for m in arms]
     handles += [Patch(facecolor="lightgray", alpha=a, hatch=h, edgecolor="black", label=lab)
                 for _, lab, a, h in COMPONENTS]
     handles.append(Patch(facecolor="white", edgecolor="red", linewidth=1.6, label="saturated point (X)"))
@@ -222,7 +254,7 @@ def max_rate_vs_threshold(curves: Mapping[str, pd.DataFrame], knees: Mapping[str
     fig = new_figure(11.0, 4.8)
     axes = fig.subplots(1, len(curves), squeeze=False)[0]
     for ax, (title, c) in zip(axes, curves.items()):
-        for mode in MODES:
+        for mode in arms_in(c):
             g = c[c["mode"] == mode].sort_values("threshold_ms")
             if g.empty:
                 continue
@@ -387,7 +419,7 @@ def prefill_share(points: pd.DataFrame) -> Figure:
     """Request-level (solid) and engine-level (dashed) prefill share vs rate, ON vs OFF."""
     fig = new_figure()
     ax = fig.add_subplot()
-    for mode in MODES:
+    for mode in arms_in(points):
         mode_line(ax, points, mode, "prefill_share", label=f"{MODE_LABELS[mode]}: request level")
         mode_line(ax, points, mode, "prefill_share_engine", ls="--",
                    label=f"{MODE_LABELS[mode]}: engine level (fit)")

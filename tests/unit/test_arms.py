@@ -1,0 +1,184 @@
+"""Arms (prefixstudy.arms) on the echo backend: the config, the overlay each arm's engine is built
+from, one schedule for every arm, results named by arm, arms.csv against the baseline, and colours.
+
+The echo backend keeps a real block cache, so an arm's block size shows in its hit rate exactly:
+64-token prompts (56 shared + 8 unique), whole blocks only, never the last token: 16-token blocks
+serve 48 tokens (0.75), 32-token blocks 32 (0.5), OFF none.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from prefixstudy.arms import arm_engine, caching
+from prefixstudy.config import load_config, parse_config
+from prefixstudy.errors import UserError
+from prefixstudy.results import load
+from prefixstudy.study import run_study
+
+ECHO = {"engine": {"kind": "echo", "block_size": 16, "decode_ms_per_token": 0.2}, "executor": "local",
+        "arrivals.process": "constant", "dataset.prefix_len": 56, "dataset.suffix_len": 8, "dataset.output_len": 4,
+        "dataset.groups": 2, "sweep.num_requests": 8, "sweep.warmup_requests": 1, "sweep.rates": [40, 80]}
+BS32 = [{"name": "on-bs32", "engine": {"block_size": 32}}]
+
+
+def cfg_with(**sets):
+    return load_config(None, {**ECHO, **sets})
+
+
+def test_without_arms_a_study_runs_on_and_off_against_off():
+    cfg = cfg_with()
+    assert cfg.sweep.modes == ["on", "off"]
+    assert cfg.sweep.baseline_arm() == "off"
+    assert [caching(cfg.arm_engine(m), m) for m in cfg.sweep.modes] == [True, False]
+    assert cfg_with(**{"sweep.modes": ["on"]}).sweep.baseline_arm() is None  # nothing to compare with
+
+
+def test_arms_run_after_on_and_off_unless_modes_names_them():
+    assert cfg_with(arms=BS32).sweep.modes == ["on", "off", "on-bs32"]
+    assert cfg_with(arms=BS32, **{"sweep.modes": ["on-bs32", "off"]}).sweep.modes == ["on-bs32", "off"]
+
+
+def test_an_overlay_sets_its_fields_merges_mappings_and_keeps_the_rest():
+    cfg = load_config(None, {"engine": {"kind": "vllm", "max_num_seqs": 64, "extra_args": {"num_gpu_blocks_override": 500}},
+                             "arms": [{"name": "big-batch", "engine": {"max_num_batched_tokens": 512,
+                                                                       "extra_args": {"async_scheduling": False}}},
+                                      {"name": "tier", "offload": {"size_gib": 8}}]})
+    e = cfg.arm_engine("big-batch")
+    assert (e.max_num_batched_tokens, e.max_num_seqs, e.prefix_caching) == (512, 64, True)
+    assert e.extra_args == {"num_gpu_blocks_override": 500, "async_scheduling": False}
+    t = cfg.arm_engine("tier")
+    assert t.extra_args == {"num_gpu_blocks_override": 500, "kv_offloading_size": 8.0, "kv_offloading_backend": "native"}
+    assert cfg.engine.extra_args == {"num_gpu_blocks_override": 500}  # the study's own section is untouched
+    assert cfg.arm_engine("off").prefix_caching is False
+
+
+def test_the_arm_flag_is_never_written_to_the_saved_config():
+    from prefixstudy.config import dump_config
+
+    cfg = cfg_with(arms=BS32)
+    text = dump_config(cfg)
+    assert "prefix_caching: true" in text  # the arm's own field
+    assert "prefix_caching" not in text.split("arms:")[0]  # not the engine section's
+    assert parse_config(__import__("yaml").safe_load(text), "saved").arm_engine("on-bs32").block_size == 32
+
+
+@pytest.mark.parametrize("arms, sets, field", [
+    ([{"name": "on"}], {}, "field 'arms.0.name': 'on' is a built-in arm"),
+    ([{"name": "a"}, {"name": "a"}], {}, "field 'arms.1.name': duplicate arm name 'a'"),
+    ([{"name": "a b"}], {}, "field 'arms.0.name'"),
+    ([{"name": "a", "colour": "red"}], {}, "field 'arms.0.colour': unknown key"),
+    ([{"name": "a", "engine": {"dtype": "float16"}}], {}, "field 'arms.0.engine.dtype': engine.kind echo has no such field"),
+    ([{"name": "a", "engine": {"block_size": 0}}], {}, "field 'arms.0.engine.block_size': Input should be greater than 0"),
+    ([{"name": "a", "engine": {"kind": "vllm"}}], {}, "field 'arms.0.engine.kind': the arms share the study's engine.kind"),
+    ([{"name": "a", "engine": {"prefix_caching": False}}], {}, "field 'arms.0.engine.prefix_caching': set it on the arm"),
+    ([{"name": "a", "offload": {"size_gib": 4}}], {}, "field 'arms.0.offload': engine.kind echo has no CPU tier"),
+    ([], {"sweep.modes": ["on", "sideways"]}, "--modes/--set sweep.modes: field 'sweep.modes': 'sideways' is not an arm"),
+    ([], {"sweep.baseline": "a"}, "field 'sweep.baseline': 'a' is not one of the arms run"),
+    ([{"name": "a"}], {"sweep.modes": ["on", "a"], "sweep.baseline": "off"},
+     "field 'sweep.baseline': 'off' is not one of the arms run (sweep.modes: on, a)"),
+])
+def test_a_bad_arm_config_is_refused_naming_the_field(arms, sets, field):
+    with pytest.raises(UserError) as e:
+        cfg_with(arms=arms, **sets)
+    assert field in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_offload_fields_are_checked_before_anything_starts():
+    base = {"engine": {"kind": "vllm"}}
+    with pytest.raises(UserError, match=r"field 'arms.0.offload.size_gib': Input should be greater than 0"):
+        load_config(None, {**base, "arms": [{"name": "t", "offload": {"size_gib": 0}}]})
+    with pytest.raises(UserError, match=r"field 'arms.0.offload.backend': Input should be 'native' or 'lmcache'"):
+        load_config(None, {**base, "arms": [{"name": "t", "offload": {"size_gib": 1, "backend": "redis"}}]})
+    with pytest.raises(UserError, match=r"field 'arms.0.offload.backend': lmcache needs the lmcache package"):
+        load_config(None, {**base, "arms": [{"name": "t", "offload": {"size_gib": 1, "backend": "lmcache"}}]})
+    with pytest.raises(UserError, match=r"field 'arms.0.offload': a CPU tier extends the prefix cache"):
+        load_config(None, {**base, "arms": [{"name": "t", "prefix_caching": False, "offload": {"size_gib": 1}}]})
+    with pytest.raises(UserError, match=r"field 'arms.0.offload': extra_args also sets kv_offloading_size"):
+        load_config(None, {"engine": {"kind": "vllm", "extra_args": {"kv_offloading_size": 2}},
+                           "arms": [{"name": "t", "offload": {"size_gib": 1}}]})
+    with pytest.raises(UserError, match=r"field 'arms.0.offload': vLLM's KV offloading connector runs on CUDA"):
+        load_config(None, {**base, "device": "cpu", "arms": [{"name": "t", "offload": {"size_gib": 1}}]})
+
+
+def test_an_offload_arm_is_refused_on_a_machine_whose_engines_run_on_the_cpu():
+    from prefixstudy.engines import check_engine_config
+
+    cfg = load_config(None, {"engine": {"kind": "vllm"}, "arms": [{"name": "t", "offload": {"size_gib": 1}}]})
+    with pytest.raises(UserError, match=r"^field 'arms.0.offload': .* this machine's engines run on the CPU \(arm t\)$"):
+        check_engine_config(cfg, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def three_arms(tmp_path_factory):
+    cfg = cfg_with(arms=BS32, out=str(tmp_path_factory.mktemp("res")))
+    return load(run_study(cfg, progress=False))
+
+
+def test_every_arm_is_its_own_engine_with_its_own_cache(three_arms):
+    s = three_arms.summary
+    assert sorted(s["mode"].unique()) == ["off", "on", "on-bs32"]
+    assert (s["status"] == "ok").all() and len(s) == 6
+    hit = s.groupby("mode")["hit_rate_measured"].agg(["min", "max"])
+    assert hit.loc["on"].tolist() == [0.75, 0.75]
+    assert hit.loc["on-bs32"].tolist() == [0.5, 0.5]
+    assert hit.loc["off"].tolist() == [0.0, 0.0]
+    assert s["hit_rate_ok"].all()  # the arm with caching is checked against its own cache estimate
+    points = {(p["mode"], p["rate"]): p for p in three_arms.manifest["points"]}
+    assert {m: points[(m, 40.0)]["block_size"] for m in ("on", "off", "on-bs32")} == {"on": 16, "off": 16, "on-bs32": 32}
+    assert {m: points[(m, 40.0)]["prefix_caching"] for m in ("on", "off", "on-bs32")} == \
+        {"on": True, "off": False, "on-bs32": True}
+
+
+def test_every_arm_replays_the_same_dataset_on_the_same_schedule(three_arms):
+    r = three_arms.measured
+    cols = ["rate", "request_index", "scheduled_s", "prompt_tokens", "group"]
+    by = {m: g[cols].sort_values(["rate", "request_index"]).reset_index(drop=True) for m, g in r.groupby("mode")}
+    assert len(by["on"]) == 16
+    pd.testing.assert_frame_equal(by["on"], by["off"])
+    pd.testing.assert_frame_equal(by["on"], by["on-bs32"])
+
+
+def test_arms_csv_pairs_every_arm_with_the_baseline(three_arms):
+    a = three_arms.arms
+    assert a[["rate", "arm", "baseline"]].values.tolist() == [[40.0, "on", "off"], [40.0, "on-bs32", "off"],
+                                                               [80.0, "on", "off"], [80.0, "on-bs32", "off"]]
+    assert (a["n_pairs"] == 8).all()
+    assert a["hit_rate"].tolist() == [0.75, 0.5, 0.75, 0.5]
+    assert (a["gain_mean_e2e_lo"] <= a["gain_mean_e2e"]).all() and (a["gain_mean_e2e"] <= a["gain_mean_e2e_hi"]).all()
+    # ON's row is headline.csv's ON-over-OFF gain: the same pairing, the same estimate.
+    h = three_arms.headline.set_index("rate")
+    on = a[a["arm"] == "on"].set_index("rate")
+    assert on["gain_mean_e2e"].tolist() == pytest.approx(h.loc[on.index, "gain_mean_e2e"].tolist(), rel=1e-12)
+
+
+def test_the_baseline_is_the_config_s(tmp_path):
+    cfg = cfg_with(arms=BS32, out=str(tmp_path), **{"sweep.baseline": "on", "sweep.rates": [40]})
+    a = load(run_study(cfg, progress=False)).arms
+    assert a[["arm", "baseline"]].values.tolist() == [["off", "on"], ["on-bs32", "on"]]
+    ok = load(next(tmp_path.glob("*/*"))).requests
+    r = ok[~ok["warmup"]]
+    on = r[r["mode"] == "on"].set_index("request_index")["e2e_ms"]
+    off = r[r["mode"] == "off"].set_index("request_index")["e2e_ms"]
+    assert a.loc[a["arm"] == "off", "gain_mean_e2e"].item() == pytest.approx((on.mean() - off.mean()) / on.mean())
+
+
+def test_the_report_shows_every_arm_and_keeps_each_arm_s_colour(three_arms):
+    from prefixstudy.report import figures
+    from prefixstudy.report.build import build_report
+
+    html = build_report(three_arms.path).read_text()
+    assert "arm on-bs32 against caching OFF at 40 req/s set" in html
+    assert (three_arms.path / "plots/arms.png").is_file()
+    assert figures.MODE_COLORS["on"] == "tab:blue" and figures.MODE_COLORS["off"] == "tab:orange"
+    assert figures.MODE_COLORS["on-bs32"] == figures.ARM_PALETTE[0]
+    figures.register_arms(["on", "off", "on-bs32", "later"])
+    assert (figures.MODE_COLORS["on-bs32"], figures.MODE_COLORS["later"]) == figures.ARM_PALETTE[:2]
+
+
+def test_arm_engine_copies_when_there_is_no_overlay():
+    cfg = cfg_with()
+    e = arm_engine(cfg.engine, cfg.arm("on"))
+    assert e is not cfg.engine and e.prefix_caching is True and cfg.engine.prefix_caching is None

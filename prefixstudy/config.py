@@ -392,6 +392,29 @@ def set_dotted(data: dict, dotted: str, value: Any) -> None:
     cur[keys[-1]] = value
 
 
+def _switch_kind(data: dict, path: Path | None, overrides: dict) -> None:
+    """``--set engine.kind=K`` over a file written for another backend: the file's engine keys that
+    K has no field for are dropped when the file is a shipped config (its engine section is the
+    package's default, not the user's), and refused in one line naming the flag when the user wrote
+    them.  Keys also given on the command line are the user's, and checked as usual."""
+    kind = overrides.get("engine.kind")
+    engine = data.get("engine")
+    if path is None or kind not in _CONFIGS or not isinstance(engine, dict) or engine.get("kind", "vllm") == kind:
+        return
+    from prefixstudy.configs import shipped_config
+
+    fields = set(_CONFIGS[kind].model_fields) - {"prefix_caching"}
+    stray = [k for k in engine if k not in fields and f"engine.{k}" not in overrides]
+    if not stray:
+        return
+    shipped = shipped_config(path.name)
+    if shipped is not None and shipped.resolve() == Path(path).resolve():
+        data["engine"] = {k: v for k, v in engine.items() if k not in stray}
+        return
+    raise UserError(f"--set engine.kind={kind}: {path} sets field 'engine.{stray[0]}', which engine.kind {kind} "
+                    f"has no field for; remove it from the file, or set engine.kind: {kind} there")
+
+
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> StudyConfig:
     """Read a YAML config (or the defaults), apply dotted overrides, validate once."""
     source = str(path) if path else "(defaults)"
@@ -400,6 +423,7 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> S
         data = {}
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
+    _switch_kind(data, path, overrides or {})
     for k, v in (overrides or {}).items():
         set_dotted(data, k, copy.deepcopy(v))  # a later dotted key must not edit the caller's dict
     cfg = parse_config(data, source, overrides)

@@ -295,6 +295,9 @@ CASES = {
                            "--modes/--set sweep.modes: field 'sweep.modes': 'sideways' is not an arm (on, off)"),
     "flag-modes-empty-item": (lambda t: ["run", "--modes", "on,,off", "--out", t / "res"],
                               "Invalid value for '--modes': 'on,,off' has an empty arm name"),
+    "flag-set-kind-over-a-file-for-another-kind": (lambda t: run_cfg(t, None, "--set", "engine.kind=echo"),
+                                                   "c.yaml sets field 'engine.dtype', which engine.kind echo has no "
+                                                   "field for; remove it from the file, or set engine.kind: echo there"),
     # --- arms (prefixstudy.arms) ---
     "arm-duplicate-name": (lambda t: run_cfg(t, {"arms": [{"name": "bs64", "engine": {"block_size": 64}},
                                                           {"name": "bs64"}]}),

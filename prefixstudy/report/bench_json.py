@@ -180,7 +180,8 @@ def _extras(config: dict, manifest: dict, mode: str, saturated: bool | None) -> 
     return {
         "enable_prefix_caching": arm_caching(config, mode),  # vLLM's serve argument: what `bench sweep plot` groups by
         "prefix_caching": arm_caching(config, mode),
-        "prefixstudy_mode": mode,
+        "prefixstudy_mode": mode,  # the arm
+        "prefixstudy_baseline": recorded_baseline(config),  # the arm every other arm is compared with
         "prefixstudy_engine": manifest.get("engine", "vllm"),
         "saturated": None if saturated is None else bool(saturated),
         "prefix_len": cfg_ds.get("prefix_len"),
@@ -199,6 +200,12 @@ def arm_caching(config: dict, mode: str) -> bool:
         if a.get("name") == mode:
             return bool(a.get("prefix_caching", True))
     return mode != "off"
+
+
+def recorded_baseline(config: dict) -> str | None:
+    sweep = config.get("sweep") or {}
+    modes = sweep.get("modes") or ["on", "off"]
+    return sweep.get("baseline") or ("off" if "off" in modes else None)
 
 
 def _mean_itl(ok: pd.DataFrame) -> float:

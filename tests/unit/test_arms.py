@@ -165,12 +165,19 @@ def test_the_baseline_is_the_config_s(tmp_path):
     assert a.loc[a["arm"] == "off", "gain_mean_e2e"].item() == pytest.approx((on.mean() - off.mean()) / on.mean())
 
 
+def _sentence_rate(arms: pd.DataFrame, arm: str) -> float:
+    """The rate the report's sentence for ``arm`` speaks of: the highest whose gain is not a bound."""
+    a = arms[arms["arm"] == arm]
+    calm = a[~a["gain_is_bound"].astype(bool)]
+    return float((calm if len(calm) else a)["rate"].max())
+
+
 def test_the_report_shows_every_arm_and_keeps_each_arm_s_colour(three_arms):
     from prefixstudy.report import figures
     from prefixstudy.report.build import build_report
 
     html = build_report(three_arms.path).read_text()
-    assert "arm on-bs32 against caching OFF at 40 req/s set" in html
+    assert f"arm on-bs32 against caching OFF at {_sentence_rate(three_arms.arms, 'on-bs32'):g} req/s set" in html
     assert (three_arms.path / "plots/arms.png").is_file()
     assert figures.MODE_COLORS["on"] == "tab:blue" and figures.MODE_COLORS["off"] == "tab:orange"
     assert figures.MODE_COLORS["on-bs32"] == figures.ARM_PALETTE[0]
@@ -182,3 +189,28 @@ def test_arm_engine_copies_when_there_is_no_overlay():
     cfg = cfg_with()
     e = arm_engine(cfg.engine, cfg.arm("on"))
     assert e is not cfg.engine and e.prefix_caching is True and cfg.engine.prefix_caching is None
+
+
+def test_export_writes_one_file_per_arm_told_apart_by_name(three_arms, tmp_path):
+    import json
+
+    from prefixstudy.report.bench_json import export_bench
+
+    paths = export_bench(three_arms, tmp_path, layout="sweep")
+    names = sorted(str(p.relative_to(tmp_path).parent) for p in paths)
+    assert names == ["SERVE-arm=on-bs32-BENCH-request_rate=40", "SERVE-arm=on-bs32-BENCH-request_rate=80",
+                     "SERVE-enable_prefix_caching=False-BENCH-request_rate=40",
+                     "SERVE-enable_prefix_caching=False-BENCH-request_rate=80",
+                     "SERVE-enable_prefix_caching=True-BENCH-request_rate=40",
+                     "SERVE-enable_prefix_caching=True-BENCH-request_rate=80"]
+    r = json.loads((tmp_path / "SERVE-arm=on-bs32-BENCH-request_rate=40/summary.json").read_text())[0]
+    assert (r["prefixstudy_mode"], r["prefixstudy_baseline"], r["enable_prefix_caching"], r["completed"]) == \
+        ("on-bs32", "off", True, 8)
+
+
+def test_compare_shows_every_study_s_arms(three_arms, tmp_path):
+    from prefixstudy.report.compare import build_compare
+
+    html = build_compare([three_arms.path, three_arms.path], tmp_path).read_text()
+    rate = _sentence_rate(three_arms.arms, "on-bs32")
+    assert html.count(f"arm on-bs32 against caching OFF at {rate:g} req/s set") == 2

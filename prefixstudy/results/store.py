@@ -112,16 +112,20 @@ def part_name(mode: str, rate: float, repeat: int = 0) -> str:
     return f"{mode}-{rate:g}{f'-r{repeat}' if repeat else ''}.parquet"
 
 
-_PART = re.compile(r"^(?P<mode>[a-z]+)-(?P<rate>.+?)(?:-r(?P<repeat>\d+))?$")
+# Read from the right: an arm's name may hold dashes and digits (``on-bs32-8-r1``), a rate never does.
+_PARTS = (re.compile(r"^(?P<mode>.+)-(?P<rate>[^-]+)-r(?P<repeat>\d+)$"), re.compile(r"^(?P<mode>.+)-(?P<rate>[^-]+)$"))
 
 
 def part_key(stem: str) -> tuple[str, float, int] | None:
     """(mode, rate, repeat) of a part's file stem; None for a file that is not a part."""
-    m = _PART.match(stem)
-    try:
-        return (m["mode"], float(m["rate"]), int(m["repeat"] or 0)) if m else None
-    except ValueError:
-        return None
+    for pattern in _PARTS:
+        m = pattern.match(stem)
+        try:
+            if m:
+                return (m["mode"], float(m["rate"]), int(m.groupdict().get("repeat") or 0))
+        except ValueError:
+            continue
+    return None
 
 
 def write_point_parts(run_dir: Path, key: tuple[str, float, int], requests: pd.DataFrame,

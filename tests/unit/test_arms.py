@@ -214,3 +214,30 @@ def test_compare_shows_every_study_s_arms(three_arms, tmp_path):
     html = build_compare([three_arms.path, three_arms.path], tmp_path).read_text()
     rate = _sentence_rate(three_arms.arms, "on-bs32")
     assert html.count(f"arm on-bs32 against caching OFF at {rate:g} req/s set") == 2
+
+
+@pytest.mark.parametrize("key", [("on", 8.0, 0), ("off", 0.5, 2), ("on-bs32", 40.0, 1), ("on-r2", 8.0, 0),
+                                 ("a-8", 1.0, 0), ("x.y_z", float("inf"), 3)])
+def test_a_part_file_names_its_point_whatever_the_arm_is_called(key):
+    from prefixstudy.results.store import part_key, part_name
+
+    assert part_key(part_name(*key).removesuffix(".parquet")) == key
+
+
+def test_resuming_a_run_of_arms_keeps_every_arm_s_parts(tmp_path):
+    cfg = cfg_with(arms=BS32, out=str(tmp_path), **{"sweep.rates": [40]})
+    run = run_study(cfg, progress=False)
+    before = sorted(p.name for p in (run / "requests.parquet").iterdir())
+    assert before == ["off-40.parquet", "on-40.parquet", "on-bs32-40.parquet"]
+    # ON's point to run again: the resumed run drops only its parts (not the arm's, named with
+    # dashes and digits), and writes them anew.
+    manifest = __import__("json").loads((run / "manifest.json").read_text())
+    for p in manifest["points"]:
+        if p["mode"] == "on":
+            p["status"] = "failed"
+    (run / "manifest.json").write_text(__import__("json").dumps(manifest))
+    run_study(None, resume=run, progress=False)
+    assert sorted(p.name for p in (run / "requests.parquet").iterdir()) == before
+    res = load(run)
+    assert sorted(res.summary["mode"]) == ["off", "on", "on-bs32"] and (res.summary["status"] == "ok").all()
+    assert res.manifest["status"] == "complete"

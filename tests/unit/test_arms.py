@@ -241,3 +241,16 @@ def test_resuming_a_run_of_arms_keeps_every_arm_s_parts(tmp_path):
     res = load(run)
     assert sorted(res.summary["mode"]) == ["off", "on", "on-bs32"] and (res.summary["status"] == "ok").all()
     assert res.manifest["status"] == "complete"
+
+
+def test_arms_run_apart_merge_into_one_comparison(tmp_path):
+    from prefixstudy.results.merge import merge_runs
+
+    a = run_study(cfg_with(arms=BS32, out=str(tmp_path / "a"), **{"sweep.modes": ["on-bs32"], "sweep.rates": [40]}),
+                  progress=False)
+    b = run_study(cfg_with(arms=BS32, out=str(tmp_path / "b"), **{"sweep.modes": ["off", "on"], "sweep.rates": [40]}),
+                  progress=False)
+    merged = load(merge_runs([a, b], tmp_path / "m"))
+    assert merged.config["sweep"]["modes"] == ["on", "off", "on-bs32"]
+    assert merged.arms[["arm", "baseline", "n_pairs", "hit_rate"]].values.tolist() == [
+        ["on", "off", 8, 0.75], ["on-bs32", "off", 8, 0.5]]

@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING
 from prefixstudy.engines.base import Engine, IterationSample, RequestTrace
 from prefixstudy.errors import UserError
 
-BUILTIN = ("on", "off")
-
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
 
@@ -65,10 +63,13 @@ def check_engine_config(cfg: "StudyConfig", device: str | None = None) -> None:
 
     check_offload_device(cfg, device)
     cls = engine_class(cfg.engine.kind)
-    for mode in cfg.sweep.modes:
+    # Arms without an overlay run the study's engine section: checked together, as the backend
+    # checks its modes (every missing target before any unreachable one); each overlay on its own.
+    plain = [m for m in cfg.sweep.modes if not (cfg.arm(m).engine or cfg.arm(m).offload)]
+    if plain:
+        cls.check_config(cfg.model, cfg.engine, plain)
+    for mode in (m for m in cfg.sweep.modes if m not in plain):
         try:
             cls.check_config(cfg.model, cfg.arm_engine(mode), [mode])
         except UserError as e:
-            if mode in BUILTIN or len(cfg.sweep.modes) == 1:
-                raise
             raise UserError(f"{e} (arm {mode})") from None

@@ -51,3 +51,25 @@ def test_the_arms_saw_the_same_schedule_and_are_compared_with_off(study):
     a = study.arms
     assert a[["arm", "baseline", "n_pairs"]].values.tolist() == [["on", "off", 6], ["off-chunk512", "off", 6]]
     assert a["hit_rate"].tolist() == [pytest.approx(1152 / 1214), 0.0]
+
+
+def test_ray_places_one_engine_per_arm_side_by_side(tmp_path):
+    """A real local Ray cluster (9 logical CPUs: three engines of 1 + 2), echo engines: one actor per
+    arm, all three at once, each built from its own overlay."""
+    from prefixstudy.config import load_config
+    from prefixstudy.study import run_study
+
+    cfg = load_config(None, {"engine": {"kind": "echo", "block_size": 16}, "executor": "ray", "ray.parallel": "auto",
+                             "ray.num_cpus": 9, "arrivals.process": "constant", "dataset.prefix_len": 56,
+                             "dataset.suffix_len": 8, "dataset.output_len": 4, "sweep.num_requests": 6,
+                             "sweep.warmup_requests": 1, "sweep.rates": [40], "out": str(tmp_path),
+                             "arms": [{"name": "on-bs32", "engine": {"block_size": 32}}]})
+    res = prefixstudy.load(run_study(cfg, progress=False))
+    m = res.manifest
+    assert m["parallel"] == {"requested": "auto", "used": True,
+                             "reason": "auto: 9 CPUs fit 3 CPU engines of 1 + 2 CPUs side by side"}
+    engines = {arm: e[0] for arm, e in m["engines"].items()}
+    assert {arm: e["block_size"] for arm, e in engines.items()} == {"on": 16, "off": 16, "on-bs32": 32}
+    assert len({e["pid"] for e in engines.values()}) == 3  # three actors, three processes
+    hit = res.summary.set_index("mode")["hit_rate_measured"].to_dict()
+    assert hit == {"on": 0.75, "off": 0.0, "on-bs32": 0.5}

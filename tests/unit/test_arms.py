@@ -254,3 +254,30 @@ def test_arms_run_apart_merge_into_one_comparison(tmp_path):
     assert merged.config["sweep"]["modes"] == ["on", "off", "on-bs32"]
     assert merged.arms[["arm", "baseline", "n_pairs", "hit_rate"]].values.tolist() == [
         ["on", "off", 8, 0.75], ["on-bs32", "off", 8, 0.5]]
+
+
+def test_ray_runs_arms_side_by_side_only_when_every_arm_s_engine_fits():
+    from prefixstudy.executors.ray_plan import plan_parallel
+
+    two_gpus, three_gpus = [{"GPU": 2, "CPU": 32}], [{"GPU": 3, "CPU": 32}]
+    assert plan_parallel("auto", 3, two_gpus, True, 1, 1) == {
+        "requested": "auto", "used": False,
+        "reason": "auto: the cluster fits only 2 engines of 1 GPU(s) (2 GPUs); modes run one after the other"}
+    assert plan_parallel("auto", 3, three_gpus, True, 1, 1)["reason"] == \
+        "auto: the cluster fits 3 engines of 1 GPU(s) side by side"
+    assert plan_parallel("on", 3, [{"CPU": 3}], False, 1, 1)["reason"] == "parallel on: all 3 engines run side by side"
+    with pytest.raises(UserError, match=r"^--parallel on: the Ray cluster has room for 2 engines, not 3 \(1 GPUs on one node each\)$"):
+        plan_parallel("on", 3, two_gpus, True, 1, 1)
+    assert plan_parallel("auto", 3, [{"CPU": 8}], False, 1, 1)["reason"] == (
+        "auto: 8 CPUs; 3 CPU engines side by side need 3 x (1 + 2) = 9 CPUs (engine cores + load generator and "
+        "engine loop); modes run one after the other")
+
+
+def test_an_arm_s_engine_arguments_are_checked_by_vllm_naming_the_arm():
+    from prefixstudy.engines import check_engine_config
+
+    cfg = load_config(None, {"engine": {"kind": "vllm"}, "executor": "local",
+                             "arms": [{"name": "odd", "engine": {"extra_args": {"no_such_vllm_arg": 1}}}]})
+    with pytest.raises(UserError) as e:
+        check_engine_config(cfg, device="cpu")
+    assert str(e.value) == "field 'engine.extra_args.no_such_vllm_arg': unknown vLLM engine argument (arm odd)"

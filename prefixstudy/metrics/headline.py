@@ -125,11 +125,24 @@ def headline(requests: pd.DataFrame, summary: pd.DataFrame, iterations: pd.DataF
     return pd.DataFrame(rows)
 
 
+def _ran(head: pd.DataFrame, mode: str) -> pd.DataFrame:
+    """The rows of ``head`` at which ``mode`` ran (a rate only the other mode ran says nothing about
+    this one), in arrival-rate order."""
+    h = head.sort_values("arrival_rate")
+    ran = pd.Series(True, index=h.index)
+    if f"{mode}_saturated_share" in h:
+        ran &= h[f"{mode}_saturated_share"].notna()
+    if f"{mode}_mean_e2e_ms" in h:
+        ran &= h[f"{mode}_mean_e2e_ms"].notna()
+    return h[ran]
+
+
 def knee(head: pd.DataFrame, mode: str) -> tuple[float, float, float]:
     """(knee, lo, hi) in actual arrival rate: between the last rate where most repeats of ``mode``
     kept up (every lower rate too) and the next, where most saturated; the knee is their midpoint.
-    (nan, nan, nan) if the lowest rate saturated; (nan, last, nan) if none did (the knee is beyond)."""
-    h = head.sort_values("arrival_rate")
+    Rates the mode did not run are passed over.  (nan, nan, nan) if the lowest rate saturated;
+    (nan, last, nan) if none did (the knee is beyond)."""
+    h = _ran(head, mode)
     share = h[f"{mode}_saturated_share"] if f"{mode}_saturated_share" in h else h[f"{mode}_saturated"].astype(float)
     last = math.nan
     for x, s in zip(h["arrival_rate"], share):
@@ -143,8 +156,9 @@ def rate_at_threshold(head: pd.DataFrame, mode: str, threshold_ms: float, metric
     """(rate, lo, hi): the arrival rate at which ``mode``'s ``metric`` crosses ``threshold_ms``,
     linearly interpolated between the two rates around the crossing; lo/hi from the interval's
     upper/lower curve.  A rate where most repeats saturated counts as over any threshold (as for
-    the knee).  NaN where the lowest rate is already over; the highest rate (a bound) where none is."""
-    h = head.sort_values("arrival_rate")
+    the knee); rates the mode did not run are passed over.  NaN where the lowest rate is already
+    over; the highest rate (a bound) where none is."""
+    h = _ran(head, mode)
     x = h["arrival_rate"].to_numpy(float)
     share = h[f"{mode}_saturated_share"] if f"{mode}_saturated_share" in h else h[f"{mode}_saturated"].astype(float)
     sat = share.to_numpy(float) > 0.5

@@ -238,3 +238,28 @@ def test_knee_and_rate_at_threshold_interpolate_on_actual_rates():
     assert headline.rate_at_threshold(head, "off", 5000.0)[0] == 16.4  # next is saturated: a bound
     assert math.isnan(headline.rate_at_threshold(head, "off", 50.0)[0])
     assert headline.knee(head.assign(off_saturated=False), "off")[1] == 22.7
+
+
+def test_a_rate_the_mode_never_ran_is_passed_over_not_counted_as_kept_up():
+    # OFF ran 0.8, 4.2 and 22.7 only (headline.csv: NaN share and latency at the rates it skipped).
+    head = pd.DataFrame({"arrival_rate": [0.8, 4.2, 8.5, 16.4, 22.7],
+                         "off_saturated_share": [0.0, 0.0, np.nan, np.nan, 1.0],
+                         "off_mean_e2e_ms": [100.0, 120.0, np.nan, np.nan, 3000.0]})
+    assert headline.knee(head, "off") == ((4.2 + 22.7) / 2, 4.2, 22.7)
+    # and with nothing saturated after it, the knee is beyond the last rate OFF ran, not the last rate
+    k = headline.knee(head.iloc[:4], "off")
+    assert math.isnan(k[0]) and k[1] == 4.2 and math.isnan(k[2])
+
+
+def test_two_repeats_get_a_t_interval_over_their_means():
+    runs = [np.full((30, 1), 100.0), np.full((30, 1), 120.0)]
+    est, lo, hi = bootstrap.over_repeats(runs, lambda r: np.array([r[:, 0].mean()]))
+    # mean 110, sd 14.142, se 10, t(0.975, 1) = 12.7062
+    assert est[0] == 110.0 and (lo[0], hi[0]) == pytest.approx((110 - 127.062, 110 + 127.062), abs=1e-2)
+    # every repeat's own mean is inside its interval (the percentile bootstrap's was not always)
+    three = runs + [np.full((30, 1), 110.0)]
+    _, lo3, hi3 = bootstrap.over_repeats(three, lambda r: np.array([r[:, 0].mean()]))
+    assert lo3[0] < 100 and hi3[0] > 120 and hi3[0] - 110 == pytest.approx(4.3027 * 10 / math.sqrt(3), abs=1e-3)
+    # one repeat: the within-run block bootstrap (no spread inside a constant run)
+    _, lo1, hi1 = bootstrap.over_repeats(runs[:1], lambda r: np.array([r[:, 0].mean()]))
+    assert (lo1[0], hi1[0]) == (100.0, 100.0)

@@ -107,11 +107,14 @@ def t_quantile(p: float, df: int) -> float:
 
 
 def over_repeats(runs: Sequence[np.ndarray], stat: Callable[[np.ndarray], np.ndarray], *,
-                 n_boot: int = N_BOOT, seed=0, ci: float = CI) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 n_boot: int = N_BOOT, seed=0, ci: float = CI,
+                 bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(estimate, lo, hi) of ``stat`` over ``runs`` (one 2-D array per repeat, rows in time order),
     each an array of ``stat``'s shape.  The estimate is ``stat`` of all rows pooled; the interval is
     Student's t over the repeats' own statistics with two or more repeats, the percentile interval
-    of a moving-block bootstrap of the one run otherwise (see the module docstring)."""
+    of a moving-block bootstrap of the one run otherwise (see the module docstring).  ``bounds``:
+    the values the statistic can take (a latency is >= 0, a gain <= 1); a t interval over two or
+    three widely spread repeats can reach past them, and is cut there."""
     runs = [np.asarray(r, dtype=float) for r in runs if len(r)]
     if not runs:
         return (np.full(1, math.nan),) * 3
@@ -122,4 +125,4 @@ def over_repeats(runs: Sequence[np.ndarray], stat: Callable[[np.ndarray], np.nda
         return est, lo, hi
     per = np.array([np.atleast_1d(np.asarray(stat(r), dtype=float)) for r in runs])
     half = t_quantile(1 - (1 - ci) / 2, len(runs) - 1) * per.std(axis=0, ddof=1) / math.sqrt(len(runs))
-    return est, est - half, est + half
+    return est, np.maximum(est - half, bounds[0]), np.minimum(est + half, bounds[1])

@@ -47,7 +47,8 @@ def _latency(ok: pd.DataFrame, mode: str, seed) -> dict:
     lo, hi = (np.full(2, math.nan),) * 2
     if len(m):
         _, lo, hi = over_repeats(_runs(m, ["e2e_ms"]),
-                                 lambda r: np.array([r[:, 0].mean(), np.percentile(r[:, 0], 90)]), seed=seed)
+                                 lambda r: np.array([r[:, 0].mean(), np.percentile(r[:, 0], 90)]), seed=seed,
+                                 bounds=(0.0, math.inf))
     out[f"{mode}_mean_e2e_lo"], out[f"{mode}_mean_e2e_hi"] = float(lo[0]), float(hi[0])
     out[f"{mode}_p90_e2e_lo"], out[f"{mode}_p90_e2e_hi"] = float(lo[1]), float(hi[1])
     per_repeat = m.groupby("repeat")["e2e_ms"].mean()
@@ -69,7 +70,7 @@ def _paired_gain(ok: pd.DataFrame, seed) -> dict:
         return np.array([gain(r[:, 0].mean(), r[:, 1].mean()),
                          gain(np.percentile(r[:, 0], 90), np.percentile(r[:, 1], 90))])
 
-    est, lo, hi = over_repeats(_runs(p, ["e2e_ms_on", "e2e_ms_off"]), stat, seed=seed)
+    est, lo, hi = over_repeats(_runs(p, ["e2e_ms_on", "e2e_ms_off"]), stat, seed=seed, bounds=(-math.inf, 1.0))
     out["gain_mean_e2e"], out["gain_p90_e2e"] = float(est[0]), float(est[1])
     out["gain_mean_e2e_lo"], out["gain_mean_e2e_hi"] = float(lo[0]), float(hi[0])
     out["gain_p90_e2e_lo"], out["gain_p90_e2e_hi"] = float(lo[1]), float(hi[1])
@@ -88,7 +89,8 @@ def _engine(busy: pd.DataFrame, fit: engine_fit.StepFit | None, mode: str, seed)
     runs = [engine_fit.step_arrays(g) for _, g in b.groupby("repeat", sort=True)]
     out[keys[0]], out[keys[1]] = engine_fit.stats(np.concatenate(runs), fit.coef)
     if len(runs) > 1:
-        _, lo, hi = over_repeats(runs, lambda a: np.array(engine_fit.stats(a, fit.coef)))
+        _, lo, hi = over_repeats(runs, lambda a: np.array(engine_fit.stats(a, fit.coef)),
+                                 bounds=(np.array([0.0, 1.0]), np.array([1.0, math.inf])))  # share, slowdown
         (out[f"{keys[0]}_lo"], out[f"{keys[1]}_lo"]), (out[f"{keys[0]}_hi"], out[f"{keys[1]}_hi"]) = lo, hi
         return out
     reps = engine_fit.replicates(runs, fit, seed)

@@ -103,7 +103,7 @@ def _ci(ok: pd.DataFrame, col: str, seed) -> tuple[float, float, float]:
     runs = [r for r in runs if np.isfinite(r).any()]
     if not runs:
         return _mean(ok[col]), math.nan, math.nan
-    _, lo, hi = over_repeats(runs, lambda r: np.nanmean(r[:, 0]), seed=seed)
+    _, lo, hi = over_repeats(runs, lambda r: np.nanmean(r[:, 0]), seed=seed, bounds=(0.0, math.inf))
     return _mean(ok[col]), float(lo[0]), float(hi[0])
 
 

@@ -263,3 +263,10 @@ def test_two_repeats_get_a_t_interval_over_their_means():
     # one repeat: the within-run block bootstrap (no spread inside a constant run)
     _, lo1, hi1 = bootstrap.over_repeats(runs[:1], lambda r: np.array([r[:, 0].mean()]))
     assert (lo1[0], hi1[0]) == (100.0, 100.0)
+
+
+def test_a_t_interval_is_cut_where_the_statistic_cannot_go():
+    runs = [np.full((10, 1), 100.0), np.full((10, 1), 900.0)]
+    _, lo, hi = bootstrap.over_repeats(runs, lambda r: np.array([r[:, 0].mean()]), bounds=(0.0, math.inf))
+    # 500 +- 12.7062 * 400: the lower end would be -4582 ms
+    assert lo[0] == 0.0 and hi[0] == pytest.approx(500 + 12.7062 * 400, abs=0.1)

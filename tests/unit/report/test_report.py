@@ -306,3 +306,20 @@ def test_points_table_marks_only_the_repeat_that_saturated(tmp_path):
     t = all_points_table(analyze(load(run), n_boot=20))
     marked = t.loc[t["saturated"] == "yes", "point"].tolist()
     assert len(marked) == 1 and marked[0].startswith("OFF @ 4 req/s repeat 1")
+
+
+def test_why_sentences_without_engine_steps_print_no_dash():
+    """An echo or HTTP study has no engine prefill share: the sentences leave that clause out."""
+    from prefixstudy.report.first_screen import why_sentences
+
+    nan = float("nan")
+    head = pd.DataFrame({"rate": [1.0, 8.0], "arrival_rate": [0.724408, 8.1], "gain_mean_e2e": [0.05, 0.4],
+                         "gain_mean_e2e_lo": [0.04, 0.3], "gain_mean_e2e_hi": [0.06, 0.5],
+                         "on_mean_e2e_ms": [690.0, 800.0], "off_mean_e2e_ms": [727.0, 1400.0],
+                         "on_saturated": False, "off_saturated": False, "gain_is_bound": False,
+                         "off_engine_prefill_share": nan, "off_decode_slowdown": nan})
+    first, second = why_sentences(head)
+    assert first == "At 0.72 req/s caching saves 37 ms of 727 ms (gain 5.0 % [4.0, 6.0])."
+    assert second == ("At 8.10 req/s, the highest rate where neither mode saturated, caching cuts mean E2E by "
+                      "40.0 % [30.0, 50.0]. This backend records no engine steps, so there is no engine-level "
+                      "prefill share.")

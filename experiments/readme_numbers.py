@@ -1,14 +1,15 @@
 """The numbers README.md quotes, regenerated from the committed study files.
 
 The headline block at the top of README.md (between ``<!-- readme_numbers: headline -->`` and
-``<!-- /readme_numbers -->``) is rendered here from experiments/results/h200-tp1 (headline.csv,
+``<!-- /readme_numbers -->``), and the per-rate tables of experiments/results/README.md (between
+``<!-- readme_numbers: table STUDY -->`` and the same end marker), are rendered here from experiments/results/h200-tp1 (headline.csv,
 summary.csv, manifest.json's step fit) and h200-tp2 (headline.csv), with the same definitions the
 report uses (``metrics.headline``: knee, rate at a threshold; the threshold is twice OFF's p90 E2E
 at the lowest rate, the repeats' mean, as the report's default).
 
-    python experiments/readme_numbers.py            # print the block
-    python experiments/readme_numbers.py --write    # replace it in README.md
-    python experiments/readme_numbers.py --check    # exit 1 if README.md differs
+    python experiments/readme_numbers.py            # print the blocks
+    python experiments/readme_numbers.py --write    # replace them in the READMEs
+    python experiments/readme_numbers.py --check    # exit 1 if a README differs
 
 tests/unit/report/test_readme_numbers.py fails when README.md and the files disagree.
 """
@@ -114,11 +115,73 @@ def headline_block(results: Path = RESULTS) -> str:
     return "\n".join([BEGIN, intro, "", *lines, "", fit_text, END])
 
 
-def replace_block(text: str, block: str) -> str:
-    a, b = text.find(BEGIN), text.find(END)
+def _cell(v: float, spec: str, unit: str = "") -> str:
+    return "–" if not math.isfinite(v) else _signed(v, spec) + unit
+
+
+def _cell_ci(v: float, lo: float, hi: float, spec: str, scale: float = 1.0, unit: str = "") -> str:
+    if not math.isfinite(v):
+        return "–"
+    return f"{_signed(v * scale, spec)}{unit} [{_signed(lo * scale, spec)}, {_signed(hi * scale, spec)}]"
+
+
+def table_begin(study: str) -> str:
+    return f"<!-- readme_numbers: table {study} -->"
+
+
+def study_table(study: str, results: Path = RESULTS) -> str:
+    """experiments/results/README.md's per-rate table of ``study``: headline.csv per rate, with
+    summary.csv's per-repeat saturation (of the repeats OFF ran) and dispatch lag."""
+    d = results / study
+    head = pd.read_csv(d / "headline.csv").sort_values("arrival_rate")
+    summ = pd.read_csv(d / "summary.csv")
+    cols = ["rate set (actual)", "repeats ON / OFF", "ON mean E2E (ms)", "OFF mean E2E (ms)", "gain, mean E2E",
+            "ON / OFF p90 E2E (ms)", "OFF engine prefill share", "OFF decode slowdown", "TPOT ON / OFF (ms)",
+            "spread ON / OFF", "OFF saturated (repeats)", "lag p99 max ON / OFF (ms)"]
+    out = [table_begin(study), "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, h in head.iterrows():
+        at = summ[summ["rate"] == h["rate"]]
+        off = at[at["mode"] == "off"]
+        lag = {m: at[at["mode"] == m]["dispatch_lag_p99_ms"].max() for m in ("on", "off")}
+        bound = "≥ " if h["off_saturated"] else ("≤ " if h["on_saturated"] else "")
+        gain = _cell_ci(h["gain_mean_e2e"], h["gain_mean_e2e_lo"], h["gain_mean_e2e_hi"], ".1f", 100, " %")
+        sat = f"{int(off['saturated'].astype(bool).sum())} of {len(off)}" if len(off) else "–"
+        out.append("| " + " | ".join([
+            f"{h['rate']:g} ({h['arrival_rate']:.2f})",
+            f"{at[at['mode'] == 'on']['repeat'].nunique()} / {off['repeat'].nunique()}",
+            _cell_ci(h["on_mean_e2e_ms"], h["on_mean_e2e_lo"], h["on_mean_e2e_hi"], ".0f"),
+            _cell_ci(h["off_mean_e2e_ms"], h["off_mean_e2e_lo"], h["off_mean_e2e_hi"], ".0f"),
+            (bound + gain) if gain != "–" else gain,
+            f"{_cell(h['on_p90_e2e_ms'], '.0f')} / {_cell(h['off_p90_e2e_ms'], '.0f')}",
+            _cell_ci(h["off_engine_prefill_share"], h["off_engine_prefill_share_lo"], h["off_engine_prefill_share_hi"],
+                     ".0f", 100, " %"),
+            _cell(h["off_decode_slowdown"], ".2f", "×"),
+            f"{_cell(h['on_mean_tpot_ms'], '.2f')} / {_cell(h['off_mean_tpot_ms'], '.2f')}",
+            f"{_cell(h['on_spread_pct'], '.1f')} / {_cell(h['off_spread_pct'], '.1f')} %",
+            sat, f"{_cell(lag['on'], '.2f')} / {_cell(lag['off'], '.2f')}"]) + " |")
+    return "\n".join(out + [END])
+
+
+TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp2")}
+
+
+def replace_block(text: str, block: str, begin: str = BEGIN) -> str:
+    a = text.find(begin)
+    b = text.find(END, a)
     if a < 0 or b < a:
-        raise SystemExit(f"{README}: no {BEGIN} ... {END} block")
+        raise SystemExit(f"no {begin} ... {END} block")
     return text[:a] + block + text[b + len(END):]
+
+
+def regenerated() -> dict[Path, str]:
+    """Every README this script keeps, as it should read."""
+    out = {README: replace_block(README.read_text(), headline_block())}
+    for path, studies in TABLES.items():
+        text = path.read_text()
+        for st in studies:
+            text = replace_block(text, study_table(st), table_begin(st))
+        out[path] = text
+    return out
 
 
 def main() -> int:
@@ -127,16 +190,20 @@ def main() -> int:
     g.add_argument("--write", action="store_true")
     g.add_argument("--check", action="store_true")
     a = ap.parse_args()
-    block = headline_block()
     if not (a.write or a.check):
-        print(block)
+        print(headline_block())
+        for studies in TABLES.values():
+            for st in studies:
+                print(study_table(st))
         return 0
-    text = README.read_text()
-    new = replace_block(text, block)
+    stale = [p for p, text in regenerated().items() if p.read_text() != text]
     if a.write:
-        README.write_text(new)
+        for p, text in regenerated().items():
+            p.write_text(text)
         return 0
-    return 0 if new == text else 1
+    for p in stale:
+        print(f"{p.relative_to(REPO)}: stale; run python experiments/readme_numbers.py --write")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,20 @@ def test_readme_headline_block_is_what_the_committed_files_give():
     assert m.replace_block(text, block) == text, "README.md's headline block is stale: run experiments/readme_numbers.py --write"
 
 
+def test_results_readme_tables_are_what_the_committed_files_give():
+    m = _module()
+    for path, text in m.regenerated().items():
+        assert path.read_text() == text, f"{path}: stale; run experiments/readme_numbers.py --write"
+
+
+def test_the_tables_count_the_repeats_each_mode_ran():
+    """h200-tp1's OFF ran 2 repeats at 28 and 32 req/s: saturated "2 of 2", not "3 of 3"."""
+    t = _module().study_table("h200-tp1")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in t.splitlines() if line.startswith("| 28 ") or
+            line.startswith("| 32 ")}
+    assert all(" | 3 / 2 | " in r and " | 2 of 2 | " in r for r in rows.values()) and len(rows) == 2
+
+
 def test_a_changed_number_is_caught(tmp_path):
     m = _module()
     block = m.headline_block()

@@ -97,7 +97,8 @@ def meta_line(s: StudyResults) -> str:
             f"model {c.get('model', '?')}, TP={(c.get('engine') or {}).get('tensor_parallel_size', 1)}; "
             f"dataset prefix {ds.get('prefix_len', '?')} + suffix {ds.get('suffix_len', '?')} tokens, "
             f"output {ds.get('output_len', '?')} tokens, {ds.get('groups', '?')} prefix group(s); "
-            f"status {m.get('status', '?')}; {m.get('started_at', '?')} – {m.get('ended_at', '?')}.")
+            f"status {m.get('status') or '?'}; {m.get('started_at') or 'start not recorded'} – "
+            f"{m.get('ended_at') or 'end not recorded'}.")
 
 
 # ----------------------------------------------------------------- headline

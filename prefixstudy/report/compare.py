@@ -135,7 +135,7 @@ def side_by_side(labels: list[str], datas: list[ReportData]) -> pd.DataFrame:
     rows = []
     for lab, d in zip(labels, datas):
         h, rt = d.headline, tables.rate_text
-        rows.append({"study": lab, "run": str(d.study.path), "vLLM": str(d.study.manifest.get("vllm_version", "?")),
+        rows.append({"study": lab, "run": str(d.study.path), "vLLM": str(d.study.manifest.get("vllm_version") or "n/a"),
                      "knee ON (req/s)": rt(d.knees["on"]), "knee OFF (req/s)": rt(d.knees["off"]),
                      "p90 E2E threshold (ms)": tables.fmt(h["threshold_ms"]),
                      "ON sustains (req/s)": rt(h["sustains"]["on"][0]),

@@ -76,6 +76,11 @@ COMPONENTS = (  # (column, label, alpha, hatch) for the stacked latency bars
 )
 
 
+
+def rate_str(r: float) -> str:
+    """A rate as a reader wants it: 16, 0.5, 12.71 (two decimals at most)."""
+    return f"{r:.2f}".rstrip("0").rstrip(".") if math.isfinite(r) else "–"
+
 def save_all(specs, plots_dir: Path, formats: Sequence[str] = ("png", "svg")) -> list[SavedFigure]:
     """Draw and save every (stem, make, caption) of ``specs`` under ``plots_dir``."""
     return [SavedFigure(stem, caption, save(make(), plots_dir / stem, formats)) for stem, make, caption in specs]
@@ -229,10 +234,10 @@ def latency_breakdown(points: pd.DataFrame) -> Figure:
                 ax.plot(x, bottom, marker=SAT_MARKER, color=MODE_COLORS[mode], ms=SAT_SIZE,
                         markeredgecolor="black", ls="none")
     ax.set_ylim(0, top * 1.25 if top > 0 else 1)
-    ax.set_xticks(range(len(rates)), [f"{r:g}" for r in rates])
+    ax.set_xticks(range(len(rates)), [rate_str(r) for r in rates])
     ax.set_xlabel("offered request rate (req/s); bars left to right: " + ", ".join(MODE_LABELS[m] for m in arms))
     ax.set_ylabel("mean latency per request (ms)")
-    ax.set_title("Where the time goes: queue / prefill / decode (label: prefill share)")
+    ax.set_title("Where the time goes: queue / prefill / decode (label: request-level prefill share)")
     handles = [Patch(facecolor=MODE_COLORS[m], label=MODE_LABELS[m]) for m in arms]
     handles += [Patch(facecolor="lightgray", alpha=a, hatch=h, edgecolor="black", label=lab)
                 for _, lab, a, h in COMPONENTS]
@@ -391,7 +396,7 @@ def e2e_cdf(requests_ok: pd.DataFrame, saturated: Mapping[tuple[str, float], boo
                 y = np.linspace(y[0], 1.0, max_points)
                 v = np.quantile(v, y, method="inverted_cdf")
             ax.step(v, y, where="post", color=shade(i), ls="--" if sat else "-", lw=1.2,
-                    label=f"{rate:g} req/s" + (" (sat.)" if sat else ""))
+                    label=f"{rate_str(rate)} req/s" + (" (sat.)" if sat else ""))
             if sat:
                 ax.plot(v[-1], 1.0, marker=SAT_MARKER, color=shade(i), ms=SAT_SIZE - 2,
                         markeredgecolor="black", ls="none")
@@ -406,7 +411,7 @@ def e2e_cdf(requests_ok: pd.DataFrame, saturated: Mapping[tuple[str, float], boo
         else:
             cb = fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.01)
             idx = np.unique(np.linspace(0, len(rates) - 1, 6).round().astype(int))
-            cb.set_ticks(list(idx), labels=[f"{rates[i]:g}" for i in idx])
+            cb.set_ticks(list(idx), labels=[f"{rate_str(rates[i])}" for i in idx])
             cb.set_label("offered rate (req/s)")
     axes[0].set_ylabel("fraction of requests")
     fig.suptitle("CDF of end-to-end latency at each offered rate (dashed + X: saturated)")

@@ -1,6 +1,6 @@
 """The study-wide numbers of a run folder: the step-cost fit over every point's engine steps, the
-engine columns of summary.csv it fills, headline.csv (one row per rate, over repeats) and arms.csv
-(every arm against the baseline arm).
+engine columns of summary.csv it fills, the step-timing checks (``metrics.step_checks``),
+headline.csv (one row per rate, over repeats) and arms.csv (every arm against the baseline arm).
 
 They need every point, so they are computed once a run, a merge or a report has them all, from
 what is on disk: summary.csv, requests.parquet/ and iterations.parquet/.
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from prefixstudy.metrics.engine_fit import fit_step_cost
 from prefixstudy.metrics.headline import headline, versus_baseline
+from prefixstudy.metrics.step_checks import check_steps
 from prefixstudy.metrics.summary import add_engine_columns
 from prefixstudy.results.store import (ARMS, CONFIG, HEADLINE, ITERATIONS, REQUESTS, SUMMARY, atomic_write_csv,
                                        read_table)
@@ -33,6 +34,7 @@ def finish_run(run_dir: Path, manifest: dict) -> None:
     atomic_write_csv(run_dir / SUMMARY, summary)
     manifest["step_fit"] = fit.as_dict() if fit is not None else None
     manifest["step_timing"] = sorted(set(its["timing"])) if len(its) else []
+    manifest["step_checks"] = check_steps(its, fit.coef if fit is not None else None)
     ok = summary[summary["status"] == "ok"]
     if len(ok):
         reqs = typed_requests(read_table(run_dir / REQUESTS))

@@ -1,0 +1,80 @@
+"""Checks a study's step records against the invariant that shifted ones break, and reads an engine
+core step trace (``PREFIXSTUDY_STEP_TRACE``, engines.vllm_steps).
+
+    python experiments/gpu/timing_check.py steps RUN_DIR [RUN_DIR ...]
+    python experiments/gpu/timing_check.py trace TRACE_FILE [TRACE_FILE ...]
+
+``steps``: per mode, each step that computed prompt tokens right after a decode-only step that ran
+at least as many decode requests (the same batch or a smaller one, so the later step has at least
+as much work).  Such a step is "faster" when it took less than the decode-only step before it minus
+1 ms (noise: decode-only steps of one batch size vary by well under 1 ms on one H200).  A correct
+timer gives none, or a handful at a point where the host was interrupted.
+``trace``: per step kind (with prompt tokens or decode-only), the engine core thread's time from
+scheduling the step to ``execute_model`` returning (host-side prepare and launch), and from that
+to the update of the step before it (with async scheduling: waiting for the previous step's output).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from prefixstudy.engines.step_log import read_trace
+
+NOISE_MS = 1.0
+
+
+def prefill_after_decode(it: pd.DataFrame) -> pd.DataFrame:
+    """Pairs (decode-only step, the next step with prompt tokens, same or more decode requests)."""
+    rows = []
+    for key, g in it.sort_values(["mode", "rate", "repeat", "t_s"]).groupby(["mode", "rate", "repeat"]):
+        prev, cur = g.iloc[:-1].reset_index(drop=True), g.iloc[1:].reset_index(drop=True)
+        m = (prev["prefill_tokens"] == 0) & (prev["decode_tokens"] > 0) & (cur["prefill_tokens"] > 0) & \
+            (cur["num_decode_reqs"] >= prev["num_decode_reqs"]) & (cur["step_start_s"] - prev["t_s"] < 1e-3)
+        rows.append(pd.DataFrame({"mode": key[0], "rate": key[1], "repeat": key[2],
+                                  "decode_ms": prev.loc[m, "step_ms"].to_numpy(),
+                                  "prefill_ms": cur.loc[m, "step_ms"].to_numpy(),
+                                  "prefill_tokens": cur.loc[m, "prefill_tokens"].to_numpy()}))
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
+def check_steps(run: Path) -> pd.DataFrame:
+    it = pd.read_parquet(run / "iterations.parquet")
+    pairs = prefill_after_decode(it)
+    out = []
+    for (mode, rate), g in pairs.groupby(["mode", "rate"]):
+        faster = g["prefill_ms"] < g["decode_ms"] - NOISE_MS
+        shifted = (g["prefill_ms"] < 12) & (g["decode_ms"] > 20)
+        s = it[(it["mode"] == mode) & (it["rate"] == rate)]
+        out.append({"mode": mode, "rate": rate, "pairs": len(g), "prefill_faster": int(faster.sum()),
+                    "prefill_lt12_after_decode_gt20": int(shifted.sum()),
+                    "median_prefill_step_ms": round(float(s.loc[s["prefill_tokens"] > 0, "step_ms"].median()), 2),
+                    "median_decode_only_step_ms": round(float(s.loc[s["prefill_tokens"] == 0, "step_ms"].median()), 2)})
+    return pd.DataFrame(out)
+
+
+def trace_table(path: str) -> pd.DataFrame:
+    ev = pd.DataFrame(read_trace(path), columns=["event", "t", "step", "prefill", "tokens"])
+    t = ev.pivot_table(index="step", columns="event", values="t", aggfunc="first")
+    kind = ev.groupby("step")["prefill"].first().gt(0).map({True: "with prompt", False: "decode-only"})
+    launch_ms = (t["executed"] - t["schedule_end"]) * 1e3
+    # One step at a time: a step's update follows its own execution (the wait is its GPU work).
+    # With the batch queue: the update of step N-1 follows the launch of step N.
+    own_ms = (t["update_start"] - t["executed"]) * 1e3
+    prev_ms = (t["update_start"].shift(1) - t["executed"]) * 1e3
+    df = pd.DataFrame({"kind": kind, "launch_ms": launch_ms, "own_ms": own_ms, "prev_ms": prev_ms})
+    return df.groupby("kind").agg(steps=("launch_ms", "size"), launch_ms_median=("launch_ms", "median"),
+                                  launch_ms_p90=("launch_ms", lambda x: np.nanpercentile(x, 90)),
+                                  to_own_update_ms_median=("own_ms", "median"),
+                                  to_prev_update_ms_median=("prev_ms", "median")).round(2)
+
+
+if __name__ == "__main__":
+    what, *paths = sys.argv[1:]
+    pd.set_option("display.width", 160)
+    for p in paths:
+        print(p)
+        print((check_steps(Path(p)) if what == "steps" else trace_table(p)).to_string(index=what == "trace"))

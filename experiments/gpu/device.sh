@@ -16,6 +16,8 @@
 # core's step trace (engines.vllm_steps) to $OUT/NAME-on and $OUT/NAME-off.
 set -uo pipefail
 export PYTHONPATH=${CODE:+$CODE:}/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+# `python -m` puts the working directory (this tree's prefixstudy) before PYTHONPATH unless told not to.
+[ -n "${CODE:-}" ] && export PYTHONSAFEPATH=1
 [ -n "${STEP_TRACE:-}" ] && export PREFIXSTUDY_STEP_TRACE=${OUT:-/tmp/out}/$STEP_TRACE
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}

@@ -3,12 +3,15 @@ core step trace (``PREFIXSTUDY_STEP_TRACE``, engines.vllm_steps).
 
     python experiments/gpu/timing_check.py steps RUN_DIR [RUN_DIR ...]
     python experiments/gpu/timing_check.py trace TRACE_FILE [TRACE_FILE ...]
+    python experiments/gpu/timing_check.py split TRACE_FILE [TRACE_FILE ...]
 
 ``steps``: per mode, each step that computed prompt tokens right after a decode-only step that ran
 at least as many decode requests (the same batch or a smaller one, so the later step has at least
 as much work).  Such a step is "faster" when it took less than the decode-only step before it minus
 1 ms (noise: decode-only steps of one batch size vary by well under 1 ms on one H200).  A correct
 timer gives none, or a handful at a point where the host was interrupted.
+``split``: for each decode-only record followed by a step with prompt tokens, the engine core
+thread's time inside that record, part by part (``split_table``).
 ``trace``: per step kind (with prompt tokens or decode-only), the engine core thread's time from
 scheduling the step to ``execute_model`` returning (host-side prepare and launch), and from that
 to the update of the step before it (with async scheduling: waiting for the previous step's output).
@@ -72,9 +75,33 @@ def trace_table(path: str) -> pd.DataFrame:
                                   to_prev_update_ms_median=("prev_ms", "median")).round(2)
 
 
+def split_table(path: str) -> pd.DataFrame:
+    """Where the time of a decode-only record N goes when the next step N+1 computes prompt tokens
+    (medians over such pairs, ms): the engine core thread, in order, schedules N+1, runs N+1's
+    execute_model, launches N+1's sampling and waits for N's output, then updates from N's output."""
+    ev = pd.DataFrame(read_trace(path), columns=["event", "t", "step", "prefill", "tokens"])
+    t = ev.pivot_table(index="step", columns="event", values="t", aggfunc="first").sort_index()
+    p = ev.groupby("step")["prefill"].first().reindex(t.index)
+    prev, cur, nxt = t.shift(1), t, t.shift(-1)
+    record_start = np.maximum(prev["update_end"], cur["schedule_start"])
+    pair = (p == 0) & (p.shift(-1) > 0) & (nxt["schedule_start"] <= cur["update_start"])  # N+1 launched first
+    ms = pd.DataFrame({
+        "record_N": cur["update_end"] - record_start,
+        "before_schedule_next": nxt["schedule_start"] - record_start,
+        "schedule_next": nxt["schedule_end"] - nxt["schedule_start"],
+        "execute_model_next": nxt["executed"] - nxt["schedule_end"],
+        "sample_next_and_wait_N": cur["update_start"] - nxt["executed"],
+        "update_N": cur["update_end"] - cur["update_start"],
+        "record_next": nxt["update_end"] - cur["update_end"]})[pair] * 1e3
+    out = ms.median().round(2).to_frame("median_ms").T
+    out.insert(0, "pairs", int(pair.sum()))
+    return out
+
+
 if __name__ == "__main__":
     what, *paths = sys.argv[1:]
     pd.set_option("display.width", 160)
     for p in paths:
         print(p)
-        print((check_steps(Path(p)) if what == "steps" else trace_table(p)).to_string(index=what == "trace"))
+        table = {"steps": lambda: check_steps(Path(p)), "trace": lambda: trace_table(p), "split": lambda: split_table(p)}
+        print(table[what]().to_string(index=what == "trace"))

@@ -4,6 +4,7 @@ process wrote."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import struct
 
@@ -56,9 +57,10 @@ def size(path: str) -> int:
 
 
 def read_trace(path: str) -> list[tuple[str, float, int, int, int]]:
-    """The trace events (name, t, step number, prompt tokens, all tokens), in the order written."""
+    """The trace events (name, t, step number, prompt tokens, all tokens), in the order written
+    (a ``.gz`` path is read through gzip: a trace kept beside results)."""
     try:
-        with open(path, "rb") as f:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
         return []

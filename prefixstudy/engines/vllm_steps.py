@@ -15,7 +15,10 @@ These stamps bound one step's work only when the engine runs one step at a time
 (``EngineCore.step``: schedule, execute, wait, update).  With async scheduling vLLM's engine core
 runs ``step_with_batch_queue`` with two batches in flight: it schedules step N+1 and, in process
 (``UniProcExecutor`` runs the worker in the engine core's own thread), prepares and launches N+1's
-forward and sampling before it waits for N's output and calls ``update_from_output`` for N.  N's
+forward and sampling before it waits for N's output and calls ``update_from_output`` for N (vLLM
+0.26 ``v1/engine/core.py`` ``step_with_batch_queue``; ``v1/executor/uniproc_executor.py``
+``collective_rpc`` runs the method in line).  Executors whose workers are other processes (Ray, mp)
+do not run N+1's ``execute_model`` in this thread.  N's
 record then holds N+1's host-side scheduling and launch (long for a prefill run outside the full
 CUDA graphs), and N+1's GPU work runs under N's record, leaving N+1's own record short.  So the
 records of an async engine are labelled ``engine-async`` (``step_timing``) and are not per-step costs;

@@ -154,3 +154,11 @@ def test_a_trace_read_while_a_record_is_half_written_keeps_the_whole_ones(tmp_pa
     p.write_bytes(step_log.TRACE.pack(3, 1.5, 7, 0, 40) + step_log.TRACE.pack(4, 1.6, 7, 0, 40)[:10])
     assert step_log.read_trace(str(p)) == [("update_start", 1.5, 7, 0, 40)]
     assert step_log.read_trace(str(tmp_path / "none.bin")) == []
+
+
+def test_a_report_of_an_async_run_says_why_it_has_no_step_fit():
+    from prefixstudy.report.data import step_fit
+
+    fit, notes = step_fit({"step_fit": None, "step_timing": ["engine-async"]})
+    assert fit.empty and len(notes) == 1 and "async scheduling" in notes[0]
+    assert step_fit({"step_fit": None, "step_timing": ["engine"]})[1][0].startswith("No step-cost fit: too few")

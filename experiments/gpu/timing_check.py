@@ -12,7 +12,7 @@ as much work).  Such a step is "faster" when it took less than the decode-only s
 timer gives none, or a handful at a point where the host was interrupted.
 ``split``: for each decode-only record followed by a step with prompt tokens, the engine core
 thread's time inside that record, part by part (``split_table``).
-``trace``: per step kind (with prompt tokens or decode-only), the engine core thread's time from
+``trace``: per step kind (decode-only, prompt only, prompt and decode), the engine core thread's time from
 scheduling the step to ``execute_model`` returning (host-side prepare and launch), and from that
 to the update of the step before it (with async scheduling: waiting for the previous step's output).
 """
@@ -62,15 +62,17 @@ def check_steps(run: Path) -> pd.DataFrame:
 def trace_table(path: str) -> pd.DataFrame:
     ev = pd.DataFrame(read_trace(path), columns=["event", "t", "step", "prefill", "tokens"])
     t = ev.pivot_table(index="step", columns="event", values="t", aggfunc="first")
-    kind = ev.groupby("step")["prefill"].first().gt(0).map({True: "with prompt", False: "decode-only"})
+    g = ev.groupby("step")[["prefill", "tokens"]].first()
+    kind = pd.Series(np.where(g["prefill"] == 0, "decode-only",
+                              np.where(g["tokens"] == g["prefill"], "prompt only", "prompt and decode")), index=g.index)
     launch_ms = (t["executed"] - t["schedule_end"]) * 1e3
     # One step at a time: a step's update follows its own execution (the wait is its GPU work).
     # With the batch queue: the update of step N-1 follows the launch of step N.
     own_ms = (t["update_start"] - t["executed"]) * 1e3
     prev_ms = (t["update_start"].shift(1) - t["executed"]) * 1e3
     df = pd.DataFrame({"kind": kind, "launch_ms": launch_ms, "own_ms": own_ms, "prev_ms": prev_ms})
-    return df.groupby("kind").agg(steps=("launch_ms", "size"), launch_ms_median=("launch_ms", "median"),
-                                  launch_ms_p90=("launch_ms", lambda x: np.nanpercentile(x, 90)),
+    return df.groupby("kind").agg(steps=("launch_ms", "size"), execute_model_ms_median=("launch_ms", "median"),
+                                  execute_model_ms_p90=("launch_ms", lambda x: np.nanpercentile(x, 90)),
                                   to_own_update_ms_median=("own_ms", "median"),
                                   to_prev_update_ms_median=("prev_ms", "median")).round(2)
 

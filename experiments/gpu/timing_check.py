@@ -4,6 +4,7 @@ core step trace (``PREFIXSTUDY_STEP_TRACE``, engines.vllm_steps).
     python experiments/gpu/timing_check.py steps RUN_DIR [RUN_DIR ...]
     python experiments/gpu/timing_check.py trace TRACE_FILE [TRACE_FILE ...]
     python experiments/gpu/timing_check.py split TRACE_FILE [TRACE_FILE ...]
+    python experiments/gpu/timing_check.py gpu TRACE_FILE [TRACE_FILE ...]
 
 ``steps``: per mode, each step that computed prompt tokens right after a decode-only step that ran
 at least as many decode requests (the same batch or a smaller one, so the later step has at least
@@ -12,6 +13,8 @@ as much work).  Such a step is "faster" when it took less than the decode-only s
 timer gives none, or a handful at a point where the host was interrupted.
 ``split``: for each decode-only record followed by a step with prompt tokens, the engine core
 thread's time inside that record, part by part (``split_table``).
+``gpu``: a trace with CUDA-event spans (``STEP_TRACE_GPU``, engines.vllm_gpu_timer): per step kind the
+median GPU span and host record, and the check above on both.
 ``trace``: per step kind (decode-only, prompt only, prompt and decode), the engine core thread's time from
 scheduling the step to ``execute_model`` returning (host-side prepare and launch), and from that
 to the update of the step before it (with async scheduling: waiting for the previous step's output).
@@ -100,10 +103,30 @@ def split_table(path: str) -> pd.DataFrame:
     return out
 
 
+def gpu_table(path: str) -> pd.DataFrame:
+    """Each step's CUDA-event span against its host record, and the prefill-after-decode check on each."""
+    ev = pd.DataFrame(read_trace(path), columns=["event", "t", "step", "prefill", "tokens"])
+    t = ev.pivot_table(index="step", columns="event", values="t", aggfunc="first").sort_index()
+    g = ev.groupby("step")[["prefill", "tokens"]].first().reindex(t.index)
+    d = pd.DataFrame({"gpu_ms": t["gpu_span"] * 1e3,
+                      "record_ms": (t["update_end"] - np.maximum(t["update_end"].shift(1), t["schedule_start"])) * 1e3,
+                      "prefill": g["prefill"], "decode": g["tokens"] - g["prefill"]})
+    d["kind"] = np.where(d["prefill"] == 0, "decode-only", np.where(d["decode"] == 0, "prompt only", "prompt and decode"))
+    prev = d.shift(1)
+    pair = (prev["prefill"] == 0) & (d["prefill"] > 0) & (d["decode"] >= prev["decode"])
+    out = d.groupby("kind").agg(steps=("gpu_ms", "size"), gpu_ms_median=("gpu_ms", "median"),
+                                record_ms_median=("record_ms", "median")).round(2)
+    out["pairs"] = int(pair.sum())
+    out["faster_by_gpu_span"] = int((d["gpu_ms"] < prev["gpu_ms"] - NOISE_MS)[pair].sum())
+    out["faster_by_record"] = int((d["record_ms"] < prev["record_ms"] - NOISE_MS)[pair].sum())
+    return out
+
+
 if __name__ == "__main__":
     what, *paths = sys.argv[1:]
     pd.set_option("display.width", 160)
     for p in paths:
         print(p)
-        table = {"steps": lambda: check_steps(Path(p)), "trace": lambda: trace_table(p), "split": lambda: split_table(p)}
-        print(table[what]().to_string(index=what == "trace"))
+        table = {"steps": lambda: check_steps(Path(p)), "trace": lambda: trace_table(p), "split": lambda: split_table(p),
+                 "gpu": lambda: gpu_table(p)}
+        print(table[what]().to_string(index=what in ("trace", "gpu")))

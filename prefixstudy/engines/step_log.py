@@ -16,9 +16,13 @@ ENV = "PREFIXSTUDY_STEP_LOG"  # the file the engine core appends to
 RECORD = struct.Struct("<2d10qd")
 
 TRACE_ENV = "PREFIXSTUDY_STEP_TRACE"  # optional: the file the engine core appends trace events to
-# event, t (monotonic s), step number, prompt tokens, all tokens of that step
+# event, t (monotonic s; for "gpu_span" the step's CUDA-event span in s), step number, prompt
+# tokens, all tokens of that step
 TRACE = struct.Struct("<Bdqqq")
-TRACE_EVENTS = ("schedule_start", "schedule_end", "executed", "update_start", "update_end")
+TRACE_EVENTS = ("schedule_start", "schedule_end", "executed", "update_start", "update_end", "gpu_span")
+# Set with the trace on a GPU engine in process: the engine core's executor records CUDA events
+# around each step (engines.vllm_gpu_timer) and the trace gets each step's span on the GPU.
+GPU_SPANS_ENV = "PREFIXSTUDY_STEP_TRACE_GPU"
 
 # What a step record's span means, by the ``timing`` label its rows carry; saved in the manifest.
 TIMING_METHODS = {

@@ -268,6 +268,12 @@ class VllmEngine:
         trace = os.environ.get(step_log.TRACE_ENV)  # a diagnostic trace: one file per mode
         if trace:
             os.environ[step_log.TRACE_ENV] = f"{trace}-{self.mode}"
+            par = vllm_config.parallel_config
+            if (os.environ.get(step_log.GPU_SPANS_ENV) and par.distributed_executor_backend == "uni"
+                    and vllm_config.device_config.device_type == "cuda"):
+                from prefixstudy.engines.vllm_gpu_timer import EXECUTOR
+
+                par.distributed_executor_backend = EXECUTOR
         try:
             self.llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[_null_stat_logger()])
         finally:

@@ -43,7 +43,7 @@ import time
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from prefixstudy.engines.step_log import ENV, RECORD, TRACE, TRACE_ENV
+from prefixstudy.engines.step_log import ENV, GPU_SPANS_ENV, RECORD, TRACE, TRACE_ENV
 
 
 class _StepTiming:
@@ -60,6 +60,11 @@ class _StepTiming:
         # id(scheduler output) -> (its step number, prompt tokens, all tokens) while it is in flight
         self._trace_steps: dict[int, tuple[int, int, int]] = {}
         self._trace_n = 0
+        self._gpu_spans = None
+        if self._trace_fd is not None and os.environ.get(GPU_SPANS_ENV):
+            from prefixstudy.engines.vllm_gpu_timer import gpu_span_ms  # torch: GPU engines only
+
+            self._gpu_spans = gpu_span_ms
 
     def _trace(self, event: int, out, t: float) -> None:
         os.write(self._trace_fd, TRACE.pack(event, t, *self._trace_steps[id(out)]))
@@ -112,6 +117,10 @@ class _StepTiming:
             os.write(self._step_fd, RECORD.pack(start, end, *pending[1:]))
         if self._trace_fd is not None and id(scheduler_output) in self._trace_steps:
             self._trace(4, scheduler_output, time.monotonic())
+            if self._gpu_spans is not None:
+                ms = self._gpu_spans(id(scheduler_output))
+                if ms is not None:
+                    self._trace(5, scheduler_output, ms / 1e3)
             del self._trace_steps[id(scheduler_output)]
         return result
 

@@ -162,3 +162,48 @@ def test_a_report_of_an_async_run_says_why_it_has_no_step_fit():
     fit, notes = step_fit({"step_fit": None, "step_timing": ["engine-async"]})
     assert fit.empty and len(notes) == 1 and "async scheduling" in notes[0]
     assert step_fit({"step_fit": None, "step_timing": ["engine"]})[1][0].startswith("No step-cost fit: too few")
+
+
+class FakeEvent:
+    def __init__(self, t):
+        self.t, self.synced = t, False
+
+    def synchronize(self):
+        self.synced = True
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def test_the_trace_gets_each_steps_gpu_span_when_asked(monkeypatch, tmp_path):
+    """With PREFIXSTUDY_STEP_TRACE_GPU the scheduler takes each step's CUDA-event span (from
+    engines.vllm_gpu_timer) once its output is in, and writes it as a "gpu_span" event."""
+    from prefixstudy.engines import vllm_gpu_timer
+
+    monkeypatch.setenv(step_log.GPU_SPANS_ENV, "1")
+    spans = iter([0.004, 0.006, 0.030, 0.005, 0.005])
+
+    class SpannedWorker(Worker):
+        def execute(self, out):
+            super().execute(out)
+            vllm_gpu_timer.SPANS[id(out)] = [FakeEvent(0.0), FakeEvent(next(spans))]
+
+    monkeypatch.setattr(vllm_steps, "time", Clock())
+    monkeypatch.setenv(step_log.ENV, str(tmp_path / "steps.bin"))
+    monkeypatch.setenv(step_log.TRACE_ENV, str(tmp_path / "trace.bin"))
+    batch_queue_loop(Timed(PLAN), SpannedWorker(vllm_steps.time))
+    gpu = [(seq, round(t * 1e3, 6), p) for name, t, seq, p, _ in step_log.read_trace(str(tmp_path / "trace.bin"))
+           if name == "gpu_span"]
+    assert gpu == [(0, 4.0, 0), (1, 6.0, 0), (2, 30.0, 1214), (3, 5.0, 0), (4, 5.0, 0)]
+    assert vllm_gpu_timer.SPANS == {}
+
+
+def test_a_span_is_taken_once_and_only_for_a_step_the_executor_saw():
+    from prefixstudy.engines.vllm_gpu_timer import SPANS, gpu_span_ms
+
+    start, end = FakeEvent(1.0), FakeEvent(1.0125)
+    SPANS[7] = [start, end]
+    assert gpu_span_ms(7) == pytest.approx(12.5) and end.synced
+    assert gpu_span_ms(7) is None
+    SPANS[8] = [start, None]  # executed, never sampled
+    assert gpu_span_ms(8) is None

@@ -52,6 +52,8 @@ REQUEST_COLUMNS: dict[str, str] = {
 
 # One row per engine step, per point.  ``timing`` says where the step was timed:
 #   "engine":   inside the engine core (engines.vllm_steps): step_ms is the step's own busy time;
+#   "engine-async": the same stamps with vLLM's async scheduling on: a record holds the next
+#               step's scheduling and launch, so step_ms is not that step's cost (not fitted);
 #   "frontend": runs before that: step_ms is the gap between two StatLogger records seen by the
 #               frontend, so the first step after an idle spell carries the whole idle gap;
 #   "request":  a backend without steps (echo): one row per request, its whole span.

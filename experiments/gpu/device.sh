@@ -11,14 +11,22 @@
 #   swap CONFIG GPU0_MODE REPEATS [ARGS]
 #                        like split, for some repeats only, with GPU 0 serving GPU0_MODE (GPU 1 the
 #                        other): run it twice with the modes swapped, so no mode owns a GPU
+# CODE=DIR puts DIR's prefixstudy first on the path (a branch's code carried into an ignored folder);
+# RESULTS=DIR writes `study` runs there (default /tmp/results); STEP_TRACE=NAME writes the engine
+# core's step trace (engines.vllm_steps) to $OUT/NAME-on and $OUT/NAME-off.
 set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+export PYTHONPATH=${CODE:+$CODE:}/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+# `python -m` puts the working directory (this tree's prefixstudy) before PYTHONPATH unless told not to.
+[ -n "${CODE:-}" ] && export PYTHONSAFEPATH=1
+[ -n "${STEP_TRACE:-}" ] && export PREFIXSTUDY_STEP_TRACE=${OUT:-/tmp/out}/$STEP_TRACE
+[ -n "${STEP_TRACE_GPU:-}" ] && export PREFIXSTUDY_STEP_TRACE_GPU=1   # and each step's CUDA-event span
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}
 # SIGTERM before the device call's own limit: finished points are flushed, the run can be resumed.
 ps() { timeout -s TERM "${STUDY_TIMEOUT:-560}" python3 -m prefixstudy "$@"; }
+RESULTS=${RESULTS:-/tmp/results}
 collect() {  # the newest run (by name: run ids are timestamps), as one archive plus its summary and manifest
-  local run; run=$(ls -d /tmp/results/*/*/ 2>/dev/null | sort | tail -1)
+  local run; run=$(ls -d "$RESULTS"/*/*/ 2>/dev/null | sort | tail -1)
   [ -n "$run" ] || return 0
   local name; name=$(basename "$(dirname "$run")")
   mkdir -p "$OUT/$name"
@@ -38,7 +46,7 @@ case "$1" in
       python3 -c "import tarfile; tarfile.open('/tmp/x.tar.xz').extractall('/tmp/site')" &&
       python3 -c "import vllm, ray, torch; print('vllm', vllm.__version__, 'ray', ray.__version__, 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))" ;;
   study) shift; cfg=$1; shift
-    ps run "$cfg" --out /tmp/results --no-report --quiet "$@" 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/study.log"
+    ps run "$cfg" --out "$RESULTS" --no-report --quiet "$@" 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/study.log"
     collect ;;
   split) shift; cfg=$1; shift
     # ON on GPU 0 and OFF on GPU 1, two in-process engines in two processes (own compile caches);
@@ -69,7 +77,7 @@ case "$1" in
     for m in on off; do grep -v "INFO\|^(.*) WARNING" "/tmp/cap-$tag-$m.log" | tail -40 > "$OUT/cap-$tag-$m.log"; done
     tar -czf "$OUT/cap-$tag.tgz" -C /tmp "cap-$tag" ;;
   resume)
-    run=$(ls -d /tmp/results/*/*/ | sort | tail -1)
+    run=$(ls -d "$RESULTS"/*/*/ | sort | tail -1)
     ps run --resume "$run" --no-report --quiet 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/resume.log"
     collect ;;
   *) echo "usage: device.sh part NN | unpack | study CONFIG [ARGS] | split CONFIG [ARGS] | swap CONFIG MODE REPEATS [ARGS] | capsplit TAG CONFIG UNIT=V1,.. [ARGS] | resume" >&2; exit 2 ;;

@@ -4,6 +4,7 @@ process wrote."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import struct
 
@@ -13,6 +14,29 @@ ENV = "PREFIXSTUDY_STEP_LOG"  # the file the engine core appends to
 # start, end (monotonic s); prefill, cached, queried, decode, context, n_prefill_reqs,
 # n_decode_reqs, sampled, running, waiting; kv usage.  Order = IterationSample's fields.
 RECORD = struct.Struct("<2d10qd")
+
+TRACE_ENV = "PREFIXSTUDY_STEP_TRACE"  # optional: the file the engine core appends trace events to
+# event, t (monotonic s; for "gpu_span" the step's CUDA-event span in s), step number, prompt
+# tokens, all tokens of that step
+TRACE = struct.Struct("<Bdqqq")
+TRACE_EVENTS = ("schedule_start", "schedule_end", "executed", "update_start", "update_end", "gpu_span")
+# Set with the trace on a GPU engine in process: the engine core's executor records CUDA events
+# around each step (engines.vllm_gpu_timer) and the trace gets each step's span on the GPU.
+GPU_SPANS_ENV = "PREFIXSTUDY_STEP_TRACE_GPU"
+
+# What a step record's span means, by the ``timing`` label its rows carry; saved in the manifest.
+TIMING_METHODS = {
+    "engine": "scheduler stamps in the engine core, one step at a time (async scheduling off): from "
+              "schedule() (or the previous step's end) to update_from_output(); the span holds this "
+              "step's scheduling, launch, GPU work and output processing, and no other step's",
+    "engine-async": "scheduler stamps in the engine core with async scheduling on: a record runs from the "
+                    "previous record's end to update_from_output(), and holds the next step's scheduling "
+                    "and launch, while part of its own GPU work runs under the record before; not a "
+                    "per-step cost",
+    "frontend": "StatLogger records at the frontend: gaps between output batches, idle time included",
+    "request": "one row per request (no engine steps)",
+    "sim": "the simulator's own steps",
+}
 
 
 def read_steps(path: str, offset: int = 0) -> tuple[list[IterationSample], int]:
@@ -34,3 +58,15 @@ def size(path: str) -> int:
         return os.path.getsize(path)
     except FileNotFoundError:
         return 0
+
+
+def read_trace(path: str) -> list[tuple[str, float, int, int, int]]:
+    """The trace events (name, t, step number, prompt tokens, all tokens), in the order written
+    (a ``.gz`` path is read through gzip: a trace kept beside results)."""
+    try:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    n = len(data) // TRACE.size
+    return [(TRACE_EVENTS[e], t, seq, p, tot) for e, t, seq, p, tot in TRACE.iter_unpack(data[: n * TRACE.size])]

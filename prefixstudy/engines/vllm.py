@@ -57,6 +57,11 @@ class VllmEngineConfig(EngineConfigBase):
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
     kv_cache_memory_bytes: int | None = Field(None, gt=0)  # set: exactly this KV cache; gpu_memory_utilization is then ignored
     enforce_eager: bool = False
+    # Off: one engine step at a time, so a step record holds that step's work and no other's.  vLLM
+    # turns it on by default for in-process GPU engines, where it overlaps step N+1's scheduling and
+    # launch with step N's GPU work and the per-step records shift (engines.vllm_steps); true gives
+    # vLLM's default back, with records labelled "engine-async".
+    async_scheduling: bool = False
     seed: int = 0
     extra_args: dict[str, Any] = Field(default_factory=dict)
 
@@ -68,7 +73,7 @@ def engine_args(model: str, e: VllmEngineConfig, mode: str) -> dict:
         tensor_parallel_size=e.tensor_parallel_size, max_num_batched_tokens=e.max_num_batched_tokens,
         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
         gpu_memory_utilization=e.gpu_memory_utilization, enforce_eager=e.enforce_eager, seed=e.seed,
-        enable_prefix_caching=caching(e, mode),
+        enable_prefix_caching=caching(e, mode), async_scheduling=e.async_scheduling,
         disable_log_stats=False,  # RequestOutput.metrics and the StatLogger need stats on
     )
     if e.block_size is not None:
@@ -170,11 +175,15 @@ def step_scheduler_cls(async_scheduling: bool) -> str:
     return f"prefixstudy.engines.vllm_steps.{name}"
 
 
+def step_timing_label(async_scheduling: bool) -> str:
+    """The ``timing`` of this engine's step rows (step_log.TIMING_METHODS says what each means)."""
+    return "engine-async" if async_scheduling else "engine"
+
+
 class VllmEngine:
     """start → (reset / iterations / generate)* → shutdown, for one mode."""
 
     kind = "vllm"
-    step_timing = "engine"  # iteration rows are engine steps, timed inside the engine core
 
     def __init__(self, model: str, engine: VllmEngineConfig, mode: str, *, ray_workers: bool = False):
         self.model, self.config, self.mode = model, engine, mode
@@ -182,6 +191,8 @@ class VllmEngine:
         self.extra = ({"distributed_executor_backend": "ray"}
                       if ray_workers and "distributed_executor_backend" not in engine.extra_args else {})
         self.llm = None
+        # Iteration rows are engine steps, timed inside the engine core; start() reads what vLLM chose.
+        self.step_timing = step_timing_label(engine.async_scheduling)
         self.block_size = 0
         self.num_blocks = 0
         self.startup_s = float("nan")
@@ -250,14 +261,26 @@ class VllmEngine:
         vllm_config = AsyncEngineArgs(**kwargs).create_engine_config()
         sched = vllm_config.scheduler_config
         sched.scheduler_cls = step_scheduler_cls(bool(sched.async_scheduling))
+        self.step_timing = step_timing_label(bool(sched.async_scheduling))
         fd, self.step_log = tempfile.mkstemp(prefix=f"prefixstudy-steps-{self.mode}-", suffix=".bin")
         os.close(fd)
         # The engine core process inherits the environment as it starts, inside from_vllm_config.
         os.environ[step_log.ENV] = self.step_log
+        trace = os.environ.get(step_log.TRACE_ENV)  # a diagnostic trace: one file per mode
+        if trace:
+            os.environ[step_log.TRACE_ENV] = f"{trace}-{self.mode}"
+            par = vllm_config.parallel_config
+            if (os.environ.get(step_log.GPU_SPANS_ENV) and par.distributed_executor_backend == "uni"
+                    and vllm_config.device_config.device_type == "cuda"):
+                from prefixstudy.engines.vllm_gpu_timer import EXECUTOR
+
+                par.distributed_executor_backend = EXECUTOR
         try:
             self.llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[_null_stat_logger()])
         finally:
             os.environ.pop(step_log.ENV, None)
+            if trace:
+                os.environ[step_log.TRACE_ENV] = trace
         self.block_size = int(self.llm.vllm_config.cache_config.block_size)
         # The engine core reports the blocks it allocated back into the client's config.
         self.num_blocks = int(self.llm.vllm_config.cache_config.num_gpu_blocks or 0)

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Engine arguments whose vLLM default is True: False must be said as --no-<flag>.  Other booleans
 # are store_true flags in vLLM's parser (--no-disable-log-stats does not exist), so False is left out.
-DEFAULT_TRUE = {"enable_prefix_caching"}
+DEFAULT_TRUE = {"enable_prefix_caching", "async_scheduling"}  # async: vLLM's default on GPUs
 # Not engine flags of the server: the in-process path needs them, the server sets its own.
 IN_PROCESS_ONLY = {"disable_log_stats"}
 

@@ -153,6 +153,10 @@ def step_fit(manifest: dict) -> tuple[pd.DataFrame, list[str]]:
     is poor or undetermined."""
     f = manifest.get("step_fit")
     timing = manifest.get("step_timing") or []
+    if not f and "engine-async" in timing:
+        return pd.DataFrame(), ["No step-cost fit: this run's engine ran with async scheduling, which overlaps "
+                                "each step's launch with the previous step's GPU work, so its step records "
+                                "are not per-step costs (engine.async_scheduling: false times them)."]
     if not f:
         return pd.DataFrame(), ["No step-cost fit: too few engine steps (or a backend without steps); "
                                 "no engine-level prefill share."]

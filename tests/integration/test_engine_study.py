@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 import prefixstudy
+from prefixstudy.engines.step_log import TIMING_METHODS
 from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS, SUMMARY_COLUMNS
 
 pytestmark = pytest.mark.engine
@@ -84,6 +85,9 @@ def test_engine_steps_are_timed_inside_the_engine(tiny_study):
         assert by.loc[("on", rate)].tolist() == [8 * 62, 8 * 1152, 8 * 31]
         assert by.loc[("off", rate)].tolist() == [8 * 1214, 0, 8 * 31]
     assert res.manifest["step_timing"] == ["engine"] and res.manifest["step_fit"]["n"] == len(it)
+    # One step at a time (async scheduling off), and the manifest says how the steps were timed.
+    assert res.config["engine"]["async_scheduling"] is False
+    assert res.manifest["step_timing_methods"] == {"engine": TIMING_METHODS["engine"]}
     s = res.summary
     assert (s["step_timing"] == "engine").all() and s["engine_prefill_share"].notna().all()
     assert (pd.read_csv(tiny_study / "headline.csv")["n_repeats"] == 1).all()

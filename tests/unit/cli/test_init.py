@@ -69,8 +69,8 @@ def test_run_by_name_from_anywhere(tmp_path):
     assert r.stdout.startswith("ok: study default, 30 dataset rows, modes on,off, rates 1,2,4,8 req/s, executor ")
     r = cli(tmp_path, "run", "h200-tp1", "--dry-run")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("ok: study h200-tp1, 960 dataset rows, modes on,off, rates 1,4,8,12,16,20,24,28,32,48,64 "
-                               "req/s x 3 repeats")
+    assert r.stdout.startswith("ok: study h200-tp1, 720 dataset rows, modes on,off, rates 1,8,16,20,24,32,48 "
+                               "req/s x 2 repeats")
 
 
 def test_run_unknown_name_is_one_line(tmp_path):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import signal
+import threading
 import time
 import traceback
 from dataclasses import asdict, replace
@@ -295,6 +297,8 @@ class ModeSession:
             p.scheduled_s[i] = ptr.token_times[-1] + row.think_time_s - p.t0
             await _sleep_until(p.t0 + p.scheduled_s[i])
         except asyncio.CancelledError:
+            if stop_requested():
+                raise
             return RequestTrace(float("nan"), error="unfinished: cancelled at max_point_duration_s")
         p.prompts[i] = p.prompts[p.parents[i]] + ptr.output_token_ids + row.prompt_token_ids
         return await self._one(replace(row, prompt_token_ids=p.prompts[i]), p.ids[i], time.monotonic(), i)
@@ -305,6 +309,8 @@ class ModeSession:
         try:
             await slots.acquire()
         except asyncio.CancelledError:
+            if stop_requested():
+                raise
             return RequestTrace(float("nan"), error="unfinished: no free slot (max_concurrency) before max_point_duration_s")
         try:
             return await self._one(row, rid, time.monotonic(), index)
@@ -319,6 +325,8 @@ class ModeSession:
         except asyncio.TimeoutError:
             tr.error = f"unfinished: request_timeout_s ({self.cfg.sweep.request_timeout_s:g} s) passed"
         except asyncio.CancelledError:
+            if stop_requested():  # Ctrl-C / SIGTERM: the run stops, this is no point's deadline
+                raise
             tr.error = "unfinished: cancelled at max_point_duration_s"
         except Exception as e:
             tr.error = f"{type(e).__name__}: {e}".strip()[:500]
@@ -371,6 +379,84 @@ def itl_summary(gaps: list[np.ndarray], percentiles) -> dict[str, float | None]:
     out = {"median": float(np.median(v)), "std": float(v.std())}
     out.update({f"p{int(q) if int(q) == q else q}": float(np.percentile(v, q)) for q in percentiles})
     return out
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered like Ctrl-C so the same cleanup runs (engines down, points flushed)."""
+
+    signum = signal.SIGTERM
+
+
+# The signal that asked this process to stop, while ``run_until_signal`` runs a loop (None: none).
+# The runner's own cancellations (a point's deadline) leave it None, so a request cancelled by one
+# becomes an "unfinished" row, while one cancelled by a signal lets the cancellation through.
+_stop: dict[str, int | None] = {"signum": None}
+RECANCEL_S = 0.5  # how often a stop is repeated while the main task has not ended
+
+
+def stop_requested() -> bool:
+    return _stop["signum"] is not None
+
+
+def run_until_signal(main):
+    """``asyncio.run(main)``, with SIGINT and SIGTERM taken by the loop (``add_signal_handler``):
+    the first one cancels the main task, again every RECANCEL_S until it ends (a library that
+    swallows one cancellation cannot keep the run going), and the run then raises
+    KeyboardInterrupt (SIGINT) or ``Terminated`` (SIGTERM).  A handler that raised from inside
+    the loop's select call instead could leave the loop half-stopped and the sweep running on.
+    Off the main thread (a Ray actor's, a notebook's helper) signals are not the loop's to take."""
+    if threading.current_thread() is not threading.main_thread():
+        return asyncio.run(main)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(main)
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in sigs}
+    _stop["signum"] = None
+
+    def again() -> None:
+        if not task.done():
+            task.cancel()
+            loop.call_later(RECANCEL_S, again)
+
+    def on_signal(signum: int) -> None:
+        first = _stop["signum"] is None
+        _stop["signum"] = _stop["signum"] or signum
+        if first:
+            again()
+
+    try:
+        for s in sigs:
+            loop.add_signal_handler(s, on_signal, s)
+        try:
+            result = loop.run_until_complete(task)
+        except BaseException:
+            if not stop_requested():
+                raise
+            result = None  # whatever the cancellation left behind, the signal is the reason to report
+        if stop_requested():
+            raise (Terminated() if _stop["signum"] == signal.SIGTERM else KeyboardInterrupt()) from None
+        return result
+    finally:
+        try:
+            _cancel_rest(loop)
+        finally:
+            for s in sigs:
+                loop.remove_signal_handler(s)
+                signal.signal(s, previous[s])  # remove_signal_handler would leave SIG_DFL
+            loop.close()
+            _stop["signum"] = None
+
+
+def _cancel_rest(loop: asyncio.AbstractEventLoop) -> None:
+    """What asyncio.run does at its end: cancel the tasks still open, let them finish, close the
+    async generators."""
+    rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in rest:
+        t.cancel()
+    if rest:
+        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())
 
 
 async def _optional_hook(engine, name: str):

@@ -21,16 +21,11 @@ from prefixstudy.results import find_run_dir, load
 from prefixstudy.results.provenance import base_manifest, device_name, now
 from prefixstudy.results.store import CONFIG, ENGINE_LOG, atomic_write_text
 from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
+from prefixstudy.runner import Terminated
 from prefixstudy.schema import PointResult, point_key
 from prefixstudy.workloads import DatasetRow, describe, load_rows
 
 log = logging.getLogger(__name__)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, delivered like Ctrl-C so the same cleanup runs (engines down, points flushed)."""
-
-    signum = signal.SIGTERM
 
 
 def check_plan(cfg: StudyConfig) -> None:
@@ -174,34 +169,41 @@ def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
 
 
 def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path:
-    """Run the pending points; whatever happens, the manifest ends with the run's status."""
+    """Run the pending points; whatever happens, the manifest ends with the run's status.  A
+    signal during the final summary (the step fit) stops it too: the run is then `interrupted`."""
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     status = "failed"
     try:
-        for sub in study.pending_configs():
-            executor.run(sub, rows, study, progress=progress)
-        ok = all(p.get("status") == "ok" for p in study.writer.points)
-        status = "complete" if ok else "complete_with_failures"
+        try:
+            for sub in study.pending_configs():
+                executor.run(sub, rows, study, progress=progress)
+            ok = all(p.get("status") == "ok" for p in study.writer.points)
+            status = "complete" if ok else "complete_with_failures"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        except Exception as e:  # the reason stays with the run, not only on a console that may be gone
+            log = getattr(e, "log", "")
+            if log:  # an engine's own output (a Ray actor's, a server's): kept, and named in the one line
+                path = study.run_dir / ENGINE_LOG
+                atomic_write_text(path, log)
+                study.writer.manifest["error_log"] = ENGINE_LOG
+                e.args = (f"{e}; its log: {path}",)
+            study.writer.manifest["error"] = first_line(e, limit=1000)
+            raise
+        finally:
+            if status != "interrupted":  # Ctrl-C means now: `prefixstudy report` finishes the run later
+                try:
+                    study.writer.finish()
+                except KeyboardInterrupt:
+                    status = "interrupted"
+                    raise
     except KeyboardInterrupt as e:
-        status = "interrupted"
         e.run_dir = study.run_dir
         raise
-    except Exception as e:  # the reason stays with the run, not only on a console that may be gone
-        log = getattr(e, "log", "")
-        if log:  # an engine's own output (a Ray actor's, a server's): kept, and named in the one line
-            path = study.run_dir / ENGINE_LOG
-            atomic_write_text(path, log)
-            study.writer.manifest["error_log"] = ENGINE_LOG
-            e.args = (f"{e}; its log: {path}",)
-        study.writer.manifest["error"] = first_line(e, limit=1000)
-        raise
     finally:
-        try:
-            if status != "interrupted":  # Ctrl-C means now: `prefixstudy report` finishes the run later
-                study.writer.finish()
-        finally:
-            study.writer.save_manifest(status=status)
+        study.writer.save_manifest(status=status)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return study.run_dir

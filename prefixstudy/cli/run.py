@@ -144,15 +144,11 @@ def _run_fleets(cfg, report: bool, progress: bool, resume: Path | None = None) -
     """replicas > 1: one run folder per routing policy under one parent (routing_sweep), each with
     its report, then routing.md comparing them.  ``resume``: such a parent, gone on with."""
     from prefixstudy.routing_sweep import routing_report, run_routing_sweep
-    from prefixstudy.study import Terminated
 
     try:
         parent = run_routing_sweep(cfg, progress=progress, resume=resume)
     except KeyboardInterrupt as e:
-        where = getattr(e, "run_dir", "<run dir>")
-        click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}",
-                   err=True)
-        sys.exit(143 if isinstance(e, Terminated) else 130)
+        _interrupted(e)
     runs = sorted(d for d in parent.iterdir() if d.name.startswith("policy-") and (d / "manifest.json").is_file())
     manifests = {d: _manifest(d) for d in runs}  # building a report leaves them as they are
     if report:
@@ -218,7 +214,7 @@ def _console(verbose: bool) -> None:
 
 def _run(cfg, resume: Path | None, config: Path | None, progress: bool) -> Path:
     """run_study, with its two ways of stopping early turned into exit codes (1, 130 / 143)."""
-    from prefixstudy.study import StudyFailed, Terminated, run_study
+    from prefixstudy.study import StudyFailed, run_study
 
     try:
         if resume is not None:
@@ -228,10 +224,17 @@ def _run(cfg, resume: Path | None, config: Path | None, progress: bool) -> Path:
         click.echo(f"error: {e}; finished points are saved", err=True)
         sys.exit(1)
     except KeyboardInterrupt as e:
-        where = getattr(e, "run_dir", "<run dir>")
-        click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}",
-                   err=True)
-        sys.exit(143 if isinstance(e, Terminated) else 130)
+        _interrupted(e)
+
+
+def _interrupted(e: KeyboardInterrupt) -> None:
+    """Ctrl-C (exit 130) or SIGTERM (143): where the saved points are, or that there are none yet."""
+    from prefixstudy.study import Terminated
+
+    where = getattr(e, "run_dir", None)
+    click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}"
+               if where is not None else "interrupted before any results were written", err=True)
+    sys.exit(143 if isinstance(e, Terminated) else 130)
 
 
 def _manifest(run_dir: Path) -> dict:

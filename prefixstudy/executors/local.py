@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from prefixstudy.executors import StudySink, point_line, repeat_tag, total_requests
-from prefixstudy.runner import ModeSession
+from prefixstudy.runner import ModeSession, run_until_signal
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
@@ -18,7 +17,7 @@ class LocalExecutor:
     name = "local"
 
     def run(self, cfg: "StudyConfig", rows, sink: StudySink, progress: bool = True) -> None:
-        asyncio.run(self._run(cfg, rows, sink, progress))
+        run_until_signal(self._run(cfg, rows, sink, progress))
 
     async def _run(self, cfg, rows, sink: StudySink, progress: bool) -> None:
         bar = tqdm(total=total_requests(cfg), unit="req", disable=not progress, dynamic_ncols=True)

@@ -31,7 +31,7 @@ from prefixstudy.executors.own_log import OwnLog
 from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, plan_parallel,
                                             summarize_actor_error)
 from prefixstudy.results.provenance import gpu_name_via_nvml
-from prefixstudy.runner import ModeSession
+from prefixstudy.runner import ModeSession, run_until_signal
 from prefixstudy.schema import PointResult
 
 log = logging.getLogger(__name__)
@@ -337,7 +337,7 @@ class RayExecutor:
         self.pgs: list = []
         owned = connect(cfg.ray.address, cfg.ray.num_cpus)
         try:
-            asyncio.run(self._run(rows, progress))
+            run_until_signal(self._run(rows, progress))
         finally:
             # Also on Ctrl-C / SIGTERM, when the event loop is gone: nothing of ours stays on the cluster.
             for a in self.actors:

@@ -20,7 +20,7 @@ from prefixstudy.executors import pick_executor
 from prefixstudy.results import find_run_dir, load
 from prefixstudy.results.provenance import base_manifest, device_name, now
 from prefixstudy.results.store import CONFIG, ENGINE_LOG, atomic_write_text
-from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
+from prefixstudy.results.writer import ResultsWriter, RunLock, new_run_dir, preflight_out
 from prefixstudy.runner import Terminated
 from prefixstudy.schema import PointResult, point_key
 from prefixstudy.workloads import DatasetRow, describe, load_rows
@@ -124,35 +124,42 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
     """Run every mode x rate of ``cfg`` (or, with ``resume``, the missing and failed points of a
     recorded run) and write the results; returns the run folder."""
     old = None
-    if resume is not None:
-        run_dir = find_run_dir(resume)
-        cfg, rows, old = resume_state(run_dir, resume_config)
-        if cfg.engine.kind == "sim":
-            raise UserError(f"{run_dir}: a simulated run is not resumed; run it again (it takes seconds to minutes)")
-    elif cfg.engine.kind == "sim":
-        return _simulate(cfg, run_dir)
-    else:
-        rows = load_rows(cfg)
+    lock = None
+    try:
+        if resume is not None:
+            run_dir = find_run_dir(resume)
+            lock = RunLock(run_dir).acquire()  # refused while the run is still going
+            cfg, rows, old = resume_state(run_dir, resume_config)
+            if cfg.engine.kind == "sim":
+                raise UserError(f"{run_dir}: a simulated run is not resumed; run it again (it takes seconds to minutes)")
+        elif cfg.engine.kind == "sim":
+            return _simulate(cfg, run_dir)
+        else:
+            rows = load_rows(cfg)
+        check_plan(cfg)
+        check_device(cfg)
+        check_engine_config(cfg)  # every input check comes before the results folder is made
         run_dir = run_dir or new_run_dir(cfg)
-    check_plan(cfg)
-    check_device(cfg)
-    check_engine_config(cfg)  # every input check comes before the results folder is made
-    preflight_out(run_dir)
-    executor = pick_executor(cfg)
-    if old is None:
-        manifest = base_manifest(cfg.study, cfg.engine.kind, engine_class(cfg.engine.kind).versions(),
-                                 describe(rows), executor.name)
-    else:
-        manifest = old.manifest
-        manifest.pop("error", None)  # why it stopped before; this attempt records its own
-        manifest.pop("error_log", None)
-        manifest.setdefault("resumed_at", []).append(now())
-    writer = ResultsWriter(run_dir, cfg, manifest)
-    if old is not None:
-        writer.keep(manifest.get("points", []), old.summary)
-    writer.start()
-    study = Study(cfg, writer)
-    return _run(study, executor, rows, progress)
+        preflight_out(run_dir)
+        lock = lock or RunLock(run_dir).acquire()
+        executor = pick_executor(cfg)
+        if old is None:
+            manifest = base_manifest(cfg.study, cfg.engine.kind, engine_class(cfg.engine.kind).versions(),
+                                     describe(rows), executor.name)
+        else:
+            manifest = old.manifest
+            manifest.pop("error", None)  # why it stopped before; this attempt records its own
+            manifest.pop("error_log", None)
+            manifest.setdefault("resumed_at", []).append(now())
+        writer = ResultsWriter(run_dir, cfg, manifest)
+        if old is not None:
+            writer.keep(manifest.get("points", []), old.summary)
+        writer.start()
+        study = Study(cfg, writer)
+        return _run(study, executor, rows, progress)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:

@@ -9,6 +9,7 @@ Layout of one run, ``<out>/<study>/<run-id>/``::
     iterations.parquet/  schema.ITERATION_COLUMNS: one part per point
     summary.csv          schema.SUMMARY_COLUMNS, one row per mode x rate x repeat
     headline.csv         metrics.headline: one row per rate, over repeats, with intervals
+    run.lock             only while a run writes the folder: the writer's pid
 
 The parquet folders are parquet datasets: ``pandas.read_parquet("requests.parquet")`` reads all
 parts as one table.  Each point is written once, as its own part, so a long sweep costs no more
@@ -35,6 +36,7 @@ REQUESTS = "requests.parquet"
 ITERATIONS = "iterations.parquet"
 SUMMARY = "summary.csv"
 HEADLINE = "headline.csv"
+LOCK = "run.lock"  # while a run writes the folder: its pid, under flock (writer.RunLock)
 ENGINE_LOG = "engine-start.log"  # an engine's own output when it did not start (a Ray actor's files, a server's log)
 
 

@@ -4,7 +4,11 @@ Earlier points are never rewritten, so a killed run keeps every finished point a
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
+import itertools
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,7 +19,7 @@ from prefixstudy.errors import UserError
 from prefixstudy.metrics.summary import summarize_point
 from prefixstudy.results.provenance import now
 from prefixstudy.results.finish import finish_run
-from prefixstudy.results.store import (CONFIG, MANIFEST, SUMMARY, atomic_write_csv, atomic_write_text,
+from prefixstudy.results.store import (CONFIG, LOCK, MANIFEST, SUMMARY, atomic_write_csv, atomic_write_text,
                                        drop_other_parts, write_json, write_point_parts)
 from prefixstudy.schema import SUMMARY_COLUMNS, PointResult, point_key
 
@@ -27,14 +31,68 @@ MODE_ORDER = {"on": 0, "off": 1}
 
 
 def new_run_dir(cfg: "StudyConfig", out: Path | None = None) -> Path:
+    """A new, empty run folder, made by this call.  ``mkdir`` without exist_ok decides: of two runs
+    started in one second, one gets the stamp and the other the stamp with -2 (an exists() check
+    followed by a later mkdir gave both the same folder)."""
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(out or cfg.out) / cfg.study
-    run = base / stamp
-    i = 1
-    while run.exists():
-        i += 1
-        run = base / f"{stamp}-{i}"
-    return run
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        for i in itertools.count(1):
+            run = base / (stamp if i == 1 else f"{stamp}-{i}")
+            try:
+                run.mkdir()
+                return run
+            except FileExistsError:
+                continue
+    except OSError as e:
+        raise UserError(f"{base}: results folder is not writable ({e.strerror})") from None
+    raise AssertionError("unreachable")
+
+
+class RunLock:
+    """``run.lock`` in a run folder while a run writes it: an exclusive ``flock`` held for the
+    run's life, with the owner's pid inside for the message.  The kernel drops the lock when its
+    process dies, so a lock file left by a killed run (a dead pid) is simply taken over."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK
+        self.fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise UserError(f"{self.path.parent}: results folder is not writable ({e.strerror})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise UserError(f"{self.path.parent}: a run is still writing this folder (pid {owner}); "
+                                "wait for it to end, or stop it, then resume") from None
+            # The file may have been removed (its owner ended) between open and flock: lock the one
+            # that is there.
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        os.close(self.fd)  # closing drops the flock
+        self.fd = None
 
 
 def preflight_out(run_dir: Path) -> None:

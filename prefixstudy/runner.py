@@ -180,7 +180,17 @@ class ModeSession:
         await eng.reset_prefix_cache()
         settle_heap()
         self._sent: list[_Sent] = []
-        records, warmup_s = await self._prime_and_warm_up(rate, repeat)
+        try:
+            records, warmup_s = await self._prime_and_warm_up(rate, repeat)
+        except PrimeFailed as e:  # the point cannot run; its planned requests are rows all the same
+            why = str(e)
+            ids = [self._rid("m", rate, i, repeat) for i in range(n)]
+            recs = [make_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), 0.0,
+                                RequestTrace(float("nan"), error=f"not sent: {why}"), parent_index=parents[i],
+                                repeat=repeat) for i in range(n)]
+            return PointResult(self.mode, rate, typed_requests(pd.DataFrame([asdict(r) for r in recs])),
+                               typed_iterations(), {"status": "failed", "error": why, "n_sent": n,
+                                                    "started_at": started_at}, repeat)
 
         await _optional_hook(eng, "begin_point")
         eng.begin_iterations()
@@ -245,7 +255,7 @@ class ModeSession:
                     tr = await self._one(DatasetRow("prime", prefix, 1, g), self._rid("prime", rate, g, repeat),
                                          time.monotonic())
                     if tr.error:  # an engine that cannot run its prime cannot run the point
-                        raise RuntimeError(f"priming group {g}: {tr.error}")
+                        raise PrimeFailed(f"priming group {g} failed ({tr.error})")
         records: list[RequestRecord] = []
         tw = time.monotonic()
         for i, row in enumerate(self._warmup_rows(self.cfg.sweep.warmup_requests)):
@@ -334,6 +344,10 @@ class ModeSession:
         self._sent.append(_Sent(sent, index, SentRequest(row.prompt_token_ids, tr.output_token_ids or None,
                                                          max(len(tr.token_times), 1)), *_held_span(tr), tr.replica))
         return tr
+
+
+class PrimeFailed(Exception):
+    """A group's prime request failed: the point is not run."""
 
 
 class _Point:

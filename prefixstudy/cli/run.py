@@ -113,17 +113,23 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
     cfg = load_config(config, overrides) if resume is None else None  # a bad config fails before pandas loads
     if dry_run and cfg is not None:
         from prefixstudy.executors import resolve_executor
-        from prefixstudy.study import check_plan
+        from prefixstudy.study import check_installed, check_plan, device_problem
         from prefixstudy.workloads import load_rows
 
         rows = load_rows(cfg)
         check_plan(cfg)
+        check_installed(cfg)
+        cannot = device_problem(cfg) if cfg.engine.kind != "sim" else ""
+        executor_name = resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address)
         click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
                    f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s"
                    + (f" x {cfg.sweep.repeats} repeats" if cfg.sweep.repeats > 1 else "")
                    + (f", {cfg.replicas} replicas routed by {','.join(cfg.router.policies)}" if cfg.replicas > 1 else "")
-                   + f", executor {'sim (virtual time)' if cfg.engine.kind == 'sim' else resolve_executor(cfg.executor)}; "
+                   + f", executor {'sim (virtual time)' if cfg.engine.kind == 'sim' else executor_name}; "
                    "nothing run (--dry-run)")
+        if cannot:  # a GPU study checked on a laptop: fine to check, not to run (a Ray cluster's GPUs may do)
+            click.echo(f"note: it cannot run on this machine: {cannot}" + ("; a Ray cluster's GPUs would do"
+                                                                           if executor_name == "ray" else ""))
         return
     if cfg is not None and cfg.replicas > 1 or resume is not None and _is_routing_sweep(resume):
         return _run_fleets(cfg, report, progress=not quiet, resume=resume)
@@ -133,10 +139,12 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         from prefixstudy.report import build_report
 
         click.echo(f"report: {build_report(run_dir)}")
-    failed = _failed_points(run_dir)
+    failed = [p for p in _manifest(run_dir).get("points", []) if p.get("status") != "ok"]
     if failed:
-        click.echo(f"{failed} point(s) failed (see manifest.json); run them again with: "
-                   f"prefixstudy run --resume {run_dir}", err=True)
+        first = failed[0]
+        click.echo(f"error: {len(failed)} point(s) failed, the first: cache {str(first['mode']).upper()} @ "
+                   f"{float(first['rate']):g} req/s: {first.get('error') or 'see manifest.json'}; "
+                   f"run them again with: prefixstudy run --resume {run_dir}", err=True)
         sys.exit(1)
 
 
@@ -245,10 +253,6 @@ def _manifest(run_dir: Path) -> dict:
 
 def _failed_in(manifest: dict) -> int:
     return sum(p.get("status") != "ok" for p in manifest.get("points", []))
-
-
-def _failed_points(run_dir: Path) -> int:
-    return _failed_in(_manifest(run_dir))
 
 
 @click.command()

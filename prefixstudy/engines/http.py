@@ -81,6 +81,23 @@ def _first_line(text: str, limit: int = 200) -> str:
     return lines[0][:limit] if lines else ""
 
 
+class ServerReplyError(Exception):
+    """A reply that is not a completion stream; its text is the request's error, as is."""
+
+
+async def _refusal(r) -> str:
+    """The error of a reply that is not a completion stream, in one line ("" for a stream): an HTTP
+    error, a redirect, or a 200 that is not server-sent events (an HTML login page, a JSON body)."""
+    if 300 <= r.status < 400:
+        return f"HTTP {r.status}: redirected to {r.headers.get('Location', '?')}; give the server's own base URL"
+    if r.status != 200:
+        return f"HTTP {r.status}: {_first_line(await r.text())}"
+    ctype = r.headers.get("Content-Type", "")
+    if not ctype.startswith("text/event-stream"):
+        return f"not an SSE stream (Content-Type {ctype or 'none'}): {_first_line(await r.text(errors='replace'))}"
+    return ""
+
+
 class HttpEngine:
     """One mode's server, reached over HTTP.  start → (reset / point / generate)* → shutdown."""
 
@@ -247,12 +264,21 @@ class HttpEngine:
         url = f"{self.base}/v1/completions"
         try:
             # A cancelled request closes its connection, and vLLM aborts it on the disconnect.
+            # Redirects are not followed: a completion stream that moves (a login page, a proxy's
+            # loop) is not the server asked for.
             async with self.session.post(url, json=self._payload(prompt_token_ids, output_len),
-                                         headers={"X-Request-Id": request_id}) as r:
-                if r.status != 200:
-                    trace.error = f"HTTP {r.status}: {_first_line(await r.text())}"
+                                         headers={"X-Request-Id": request_id}, allow_redirects=False) as r:
+                trace.error = await _refusal(r)
+                if trace.error:
                     return trace
-                usage = await self._read_stream(r, trace)
+                try:
+                    usage = await self._read_stream(r, trace)
+                except ServerReplyError as e:
+                    trace.error = str(e)
+                    return trace
+                except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+                    trace.error = f"connection closed mid-stream after {len(trace.token_times)} of {output_len} tokens"
+                    return trace
         except aiohttp.ClientConnectorError:
             self.dead = True  # nothing listens there any more
             raise
@@ -272,9 +298,14 @@ class HttpEngine:
                 data = msg.strip().removeprefix(b"data:").strip()
                 if not data or data == b"[DONE]" or data.startswith(b":"):
                     continue
-                obj = json.loads(data)
+                try:
+                    obj = json.loads(data)
+                except ValueError:
+                    raise ServerReplyError(f"invalid JSON in the stream: {_first_line(data.decode(errors='replace'), 100)}") from None
+                if not isinstance(obj, dict):
+                    raise ServerReplyError(f"not an event object in the stream: {_first_line(data.decode(errors='replace'), 100)}")
                 if obj.get("error"):
-                    raise RuntimeError(f"server error: {_first_line(str(obj['error']))}")
+                    raise ServerReplyError(f"server error: {_first_line(str(obj['error']))}")
                 choices = obj.get("choices")
                 if choices:
                     ids = choices[0].get("token_ids")

@@ -28,9 +28,9 @@ class LocalExecutor:
                     for rate, repeat in cfg.sweep.points():
                         bar.set_description(f"cache {mode.upper()} @ {rate:g} req/s" + repeat_tag(cfg, repeat))
                         res = await session.run_point(rate, repeat)
-                        failed = res.meta.get("status") == "failed"
-                        bar.write(point_line(mode, rate, sink.point_done(res), res.meta.get("error", "") if failed else "",
-                                             repeat_tag(cfg, repeat)))
+                        row = sink.point_done(res)
+                        failed = row["status"] == "failed"
+                        bar.write(point_line(mode, rate, row, row["error"] if failed else "", repeat_tag(cfg, repeat)))
                         if failed and session.engine.is_dead():
                             bar.set_description(f"restarting engine (cache {mode.upper()})")
                             await session.restart()

@@ -153,8 +153,8 @@ class ResultsWriter:
         """A finished point that a check failed after the fact (the hit-rate policy)."""
         for p in self.points:
             if point_key(p) == key:
-                p.update(status="failed", error=error)
-        self.rows[key].update(status="failed", error=error)
+                p.update(status="failed", error=error, saturated=False)
+        self.rows[key].update(status="failed", error=error)  # its saturation (by the rules) stays in summary.csv
         self._write_summary()
         self.save_manifest()
 

@@ -7,20 +7,23 @@ through ``Study.point_done`` and what they know through ``Study.record``.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import logging
 import signal
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from prefixstudy.config import StudyConfig, flat_config, load_config
 from prefixstudy.engines import check_engine_config, engine_class
 from prefixstudy.errors import StudyFailed, UserError, first_line  # noqa: F401 (StudyFailed: importers' name)
 from prefixstudy.executors import pick_executor
-from prefixstudy.results import find_run_dir, load
+from prefixstudy.results import find_run_dir, read_summary
 from prefixstudy.results.provenance import base_manifest, device_name, now
-from prefixstudy.results.store import CONFIG, ENGINE_LOG, atomic_write_text
+from prefixstudy.results.store import CONFIG, ENGINE_LOG, MANIFEST, SUMMARY, atomic_write_text
 from prefixstudy.results.writer import ResultsWriter, RunLock, new_run_dir, preflight_out
 from prefixstudy.metrics.saturation import failed_point
 from prefixstudy.runner import Terminated
@@ -157,9 +160,31 @@ class Study:
         return out
 
 
+def read_manifest(run_dir: Path) -> dict:
+    try:
+        manifest = json.loads((run_dir / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{run_dir / MANIFEST}: unreadable manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{run_dir / MANIFEST}: not a prefixstudy manifest (not an object)")
+    return manifest
+
+
+def config_digest(cfg: StudyConfig) -> str:
+    """sha256 of the resolved config, recorded at a run's start: a resume checks config.yaml against it."""
+    return hashlib.sha256(json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
 def resume_state(run_dir: Path, cfg_path: Path | None) -> tuple[StudyConfig, list[DatasetRow], Any]:
-    """The recorded config, its dataset and the loaded results of a run to resume."""
+    """The recorded config, its dataset and what was recorded of a run to resume (its manifest and
+    summary; the parts are checked point by point, ``ResultsWriter.keep``)."""
     recorded = load_config(run_dir / CONFIG)
+    manifest = read_manifest(run_dir)
+    digest = manifest.get("config_sha256")
+    if digest is not None and digest != config_digest(recorded):
+        raise UserError(f"{run_dir / CONFIG}: changed since the run started (it no longer matches the "
+                        "manifest's config_sha256), so its points and new ones would mix two configs; "
+                        "refusing to resume: start a new run with the changed config")
     if cfg_path is not None:
         given = load_config(cfg_path)
         a, b = flat_config(recorded.model_dump(mode="json")), flat_config(given.model_dump(mode="json"))
@@ -167,7 +192,7 @@ def resume_state(run_dir: Path, cfg_path: Path | None) -> tuple[StudyConfig, lis
         if diff:
             raise UserError(f"{cfg_path}: differs from the config recorded in {run_dir} at field '{diff[0]}' "
                             f"({b.get(diff[0])!r} vs recorded {a.get(diff[0])!r}); refusing to resume")
-    return recorded, load_rows(recorded), load(run_dir)
+    return recorded, load_rows(recorded), SimpleNamespace(manifest=manifest, summary=read_summary(run_dir / SUMMARY))
 
 
 def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bool = True,
@@ -198,6 +223,7 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
         if old is None:
             manifest = base_manifest(cfg.study, cfg.engine.kind, engine_class(cfg.engine.kind).versions(),
                                      describe(rows), executor.name)
+            manifest["config_sha256"] = config_digest(cfg)
         else:
             manifest = old.manifest
             manifest.pop("error", None)  # why it stopped before; this attempt records its own

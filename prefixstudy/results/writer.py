@@ -8,6 +8,7 @@ import contextlib
 import datetime as dt
 import fcntl
 import itertools
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -19,12 +20,15 @@ from prefixstudy.errors import UserError
 from prefixstudy.metrics.summary import summarize_point
 from prefixstudy.results.provenance import now
 from prefixstudy.results.finish import finish_run
-from prefixstudy.results.store import (CONFIG, LOCK, MANIFEST, SUMMARY, atomic_write_csv, atomic_write_text,
-                                       drop_other_parts, write_json, write_point_parts)
+from prefixstudy.results.store import (CONFIG, ITERATIONS, LOCK, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv,
+                                       atomic_write_text, drop_other_parts, part_name, point_parts_problem,
+                                       write_json, write_point_parts)
 from prefixstudy.schema import SUMMARY_COLUMNS, PointResult, point_key
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
+
+log = logging.getLogger(__name__)
 
 MIN_FREE_BYTES = 200 * 2**20
 MODE_ORDER = {"on": 0, "off": 1}
@@ -119,13 +123,30 @@ class ResultsWriter:
         self.rows: dict[tuple[str, float, int], dict] = {}  # summary rows by (mode, rate, repeat)
 
     def keep(self, points: list[dict], summary: pd.DataFrame) -> None:
-        """Carry over a resumed run's finished points; failed ones are left to run again."""
-        self.points = [{"repeat": 0, **p} for p in points if p.get("status") == "ok"]
+        """Carry over a resumed run's finished points; failed ones are left to run again, as are
+        finished ones whose parts are missing or damaged (the manifest alone is not trusted).  A
+        kept point missing from summary.csv gets its row again, from its parts."""
+        ours = {point_key(p) for p in points}
+        self.points = []
+        for p in points:
+            if p.get("status") != "ok":
+                continue
+            why = point_parts_problem(self.dir, point_key(p), p.get("n_sent"))
+            if why:
+                log.warning("warning: %s: cache %s @ %g req/s runs again: %s", self.dir, str(p["mode"]).upper(),
+                            float(p["rate"]), why)
+                continue
+            self.points.append({"repeat": 0, **p})
         keys = {point_key(p) for p in self.points}
-        drop_other_parts(self.dir, keys)
+        drop_other_parts(self.dir, keys, ours)
         for r in summary.to_dict("records"):
             if point_key(r) in keys:
                 self.rows[point_key(r)] = {**r, "repeat": point_key(r)[2]}
+        for p in self.points:
+            key = point_key(p)
+            if key not in self.rows and (self.dir / REQUESTS).is_dir():
+                parts = [pd.read_parquet(self.dir / name / part_name(*key)) for name in (REQUESTS, ITERATIONS)]
+                self.rows[key] = summarize_point(parts[0], p, self.cfg.checks.hit_rate_tolerance, parts[1])
 
     def start(self) -> None:
         from prefixstudy.config import dump_config

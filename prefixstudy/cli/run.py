@@ -108,7 +108,15 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         from prefixstudy.configs import resolve_config
 
         config = resolve_config(config)
-        overrides.update(peer_overrides(config, rates, **peer))
+        flags = peer_overrides(config, rates, **peer)
+        if "engine" in flags:  # --target-on/off replace the engine section: the --set engine.* items go into it
+            for key in [k for k in overrides if k.startswith("engine.")]:
+                node = flags["engine"]
+                *path, last = key.split(".")[1:]
+                for part in path:
+                    node = node.setdefault(part, {})
+                node[last] = overrides.pop(key)
+        overrides.update(flags)
     _console(verbose)
     cfg = load_config(config, overrides) if resume is None else None  # a bad config fails before pandas loads
     if dry_run and cfg is not None:
@@ -255,7 +263,7 @@ def _failed_in(manifest: dict) -> int:
     return sum(p.get("status") != "ok" for p in manifest.get("points", []))
 
 
-@click.command()
+@click.command(short_help="Join runs made apart, or capacity sweeps.")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Results root for the merged run.")
 def merge(runs, out):

@@ -8,8 +8,8 @@ once, ``burstiness`` as vLLM writes it (the gamma shape, 1.0 for Poisson).  Only
 the latency fields, as vLLM only counts successful ones; ``failed`` counts errors only, and the
 requests a point's cap stopped (never sent, or still open) are reported apart (``unfinished``,
 ``never_sent``).  With ``detailed`` (vLLM's ``--save-detailed``) the per-request arrays
-``input_lens``, ``output_lens``, ``ttfts`` (s), ``start_times`` and ``errors`` are added (and
-vLLM 0.32's ``latencies`` and ``queue_times``).
+``input_lens``, ``output_lens``, ``ttfts`` (s), ``start_times`` and ``errors`` are added; vLLM
+0.32's ``latencies`` and ``queue_times`` are always written, as it writes them.
 ``layout="sweep"`` writes vLLM's ``bench sweep`` layout (``SERVE-enable_prefix_caching=True-
 BENCH-request_rate=4/summary.json``), which ``vllm bench sweep plot`` reads.  Differences:
 
@@ -110,7 +110,7 @@ def point_result(requests: pd.DataFrame, iterations: pd.DataFrame, *, mode: str,
         "date": bench_date(started_at if started_at is not None else manifest.get("started_at")),
         "endpoint_type": "vllm",  # for backward compatibility, as vLLM writes it
         "backend": "vllm",
-        "label": config.get("label") or f"{config.get('study', 'prefixstudy')}-{mode}",
+        "label": config.get("label"),  # vLLM's default: null (--label names a run)
         "model_id": name,
         "tokenizer_id": name,
         "num_prompts": int(len(m)),
@@ -128,6 +128,7 @@ def point_result(requests: pd.DataFrame, iterations: pd.DataFrame, *, mode: str,
         "output_throughput": _f(total_out / dur),
         "total_token_throughput": _f((total_in + total_out) / dur),
     }
+    res.update(_latency_arrays(m, ok))  # vLLM 0.32 writes these two without --save-detailed
     if detailed:
         res.update(_detailed(m, ok))
     res.update(_peaks(ok, iterations))
@@ -149,8 +150,15 @@ def _detailed(m: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
         "ttfts": [float(t) if g and math.isfinite(t) else 0.0 for t, g in zip(ttft, good)],
         "start_times": [_f(s) for s in m["sent_s"]],  # seconds since the point's start
         "errors": m["error"].fillna("").astype(str).tolist(),
-        # vLLM 0.32 adds these two: E2E (s; 0.0 for a failed request) and the wait between the
-        # scheduled arrival and the send (s; --max-concurrency slots, or the loop's lag).
+    }
+
+
+def _latency_arrays(m: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
+    """vLLM 0.32's per-request E2E (s; 0.0 for a failed request) and the wait between the scheduled
+    arrival and the send (s; --max-concurrency slots, or the loop's lag), in schedule order."""
+    m = m.sort_values("request_index")
+    good = m.index.isin(ok.index)
+    return {
         "latencies": [float(e) / 1e3 if g and math.isfinite(e) else 0.0 for e, g in zip(m["e2e_ms"], good)],
         "queue_times": [_f(q / 1e3) for q in m["dispatch_lag_ms"]],
     }

@@ -101,11 +101,15 @@ def test_poisson_export_has_burstiness_one_and_failed_counts_errors_only(tmp_pat
     sets = {**ECHO, "arrivals.process": "poisson", "out": str(tmp_path), "sweep.rates": [4.0],
             "sweep.modes": ["on"], "sweep.num_requests": 2, "sweep.warmup_requests": 0, "sweep.prime_prefixes": False,
             "sweep.max_point_duration_s": 1.0, "engine": {"kind": "echo", "block_size": 16, "decode_ms_per_token": 1e4}}
-    del sets["arrivals.burstiness"]
+    del sets["arrivals.burstiness"], sets["label"]
     res = load(run_study(load_config(None, sets), progress=False))
     [path] = export_bench(res, tmp_path / "bench")
     r = json.loads(path.read_text())
     assert r["burstiness"] == 1.0  # as vLLM writes it for Poisson arrivals
+    assert r["label"] is None  # vLLM's default without --label
+    assert (r["latencies"], r["queue_times"]) == ([0.0, 0.0], [pytest.approx(q / 1e3) for q in
+                                                              res.requests.sort_values("request_index")["dispatch_lag_ms"]])
+    assert "ttfts" not in r  # --save-detailed's
     assert (r["completed"], r["failed"], r["unfinished"], r["never_sent"]) == (0, 0, 2, 0)
 
 

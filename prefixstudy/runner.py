@@ -122,11 +122,20 @@ class ModeSession:
         self.engine.shutdown()
 
     async def restart(self) -> None:
+        """After the engine died in a point: a fresh one.  One that does not come back stops the
+        run (StudyFailed: its points so far are saved, --resume goes on), whatever the reason; a
+        server that went away is no bad input of the user's."""
         await _optional_hook(self.engine, "aclose")
         self.engine.shutdown()
         self.engine = make_engine(self.cfg, self.mode, ray_workers=self.ray_workers,
                                   replica_factory=self.replica_factory)
-        await self.engine.start()
+        try:
+            await self.engine.start()
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                self.engine.shutdown()
+            raise StudyFailed(f"cache {self.mode.upper()}: the engine died and did not come back "
+                              f"({describe_failure(e, getattr(e, 'log', ''))})", log=getattr(e, "log", "")) from e
 
     def _rid(self, kind: str, rate: float, i: int, repeat: int = 0) -> str:
         self._seq += 1  # request ids stay unique across points on one engine

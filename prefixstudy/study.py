@@ -285,7 +285,7 @@ def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path
                 except KeyboardInterrupt:
                     status = "interrupted"
                     raise
-    except KeyboardInterrupt as e:
+    except (KeyboardInterrupt, Exception) as e:  # the CLI's resume hint names the folder
         e.run_dir = study.run_dir
         raise
     finally:

@@ -237,7 +237,9 @@ def _run(cfg, resume: Path | None, config: Path | None, progress: bool) -> Path:
             return run_study(None, progress=progress, resume=resume, resume_config=config)
         return run_study(cfg, progress=progress)
     except StudyFailed as e:
-        click.echo(f"error: {e}; finished points are saved", err=True)
+        where = getattr(e, "run_dir", None)
+        click.echo(f"error: {e}; finished points are saved"
+                   + (f"; continue with: prefixstudy run --resume {where}" if where is not None else ""), err=True)
         sys.exit(1)
     except KeyboardInterrupt as e:
         _interrupted(e)

@@ -174,7 +174,9 @@ class HttpEngine:
             except Exception as e:  # not listening yet
                 last = type(e).__name__
             await asyncio.sleep(0.5)
-        raise UserError(f"field 'engine.targets.{self.mode}': {self.base} not healthy after {timeout_s:g} s ({last})")
+        hint = (f"; the base URL is the server's root, without /v1: {self.base.removesuffix('/v1')}"
+                if self.base.endswith("/v1") else "")
+        raise UserError(f"field 'engine.targets.{self.mode}': {self.base} not healthy after {timeout_s:g} s ({last}){hint}")
 
     async def _served_model(self) -> str:
         async with self.session.get(f"{self.base}/v1/models") as r:

@@ -69,7 +69,11 @@ def completions(h: BaseHTTPRequestHandler, kind: str) -> None:
         raise AssertionError(kind)
 
 
-def stub(kind: str) -> ThreadingHTTPServer:
+def stub(kind: str, die_after: int | None = None) -> ThreadingHTTPServer:
+    """``die_after``: the server stops listening once it has answered that many completions (each
+    on its own connection, so none lives on in a pooled one)."""
+    answered = []
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -98,6 +102,11 @@ def stub(kind: str) -> ThreadingHTTPServer:
                 self._json({"success": True})
             elif self.path == "/v1/completions":
                 completions(self, kind)
+                if die_after is not None:
+                    self.close_connection = True
+                    answered.append(1)
+                    if len(answered) == die_after:
+                        server.socket.close()  # nothing listens from now on
             else:
                 self.send_error(404)
 
@@ -173,6 +182,53 @@ def test_a_failed_prime_fails_its_point_and_keeps_its_planned_requests_as_rows(t
     req = pd.read_parquet(d / "requests.parquet")
     assert req["request_index"].tolist() == list(range(N)) * 2
     assert set(req["error"]) == {f"not sent: {why}"}
+
+
+def test_a_server_that_dies_mid_run_stops_it_with_the_resume_line(tmp_path):
+    server = stub("good", die_after=N // 2)  # in the first point's measured requests
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "study": "dies", "executor": "local", "out": str(tmp_path / "res"),
+        "engine": {"kind": "http", "targets": {"off": url}, "block_size": 16, "metrics_path": None,
+                   "health_timeout_s": 1},
+        "dataset": {"num_requests": N, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
+        "sweep": {"rates": [20, 40], "modes": ["off"], "num_requests": N, "warmup_requests": 0,
+                  "prime_prefixes": False}}))
+    r = subprocess.run([sys.executable, "-m", "prefixstudy", "run", cfg, "--quiet", "--no-report"], cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=180)
+    server.server_close()
+    (d,) = (tmp_path / "res" / "dies").iterdir()
+    assert r.returncode == 1, r.stderr  # not 2: the input was fine, the server went away
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    line = lines[0]
+    assert line.startswith("error: cache OFF: the engine died and did not come back (")
+    assert f"not healthy after 1 s" in line
+    assert line.endswith(f"; finished points are saved; continue with: prefixstudy run --resume {d}")
+    m = json.loads((d / "manifest.json").read_text())
+    assert m["status"] == "failed"
+    assert [(p["rate"], p["status"], p["error"]) for p in m["points"]] == [(20.0, "failed", "engine died during the point")]
+
+
+def test_a_base_url_ending_in_v1_is_named_with_the_fix(tmp_path):
+    server = stub("good")
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "study": "v1", "executor": "local", "out": str(tmp_path / "res"),
+        "engine": {"kind": "http", "targets": {"off": f"{url}/v1"}, "block_size": 16, "health_timeout_s": 1},
+        "dataset": {"num_requests": N, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
+        "sweep": {"rates": [20], "modes": ["off"], "num_requests": N, "warmup_requests": 0}}))
+    try:
+        r = subprocess.run([sys.executable, "-m", "prefixstudy", "run", cfg, "--quiet", "--no-report"], cwd=REPO,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=180)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode != 0 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert (f"{url}/v1 not healthy after 1 s (HTTP 404); the base URL is the server's root, without /v1: {url}"
+            in r.stderr), r.stderr
 
 
 def test_the_report_renders_a_study_whose_points_all_failed(tmp_path):

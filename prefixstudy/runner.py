@@ -258,18 +258,22 @@ class ModeSession:
     async def _prime_and_warm_up(self, rate: float, repeat: int) -> tuple[list[RequestRecord], float]:
         """Each group's prefix once (so ON's first measured request can hit), then the warm-ups,
         recorded apart.  Returns their records and the warm-up seconds."""
+        # Their own deadline, as long as the point's: a stalling server cannot hold a point in its
+        # primes and warm-ups for their number x request_timeout_s.
+        deadline = time.monotonic() + self.cfg.sweep.max_point_duration_s
         if self.cfg.sweep.prime_prefixes:
             for g, prefix in sorted(self.prefixes.items()):
                 if prefix:
                     tr = await self._one(DatasetRow("prime", prefix, 1, g), self._rid("prime", rate, g, repeat),
-                                         time.monotonic())
+                                         time.monotonic(), deadline=deadline)
                     if tr.error:  # an engine that cannot run its prime cannot run the point
                         raise PrimeFailed(f"priming group {g} failed ({tr.error})")
         records: list[RequestRecord] = []
         tw = time.monotonic()
         for i, row in enumerate(self._warmup_rows(self.cfg.sweep.warmup_requests)):
             rid = self._rid("warmup", rate, i, repeat)
-            tr = await self._one(row, rid, time.monotonic())
+            tr = await self._one(row, rid, time.monotonic(), deadline=deadline) if time.monotonic() < deadline else \
+                RequestTrace(float("nan"), error=f"unfinished: not sent, {WARMUP_LATE}")
             records.append(make_record(self.mode, rate, i, rid, row, True, float("nan"), tw, tr, repeat=repeat))
         return records, time.monotonic() - tw
 
@@ -336,13 +340,20 @@ class ModeSession:
         finally:
             slots.release()
 
-    async def _one(self, row: DatasetRow, rid: str, sent: float, index: int = -1) -> RequestTrace:
+    async def _one(self, row: DatasetRow, rid: str, sent: float, index: int = -1,
+                   deadline: float | None = None) -> RequestTrace:
+        """One request, within request_timeout_s (and ``deadline``, a monotonic time, if given)."""
         tr = RequestTrace(sent)
+        timeout = self.cfg.sweep.request_timeout_s
+        late = deadline is not None and deadline - time.monotonic() < timeout
+        if late:
+            timeout = max(0.0, deadline - time.monotonic())
         try:
             await asyncio.wait_for(self.engine.generate(row.prompt_token_ids, row.output_len, rid, tr),
-                                   timeout=self.cfg.sweep.request_timeout_s)
+                                   timeout=timeout)
         except asyncio.TimeoutError:
-            tr.error = f"unfinished: request_timeout_s ({self.cfg.sweep.request_timeout_s:g} s) passed"
+            tr.error = f"unfinished: {WARMUP_LATE}" if late else \
+                f"unfinished: request_timeout_s ({self.cfg.sweep.request_timeout_s:g} s) passed"
         except asyncio.CancelledError:
             if stop_requested():  # Ctrl-C / SIGTERM: the run stops, this is no point's deadline
                 raise
@@ -353,6 +364,9 @@ class ModeSession:
         self._sent.append(_Sent(sent, index, SentRequest(row.prompt_token_ids, tr.output_token_ids or None,
                                                          max(len(tr.token_times), 1)), *_held_span(tr), tr.replica))
         return tr
+
+
+WARMUP_LATE = "the primes and warm-ups passed max_point_duration_s"
 
 
 class PrimeFailed(Exception):

@@ -7,6 +7,7 @@ through ``Study.point_done`` and what they know through ``Study.record``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import json
@@ -31,6 +32,8 @@ from prefixstudy.schema import PointResult, point_key
 from prefixstudy.workloads import DatasetRow, describe, load_rows
 
 log = logging.getLogger(__name__)
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def check_plan(cfg: StudyConfig) -> None:
@@ -269,6 +272,12 @@ def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path
         except KeyboardInterrupt:
             status = "interrupted"
             raise
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                raise
+            status = "failed"  # nothing more is written: the summary and fit wait for the resume
+            study.writer.manifest["error"] = f"failed: disk full ({first_line(e, limit=300)})"
+            raise StudyFailed(f"disk full ({e.strerror}: {e.filename or study.run_dir}); free space first") from None
         except Exception as e:  # the reason stays with the run, not only on a console that may be gone
             log = getattr(e, "log", "")
             if log:  # an engine's own output (a Ray actor's, a server's): kept, and named in the one line
@@ -279,7 +288,8 @@ def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path
             study.writer.manifest["error"] = first_line(e, limit=1000)
             raise
         finally:
-            if status != "interrupted":  # Ctrl-C means now: `prefixstudy report` finishes the run later
+            if status != "interrupted" and "disk full" not in study.writer.manifest.get("error", ""):
+                # Ctrl-C means now: `prefixstudy report` finishes the run later
                 try:
                     study.writer.finish()
                 except KeyboardInterrupt:
@@ -289,7 +299,7 @@ def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path
         e.run_dir = study.run_dir
         raise
     finally:
-        study.writer.save_manifest(status=status)
+        study.writer.save_manifest(status=status, in_place_if_full=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return study.run_dir

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
+import json
 import fcntl
 import itertools
 import logging
@@ -191,9 +193,20 @@ class ResultsWriter:
         finish_run(self.dir, self.manifest)
         self.save_manifest()
 
-    def save_manifest(self, status: str | None = None) -> None:
+    def save_manifest(self, status: str | None = None, in_place_if_full: bool = False) -> None:
+        """``in_place_if_full``: on a full disk, where the atomic write finds no room for its temp
+        file, overwrite the manifest in place (its blocks are there already), so it says why the
+        run stopped."""
         self.manifest["points"] = self.points
         if status:
             self.manifest["status"] = status
             self.manifest["ended_at"] = now()
-        write_json(self.dir / MANIFEST, self.manifest)
+        try:
+            write_json(self.dir / MANIFEST, self.manifest)
+        except OSError as e:
+            if not in_place_if_full or e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            with contextlib.suppress(OSError), open(self.dir / MANIFEST, "r+") as f:
+                text = json.dumps(self.manifest, indent=2, default=str) + "\n"
+                f.write(text)
+                f.truncate()

@@ -55,9 +55,18 @@ class HttpEngineConfig(EngineConfigBase):
     @field_validator("targets")
     @classmethod
     def _urls(cls, v: dict[str, str]) -> dict[str, str]:
+        from urllib.parse import urlsplit
+
         for mode, url in v.items():
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"{mode}: {url!r} is not an http:// or https:// base URL")
+            try:
+                parts = urlsplit(url)
+                parts.port  # noqa: B018 (a port that is no number raises here)
+            except ValueError:
+                raise ValueError(f"{mode}: {url!r} has no valid host and port") from None
+            if not parts.hostname:
+                raise ValueError(f"{mode}: {url!r} has no host")
         return {m: u.rstrip("/") for m, u in v.items()}
 
 

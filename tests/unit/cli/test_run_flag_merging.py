@@ -29,3 +29,10 @@ def test_goodput_takes_vllms_space_separated_form():
     from prefixstudy.cli.run_flags import _goodput
 
     assert _goodput("ttft:200 e2e:2000") == _goodput("ttft:200,e2e:2000") == {"ttft": 200.0, "e2e": 2000.0}
+
+
+def test_a_target_url_without_a_valid_port_is_one_line():
+    r = cli("run", "--dry-run", "--target-on", "http://127.0.0.1:abc", "--target-off", "http://127.0.0.1:9")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == ("error: --set engine: field 'engine.targets': Value error, on: 'http://127.0.0.1:abc' "
+                        "has no valid host and port\n")

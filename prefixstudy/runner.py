@@ -45,6 +45,8 @@ def make_record(mode: str, rate: float, index: int, request_id: str, row: Datase
     error = tr.error
     if not error and n < row.output_len:
         error = f"short output: {n} of {row.output_len} tokens"
+    elif not error and n > row.output_len:  # not the work asked for: a server that ignores max_tokens
+        error = f"long output: {n} tokens, {row.output_len} asked"
 
     def span(a: float, b: float) -> float:
         return (b - a) * 1e3 if a > 0 and b > 0 else nan

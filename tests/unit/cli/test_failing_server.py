@@ -44,6 +44,9 @@ def completions(h: BaseHTTPRequestHandler, kind: str) -> None:
     if kind == "good":  # four tokens, then usage, as vLLM streams them
         usage = json.dumps({"choices": [], "usage": {"completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 0}}})
         reply(200, "text/event-stream", _sse(token, token, token, token, usage.encode(), b"[DONE]"))
+    elif kind == "long":  # six tokens where four were asked
+        usage = json.dumps({"choices": [], "usage": {"completion_tokens": 6, "prompt_tokens_details": {"cached_tokens": 0}}})
+        reply(200, "text/event-stream", _sse(*[token] * 6, usage.encode(), b"[DONE]"))
     elif kind == "http500":
         reply(500, "text/plain", b"Internal Server Error: out of cheese\n")
     elif kind == "bad_json":
@@ -126,6 +129,7 @@ ERRORS = {
     "sse_error": "server error: {'message': 'model overloaded', 'code': 503}",
     "redirect_loop": "HTTP 302: redirected to /v1/completions; give the server's own base URL",
     "mid_stream_close": "connection closed mid-stream after 1 of 4 tokens",
+    "long": "long output: 6 tokens, 4 asked",
 }
 
 

@@ -10,22 +10,20 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from prefixstudy.engines.echo import EchoEngineConfig
-from prefixstudy.engines.http import HttpEngineConfig
-from prefixstudy.engines.sim import SimEngineConfig
+from prefixstudy.arms import BUILTIN_ARMS, ArmConfig, check_arms
+from prefixstudy.engines import config_classes
 from prefixstudy.engines.vllm import VllmEngineConfig
-from prefixstudy.engines.vllm_server import VllmServerEngineConfig
 from prefixstudy.errors import UserError, read_text
 from prefixstudy.workloads.specs import MixConfig, SessionsConfig, TraceConfig
 
 _STRICT = ConfigDict(extra="forbid")
 
 
-# One config class per backend, told apart by ``engine.kind`` (default: vllm).  A new backend adds
-# its class here.
-EngineConfig = Annotated[Union[VllmEngineConfig, EchoEngineConfig, HttpEngineConfig, VllmServerEngineConfig,
-                               SimEngineConfig], Field(discriminator="kind")]
-ENGINE_KINDS = ("vllm", "echo", "http", "vllm-server", "sim")
+# One config class per backend, told apart by ``engine.kind`` (default: vllm); the union is built
+# from the backend registry (prefixstudy.engines.BACKENDS).
+_CONFIGS = config_classes()
+EngineConfig = Annotated[Union[tuple(_CONFIGS.values())], Field(discriminator="kind")]
+ENGINE_KINDS = tuple(_CONFIGS)
 
 
 class DatasetConfig(BaseModel):
@@ -97,7 +95,12 @@ class ArrivalConfig(BaseModel):
 class SweepConfig(BaseModel):
     model_config = _STRICT
     rates: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1)
-    modes: list[Literal["on", "off"]] = Field(default_factory=lambda: ["on", "off"], min_length=1)
+    # The arms to run, by name: ``on`` / ``off`` (prefix caching on / off) and those under ``arms``.
+    # Unset: on, off and every arm of ``arms``.
+    modes: list[str] = Field(default_factory=lambda: ["on", "off"], min_length=1)
+    # The arm every other arm is compared with (headline, report, compare, export); None: off
+    # when it runs, else no comparison.
+    baseline: str | None = None
     num_requests: int = Field(40, gt=0)  # per point, at least
     min_duration_s: float = Field(0.0, ge=0)  # per point, at least this many seconds of arrivals
     warmup_requests: int = Field(2, ge=0)
@@ -142,6 +145,11 @@ class SweepConfig(BaseModel):
             if not 0 <= k < self.repeats:
                 raise ValueError(f"only_repeats: {k} is not a repeat of 0..{self.repeats - 1}")
         return self
+
+    def baseline_arm(self) -> str | None:
+        if self.baseline is not None:
+            return self.baseline
+        return "off" if "off" in self.modes else None
 
     def requests_for(self, rate: float) -> int:
         if math.isinf(rate):  # everything at once: the duration is not the schedule's to set
@@ -210,6 +218,8 @@ class StudyConfig(BaseModel):
     out: Path = Path("results")
     executor: Literal["auto", "local", "ray"] = "auto"  # auto: ray when it imports, else local
     engine: EngineConfig = Field(default_factory=VllmEngineConfig)
+    # Named overlays on ``engine`` (prefixstudy.arms), each run as its own engine on the same schedule.
+    arms: list[ArmConfig] = Field(default_factory=list)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     arrivals: ArrivalConfig = Field(default_factory=ArrivalConfig)
     sweep: SweepConfig = Field(default_factory=SweepConfig)
@@ -248,6 +258,27 @@ class StudyConfig(BaseModel):
         if isinstance(data, dict) and isinstance(data.get("engine"), dict) and "kind" not in data["engine"]:
             data = {**data, "engine": {**data["engine"], "kind": "vllm"}}
         return data
+
+    @model_validator(mode="after")
+    def _arms_run_by_default(self) -> "StudyConfig":
+        if self.arms and "modes" not in self.sweep.model_fields_set:
+            self.sweep.modes = [*BUILTIN_ARMS, *(a.name for a in self.arms)]
+        return self
+
+    def arm(self, name: str) -> ArmConfig:
+        """The arm called ``name``: one of ``arms``, or the built-in on / off."""
+        for a in self.arms:
+            if a.name == name:
+                return a
+        if name in BUILTIN_ARMS:
+            return BUILTIN_ARMS[name]
+        raise KeyError(name)
+
+    def arm_engine(self, name: str):
+        """The engine config of arm ``name``: ``engine`` with the arm's overlay, caching set."""
+        from prefixstudy.arms import arm_engine
+
+        return arm_engine(self.engine, self.arm(name))
 
     @field_validator("study")
     @classmethod
@@ -331,9 +362,11 @@ def parse_config(data: Any, source: str, overrides: dict | None = None) -> Study
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
     try:
-        return StudyConfig.model_validate(data)
+        cfg = StudyConfig.model_validate(data)
     except ValidationError as err:
         raise UserError(_fmt_error(err, source, overrides)) from None
+    check_arms(cfg, source, overrides)
+    return cfg
 
 
 def read_yaml(path: Path) -> Any:
@@ -359,6 +392,29 @@ def set_dotted(data: dict, dotted: str, value: Any) -> None:
     cur[keys[-1]] = value
 
 
+def _switch_kind(data: dict, path: Path | None, overrides: dict) -> None:
+    """``--set engine.kind=K`` over a file written for another backend: the file's engine keys that
+    K has no field for are dropped when the file is a shipped config (its engine section is the
+    package's default, not the user's), and refused in one line naming the flag when the user wrote
+    them.  Keys also given on the command line are the user's, and checked as usual."""
+    kind = overrides.get("engine.kind")
+    engine = data.get("engine")
+    if path is None or kind not in _CONFIGS or not isinstance(engine, dict) or engine.get("kind", "vllm") == kind:
+        return
+    from prefixstudy.configs import shipped_config
+
+    fields = set(_CONFIGS[kind].model_fields) - {"prefix_caching"}
+    stray = [k for k in engine if k not in fields and f"engine.{k}" not in overrides]
+    if not stray:
+        return
+    shipped = shipped_config(path.name)
+    if shipped is not None and shipped.resolve() == Path(path).resolve():
+        data["engine"] = {k: v for k, v in engine.items() if k not in stray}
+        return
+    raise UserError(f"--set engine.kind={kind}: {path} sets field 'engine.{stray[0]}', which engine.kind {kind} "
+                    f"has no field for; remove it from the file, or set engine.kind: {kind} there")
+
+
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> StudyConfig:
     """Read a YAML config (or the defaults), apply dotted overrides, validate once."""
     source = str(path) if path else "(defaults)"
@@ -367,6 +423,7 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> S
         data = {}
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
+    _switch_kind(data, path, overrides or {})
     for k, v in (overrides or {}).items():
         set_dotted(data, k, copy.deepcopy(v))  # a later dotted key must not edit the caller's dict
     cfg = parse_config(data, source, overrides)

@@ -92,6 +92,7 @@ class ModeSession:
     def __init__(self, cfg: StudyConfig, mode: str, rows: list[DatasetRow], progress=None,
                  ray_workers: bool = False, replica_factory=None, own_log=None):
         self.cfg, self.mode, self.rows = cfg, mode, rows
+        self.caching = cfg.arm(mode).prefix_caching
         self.own_log = own_log  # a Ray actor's: its engine's output, read when the start fails (executors.own_log)
         self.ray_workers = ray_workers  # the engine sits in a Ray placement group (see make_engine)
         self.replica_factory = replica_factory  # cfg.replicas > 1: where the fleet's replicas live
@@ -231,6 +232,7 @@ class ModeSession:
                 "n_sent": n, "started_at": started_at, "duration_s": duration_s, "warmup_s": warmup_s,
                 "block_size": eng.block_size, "engine_startup_s": eng.startup_s, "step_timing": timing,
                 "num_blocks": eng.num_blocks, "evicted_blocks_estimated": evicted, **server,
+                "prefix_caching": self.caching,
                 "itl_ms": itl_summary(gaps, self.cfg.percentiles)}
         req = typed_requests(pd.DataFrame([asdict(r) for r in records]))
         its = iteration_frame(self.mode, rate, samples, t0, repeat, timing)
@@ -242,7 +244,7 @@ class ModeSession:
         (LRU, ``cachesim.simulate_timed``: each request holding its blocks from when the engine
         scheduled it to its last token), replaying every request of the point (primes and warm-ups
         too); and the blocks that estimate evicted.  OFF: zeros."""
-        if self.mode != "on":
+        if not self.caching:
             return [0] * n, [0] * n, 0
         exp_i, est_i, evicted = [0] * n, [0] * n, 0
         # Each replica of a fleet has its own cache: replay what each one was sent, apart.

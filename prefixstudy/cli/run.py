@@ -44,8 +44,8 @@ def _csv_modes(ctx, param, value):
         return None
     modes = [m.strip() for m in value.split(",")]
     for m in modes:
-        if m not in ("on", "off"):
-            raise click.BadParameter(f"'{m}' is not a mode; use on, off or on,off")
+        if not m:  # a name that is no arm is refused by the config, which knows the arms
+            raise click.BadParameter(f"'{value}' has an empty arm name; use e.g. on,off or on,off,<arm>")
     return ",".join(modes)
 
 
@@ -66,7 +66,7 @@ def _parse_sets(values: tuple[str, ...]) -> dict:
 @click.argument("config", required=False, type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), help="Results root (default: the config's 'out').")
 @click.option("--rates", callback=_csv_floats, help="Comma-separated request rates, req/s (e.g. 1,4,16).")
-@click.option("--modes", callback=_csv_modes, help="Comma-separated subset of on,off.")
+@click.option("--modes", callback=_csv_modes, help="Comma-separated arms to run: on, off and the config's arms.")
 @click.option("--num-requests", type=click.IntRange(min=1), help="Measured requests per point (at least).")
 @click.option("--executor", type=click.Choice(["auto", "local", "ray"]),
               help="Where engines run (auto: ray when installed, else local).")
@@ -124,8 +124,11 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         from prefixstudy.study import check_installed, check_plan, device_problem
         from prefixstudy.workloads import load_rows
 
+        from prefixstudy.arms import check_offload_device
+
         rows = load_rows(cfg)
         check_plan(cfg)
+        check_offload_device(cfg)
         check_installed(cfg)
         cannot = device_problem(cfg) if cfg.engine.kind != "sim" else ""
         executor_name = resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address)

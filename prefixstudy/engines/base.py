@@ -6,7 +6,7 @@ The runner drives an engine through this protocol only:
 
 and never sees vLLM, HTTP or a simulator behind it.  A backend is one file in this package with a
 class implementing ``Engine`` and a pydantic config class with a ``kind`` (``EngineConfigBase``),
-named in ``prefixstudy.engines.BACKENDS`` and in the config union of ``prefixstudy.config``.
+named in ``prefixstudy.engines.BACKENDS`` (the study config's union is built from it).
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ class EngineConfigBase(BaseModel):
     max_model_len: int = Field(2048, gt=0)
     tensor_parallel_size: int = Field(1, ge=1)
     block_size: int | None = Field(None, gt=0)  # prefix-cache block, tokens; None: the backend's default
+    # Set on the engine config an arm's engine is built from (prefixstudy.arms.arm_engine); never
+    # written: a study's caching is its arms'.  None: by the mode's name (arms.caching).
+    prefix_caching: bool | None = Field(None, exclude=True)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from prefixstudy.arms import caching
 from prefixstudy.cachesim import BlockCache
 from prefixstudy.engines.base import EngineConfigBase, IterationRecorder, IterationSample, RequestTrace
 
@@ -33,6 +34,7 @@ class EchoEngine(IterationRecorder):
 
     def __init__(self, model: str, engine: EchoEngineConfig, mode: str, *, ray_workers: bool = False):
         self.config, self.mode = engine, mode
+        self.caching = caching(engine, mode)
         self.block_size = engine.block_size or 16
         self.num_blocks = engine.num_blocks or 0
         self.startup_s = 0.0
@@ -71,7 +73,7 @@ class EchoEngine(IterationRecorder):
     def cached_tokens(self, prompt: list[int], output: list[int] | None = None) -> int:
         """Look the prompt's whole blocks up, then cache the request's blocks (ON only; without an
         output, the prompt's alone)."""
-        return self.cache.run(prompt, output, 1) if self.mode == "on" else 0
+        return self.cache.run(prompt, output, 1) if self.caching else 0
 
     async def generate(self, prompt_token_ids: list[int], output_len: int, request_id: str,
                        trace: RequestTrace) -> RequestTrace:
@@ -79,7 +81,7 @@ class EchoEngine(IterationRecorder):
         trace.queued_ts = trace.scheduled_ts = time.monotonic()
         output = self.output_ids(prompt_token_ids, output_len)
         # Blocks are held while the request runs (pinned, as in vLLM), freed when it ends.
-        cached, held = self.cache.start(prompt_token_ids, output, 1) if self.mode == "on" else (0, [])
+        cached, held = self.cache.start(prompt_token_ids, output, 1) if self.caching else (0, [])
         self.running += 1
         try:
             await asyncio.sleep(e.prefill_ms_per_token * (len(prompt_token_ids) - cached) / 1e3)

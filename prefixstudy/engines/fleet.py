@@ -104,7 +104,7 @@ class LocalReplicas:
         from prefixstudy.engines import engine_class
 
         cfg = self.cfg
-        return LocalReplica(engine_class(cfg.engine.kind)(cfg.model, cfg.engine, self.mode,
+        return LocalReplica(engine_class(cfg.engine.kind)(cfg.model, cfg.arm_engine(self.mode), self.mode,
                                                           ray_workers=self.ray_workers))
 
 

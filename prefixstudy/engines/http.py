@@ -1,4 +1,4 @@
-"""Backend ``http``: any running OpenAI-compatible server, one base URL per mode.
+"""Backend ``http``: any running OpenAI-compatible server, one base URL per arm.
 
 Each request streams ``POST /v1/completions`` with the prompt as token ids, ``ignore_eos`` and
 ``max_tokens = min_tokens`` = the output length, so every mode generates exactly the dataset's
@@ -8,6 +8,13 @@ the server reports them.  The server has no per-request engine stamps over HTTP,
 prefill / decode per request are NaN; the server's own view comes from its Prometheus
 ``/metrics``, scraped before and after each point's measured requests (``engines.server_metrics``),
 into the ``server_*`` summary columns.  No step-level iterations come over HTTP.
+
+``engine.server`` names the server's API (``PROFILES``): ``vllm`` (reset through
+/reset_prefix_cache in dev mode, cached tokens with --enable-prompt-tokens-details, the vllm:
+counters) or ``sglang`` (reset through /flush_cache, which answers 400 while requests run, so it is
+asked again until idle or ``reset_timeout_s``; cached tokens with --enable-cache-report; the
+counters sglang:prompt_tokens_total and sglang:cached_tokens_total with --enable-metrics).  The
+SGLang profile follows SGLang's sources and is tested against a stub of that API only.
 
 One aiohttp session per engine: connections are pooled and kept alive, never set up per request.
 """
@@ -19,9 +26,9 @@ import json
 import logging
 import math
 import time
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from prefixstudy.engines import server_metrics
 from prefixstudy.engines.base import EngineConfigBase, IterationSample, RequestTrace
@@ -30,6 +37,25 @@ from prefixstudy.errors import UserError
 log = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's GPU default, assumed only when the server does not say
+
+
+class ServerProfile(NamedTuple):
+    """What differs between the servers the http backend measures (``engine.server``)."""
+
+    reset_path: str  # POST here resets the prefix cache
+    reset_busy_status: int | None  # the reset's answer while requests run (None: a success flag in the body)
+    block_size: int | None  # the prefix cache's unit when the server does not report it (None: DEFAULT_BLOCK_SIZE, warned)
+    cached_tokens_flag: str  # what makes it report usage.prompt_tokens_details.cached_tokens
+    reset_flag: str  # what makes it expose the reset endpoint
+
+
+# SGLang's, from its sources (not run against a real SGLang here): /flush_cache answers 400 while
+# requests run; its radix cache matches single tokens (page size 1) unless --page-size says otherwise.
+PROFILES = {
+    "vllm": ServerProfile("/reset_prefix_cache", None, None, "--enable-prompt-tokens-details",
+                          "VLLM_SERVER_DEV_MODE=1"),
+    "sglang": ServerProfile("/flush_cache", 400, 1, "--enable-cache-report", "a release with /flush_cache"),
+}
 KEEPALIVE_S = 3.0  # < VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), the server's idle-connection timeout
 
 
@@ -38,9 +64,11 @@ class HttpEngineConfig(EngineConfigBase):
     expected cached tokens); unset, it is read from vLLM's /metrics."""
 
     kind: Literal["http"] = "http"
-    targets: dict[Literal["on", "off"], str] = Field(default_factory=dict)  # mode -> base URL
+    targets: dict[str, str] = Field(default_factory=dict)  # arm (on, off, ...) -> base URL
     served_model: str | None = None  # the request's "model"; None: the first of the server's /v1/models
-    reset_path: str = "/reset_prefix_cache"  # POST here resets the prefix cache (vLLM: dev mode)
+    server: Literal["vllm", "sglang"] = "vllm"  # the server's API (PROFILES): reset, cache report, counters
+    reset_path: str | None = None  # POST here resets the prefix cache; None: the server's (PROFILES)
+    reset_timeout_s: float = Field(60.0, gt=0)  # a reset waits this long for the previous point's requests
     metrics_path: str | None = "/metrics"  # Prometheus text; None: not scraped
     health_timeout_s: float = Field(60.0, gt=0)  # wait this long at start for GET /health
 
@@ -51,6 +79,12 @@ class HttpEngineConfig(EngineConfigBase):
         if isinstance(v, dict):
             return {({True: "on", False: "off"}.get(k, k) if isinstance(k, bool) else k): u for k, u in v.items()}
         return v
+
+    @model_validator(mode="after")
+    def _profile_reset_path(self) -> "HttpEngineConfig":
+        if self.reset_path is None:
+            self.reset_path = PROFILES[self.server].reset_path
+        return self
 
     @field_validator("targets")
     @classmethod
@@ -115,6 +149,7 @@ class HttpEngine:
     def __init__(self, model: str, engine: HttpEngineConfig, mode: str, *, ray_workers: bool = False,
                  base_url: str | None = None):
         self.config, self.mode = engine, mode
+        self.profile = PROFILES[engine.server]
         self.base = (base_url or engine.targets.get(mode, "")).rstrip("/")
         self.model_name = engine.served_model
         self.block_size = engine.block_size or 0
@@ -162,7 +197,7 @@ class HttpEngine:
         text = await self._metrics_text()
         self.num_blocks = server_metrics.num_blocks(text) if text else 0
         if not self.block_size:
-            size = server_metrics.block_size(text) if text else None
+            size = (server_metrics.block_size(text) if text else None) or self.profile.block_size
             if size is None:
                 log.warning("warning: %s does not report its prefix-cache block size; expected cached tokens "
                             "assume %d (set engine.block_size)", self.base, DEFAULT_BLOCK_SIZE)
@@ -218,20 +253,27 @@ class HttpEngine:
         if not self.reset_supported:
             return
         url = f"{self.base}{self.config.reset_path}"
-        # Requests of the previous point may still be finishing; vLLM refuses ({"success": false}) until idle.
-        for _ in range(100):
+        # Requests of the previous point may still be finishing; the server refuses until idle (vLLM:
+        # {"success": false}; SGLang: HTTP 400), so ask again until the deadline.
+        deadline = time.monotonic() + self.config.reset_timeout_s
+        busy = self.profile.reset_busy_status
+        while True:
             async with await self._idempotent("post", url) as r:
                 if r.status in (404, 405):
                     self.reset_supported = False
-                    log.warning("warning: %s has no %s (vLLM: start it with VLLM_SERVER_DEV_MODE=1); the prefix "
-                                "cache is NOT reset between points, so a point can hit what an earlier one cached",
-                                self.base, self.config.reset_path)
+                    log.warning("warning: %s has no %s (start it with %s); the prefix cache is NOT reset between "
+                                "points, so a point can hit what an earlier one cached",
+                                self.base, self.config.reset_path, self.profile.reset_flag)
                     return
                 body = await r.text()
             if r.status == 200 and '"success":false' not in body.replace(" ", ""):
                 return
+            if busy is not None and r.status != busy:
+                raise RuntimeError(f"{url} answered HTTP {r.status} to a prefix-cache reset: {_first_line(body)}")
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"{url} refused to reset the prefix cache for {self.config.reset_timeout_s:g} s "
+                                   f"(requests still running?)")
             await asyncio.sleep(0.05)
-        raise RuntimeError(f"{url} refused to reset the prefix cache")
 
     # ------------------------------------------------------------------ points
     def begin_iterations(self) -> None:
@@ -244,12 +286,12 @@ class HttpEngine:
         """Scrape the counters just before the measured requests."""
         self._no_cached_field = 0
         text = await self._metrics_text()
-        self._before = server_metrics.counters(text) if text else {}
+        self._before = server_metrics.counters(text, self.config.server) if text else {}
 
     async def end_point(self) -> dict[str, Any]:
         """The point's server-side deltas and what the server could not do, for the point's metadata."""
         text = await self._metrics_text()
-        after = server_metrics.counters(text) if text else {}
+        after = server_metrics.counters(text, self.config.server) if text else {}
         deltas = server_metrics.point_deltas(self._before, after)
         # None, not NaN, where the server has no such metric: the manifest is strict JSON.
         out: dict[str, Any] = {k: (None if math.isnan(v) else v) for k, v in deltas.items()}
@@ -258,8 +300,8 @@ class HttpEngine:
         out["prefix_cache_reset"] = self.reset_supported
         if self._no_cached_field:
             log.warning("warning: %s did not report usage.prompt_tokens_details.cached_tokens for %d requests; "
-                        "their num_cached_tokens is 0 (vLLM: --enable-prompt-tokens-details)",
-                        self.base, self._no_cached_field)
+                        "their num_cached_tokens is 0 (start it with %s)",
+                        self.base, self._no_cached_field, self.profile.cached_tokens_flag)
         return out
 
     # ------------------------------------------------------------------ requests

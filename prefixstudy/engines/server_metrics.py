@@ -24,6 +24,13 @@ SERIES = {
     "decode_count": ("vllm:request_decode_time_seconds_count",),
 }
 
+# SGLang (--enable-metrics): prompt tokens received and those its radix cache served.
+SGLANG_SERIES = {
+    "queries": ("sglang:prompt_tokens_total",),
+    "hits": ("sglang:cached_tokens_total",),
+}
+SERIES_BY_SERVER = {"vllm": SERIES, "sglang": SGLANG_SERIES}
+
 _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?\s+(\S+)")
 _BLOCK = re.compile(r'[{,]block_size="(\d+)"')
 
@@ -43,11 +50,11 @@ def parse(text: str) -> dict[str, float]:
     return out
 
 
-def counters(text: str) -> dict[str, float]:
-    """The SERIES this server exports, by short name (absent ones left out)."""
+def counters(text: str, server: str = "vllm") -> dict[str, float]:
+    """The series of ``server``'s profile that it exports, by short name (absent ones left out)."""
     values = parse(text)
     out = {}
-    for short, names in SERIES.items():
+    for short, names in SERIES_BY_SERVER[server].items():
         for name in names:
             if name in values:
                 out[short] = values[name]

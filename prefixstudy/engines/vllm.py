@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from prefixstudy.arms import caching
 from prefixstudy.engines import step_log
 from prefixstudy.engines.base import EngineConfigBase, IterationSample, RequestTrace
 from prefixstudy.errors import UserError
@@ -61,13 +62,13 @@ class VllmEngineConfig(EngineConfigBase):
 
 
 def engine_args(model: str, e: VllmEngineConfig, mode: str) -> dict:
-    """The AsyncEngineArgs kwargs for one mode; the two modes differ only in prefix caching."""
+    """The AsyncEngineArgs kwargs for one arm (built-in on / off differ only in prefix caching)."""
     args = dict(
         model=model, dtype=e.dtype, load_format=e.load_format, skip_tokenizer_init=e.skip_tokenizer_init,
         tensor_parallel_size=e.tensor_parallel_size, max_num_batched_tokens=e.max_num_batched_tokens,
         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
         gpu_memory_utilization=e.gpu_memory_utilization, enforce_eager=e.enforce_eager, seed=e.seed,
-        enable_prefix_caching=(mode == "on"),
+        enable_prefix_caching=caching(e, mode),
         disable_log_stats=False,  # RequestOutput.metrics and the StatLogger need stats on
     )
     if e.block_size is not None:

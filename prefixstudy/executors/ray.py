@@ -45,7 +45,7 @@ STOP_TIMEOUT_S = 60.0
 def actor_env(cfg: StudyConfig, mode: str, use_gpu: bool) -> dict[str, str]:
     """Env vars an engine actor gets (runtime_env): what its backend asks for, and PYTHONPATH with
     this package's source folder first."""
-    env = engine_class(cfg.engine.kind).process_env(cfg.engine, mode, use_gpu)
+    env = engine_class(cfg.engine.kind).process_env(cfg.arm_engine(mode), mode, use_gpu)
     paths = [str(PACKAGE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env

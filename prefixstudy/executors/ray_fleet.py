@@ -38,7 +38,7 @@ class ReplicaActor:
 
     def __init__(self, cfg, mode: str, use_gpu: bool):
         self.own_log = OwnLog()  # before the engine prints: what it logs from here on, should its start fail
-        self.engine = engine_class(cfg.engine.kind)(cfg.model, cfg.engine, mode, ray_workers=use_gpu)
+        self.engine = engine_class(cfg.engine.kind)(cfg.model, cfg.arm_engine(mode), mode, ray_workers=use_gpu)
         self.use_gpu = use_gpu
 
     async def start(self) -> dict:

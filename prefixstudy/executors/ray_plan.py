@@ -58,22 +58,25 @@ def plan_parallel(requested: str, n_modes: int, nodes: list[dict], use_gpu: bool
         return out(False, "one mode only")
     if requested == "off":
         return out(False, "parallel off: modes run one after the other")
+    # Side by side means every arm's engine at once (they start together and run the points in step).
     if requested == "on":
-        if slots < 2:
-            raise UserError(f"--parallel on: the Ray cluster has room for one engine only ({need} each)")
-        return out(True, "parallel on: both engines run side by side")
+        if slots < n_modes:
+            room = "one engine only" if slots == 1 else f"{slots} engines, not {n_modes}"
+            raise UserError(f"--parallel on: the Ray cluster has room for {room} ({need} each)")
+        return out(True, "parallel on: both engines run side by side" if n_modes == 2 else
+                   f"parallel on: all {n_modes} engines run side by side")
     if use_gpu:
-        if slots >= 2:
-            return out(True, f"auto: the cluster fits 2 engines of {tp} GPU(s) side by side")
-        return out(False, f"auto: the cluster fits only 1 engine of {tp} GPU(s) ({gpus} GPUs); "
-                          "modes run one after the other")
+        if slots >= n_modes:
+            return out(True, f"auto: the cluster fits {n_modes} engines of {tp} GPU(s) side by side")
+        return out(False, f"auto: the cluster fits only {slots} engine{'s' * (slots != 1)} of {tp} GPU(s) "
+                          f"({gpus} GPUs); modes run one after the other")
     per = cpus_per_engine + CPU_OVERHEAD_PER_ENGINE
     roomy = sum(int(n.get("CPU", 0)) // per for n in nodes)
-    if roomy >= 2:
-        return out(True, f"auto: {cpus} CPUs fit 2 CPU engines of {cpus_per_engine} + {CPU_OVERHEAD_PER_ENGINE} "
+    if roomy >= n_modes:
+        return out(True, f"auto: {cpus} CPUs fit {n_modes} CPU engines of {cpus_per_engine} + {CPU_OVERHEAD_PER_ENGINE} "
                          "CPUs side by side")
-    return out(False, f"auto: {cpus} CPUs; 2 CPU engines side by side need 2 x ({cpus_per_engine} + "
-                      f"{CPU_OVERHEAD_PER_ENGINE}) = {2 * per} CPUs (engine cores + load generator and engine "
+    return out(False, f"auto: {cpus} CPUs; {n_modes} CPU engines side by side need {n_modes} x ({cpus_per_engine} + "
+                      f"{CPU_OVERHEAD_PER_ENGINE}) = {n_modes * per} CPUs (engine cores + load generator and engine "
                       "loop); modes run one after the other")
 
 

@@ -1,11 +1,13 @@
 """headline.csv: one row per rate, over its repeats, with intervals that hold.  The report's first
 screen is this table.
 
-* Latency per mode: mean and p90 E2E over every counted request of every repeat; the interval
-  is a hierarchical moving-block bootstrap (``metrics.bootstrap``): repeats, then blocks of
-  consecutive requests, so run-to-run spread and the correlation under load are both inside it.
+* Latency per mode: mean and p90 E2E over every counted request of every repeat.  The interval
+  (``metrics.bootstrap.over_repeats``) is Student's t over the repeats' own mean (p90) with two or
+  more repeats, so run-to-run spread is inside it; with one repeat, a moving-block bootstrap of
+  its consecutive requests.  It holds for the machine the study ran on.
 * The gain of caching, (OFF - ON) / OFF of the mean (and of p90), over the requests counted in
-  both modes, resampled *paired*: the same blocks of request indices in ON and OFF.
+  both modes, paired by request: per repeat for the t interval, the same blocks of request
+  indices in ON and OFF for the one-repeat bootstrap.
 * ``arrival_rate``: the mean over repeats of the rate each schedule actually offered; every
   figure's x axis.
 * ``*_saturated``: any repeat of that mode was saturated there (``metrics.saturation``); a gain
@@ -14,7 +16,8 @@ screen is this table.
   goes by the majority, so one repeat's transient does not move it.
 * ``*_spread_pct``: (max - min) / mean of the repeats' mean E2E, the run-to-run spread.
 * Engine prefill share and decode slowdown per mode (``metrics.engine_fit``), pooled over the
-  repeats' busy steps, resampled like requests: repeats, then blocks of steps.
+  repeats' busy steps, with intervals like latency's: t over the repeats' own values, or (one
+  repeat) blocks of steps with the coefficients refitted.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.metrics import engine_fit
-from prefixstudy.metrics.bootstrap import gain, hierarchical, interval, rate_seed
+from prefixstudy.metrics.bootstrap import gain, interval, over_repeats, rate_seed
 from prefixstudy.metrics.requests import counted, hit_rates
 
 MODES = ("on", "off")
@@ -41,20 +44,23 @@ def _latency(ok: pd.DataFrame, mode: str, seed) -> dict:
            f"{mode}_p90_e2e_ms": float(np.percentile(m["e2e_ms"], 90)) if len(m) else math.nan,
            f"{mode}_mean_ttft_ms": float(m["ttft_ms"].mean()) if len(m) else math.nan,
            f"{mode}_mean_tpot_ms": float(m["tpot_ms"].mean()) if len(m) else math.nan}
-    reps = hierarchical(_runs(m, ["e2e_ms"]), lambda r: np.array([r[:, 0].mean(), np.percentile(r[:, 0], 90)]),
-                        seed=seed)
-    reps = reps.reshape(-1, 2) if reps.size else np.full((1, 2), math.nan)
-    out[f"{mode}_mean_e2e_lo"], out[f"{mode}_mean_e2e_hi"] = interval(reps[:, 0])
-    out[f"{mode}_p90_e2e_lo"], out[f"{mode}_p90_e2e_hi"] = interval(reps[:, 1])
+    lo, hi = (np.full(2, math.nan),) * 2
+    if len(m):
+        _, lo, hi = over_repeats(_runs(m, ["e2e_ms"]),
+                                 lambda r: np.array([r[:, 0].mean(), np.percentile(r[:, 0], 90)]), seed=seed,
+                                 bounds=(0.0, math.inf))
+    out[f"{mode}_mean_e2e_lo"], out[f"{mode}_mean_e2e_hi"] = float(lo[0]), float(hi[0])
+    out[f"{mode}_p90_e2e_lo"], out[f"{mode}_p90_e2e_hi"] = float(lo[1]), float(hi[1])
     per_repeat = m.groupby("repeat")["e2e_ms"].mean()
     out[f"{mode}_spread_pct"] = (float((per_repeat.max() - per_repeat.min()) / per_repeat.mean() * 100)
                                  if len(per_repeat) > 1 else math.nan)
     return out
 
 
-def _paired_gain(ok: pd.DataFrame, seed) -> dict:
-    on = ok[ok["mode"] == "on"][["repeat", "request_index", "e2e_ms"]]
-    off = ok[ok["mode"] == "off"][["repeat", "request_index", "e2e_ms"]]
+def _paired_gain(ok: pd.DataFrame, seed, arm: str = "on", baseline: str = "off") -> dict:
+    """The gain of ``arm`` over ``baseline``, (baseline - arm) / baseline, paired by request."""
+    on = ok[ok["mode"] == arm][["repeat", "request_index", "e2e_ms"]]
+    off = ok[ok["mode"] == baseline][["repeat", "request_index", "e2e_ms"]]
     p = on.merge(off, on=["repeat", "request_index"], suffixes=("_on", "_off"))
     out = {"n_pairs": len(p)}
     if p.empty:
@@ -65,11 +71,10 @@ def _paired_gain(ok: pd.DataFrame, seed) -> dict:
         return np.array([gain(r[:, 0].mean(), r[:, 1].mean()),
                          gain(np.percentile(r[:, 0], 90), np.percentile(r[:, 1], 90))])
 
-    est = stat(p[["e2e_ms_on", "e2e_ms_off"]].to_numpy(float))
-    reps = hierarchical(_runs(p, ["e2e_ms_on", "e2e_ms_off"]), stat, seed=seed).reshape(-1, 2)
+    est, lo, hi = over_repeats(_runs(p, ["e2e_ms_on", "e2e_ms_off"]), stat, seed=seed, bounds=(-math.inf, 1.0))
     out["gain_mean_e2e"], out["gain_p90_e2e"] = float(est[0]), float(est[1])
-    out["gain_mean_e2e_lo"], out["gain_mean_e2e_hi"] = interval(reps[:, 0])
-    out["gain_p90_e2e_lo"], out["gain_p90_e2e_hi"] = interval(reps[:, 1])
+    out["gain_mean_e2e_lo"], out["gain_mean_e2e_hi"] = float(lo[0]), float(hi[0])
+    out["gain_p90_e2e_lo"], out["gain_p90_e2e_hi"] = float(lo[1]), float(hi[1])
     return out
 
 
@@ -84,6 +89,11 @@ def _engine(busy: pd.DataFrame, fit: engine_fit.StepFit | None, mode: str, seed)
         return out
     runs = [engine_fit.step_arrays(g) for _, g in b.groupby("repeat", sort=True)]
     out[keys[0]], out[keys[1]] = engine_fit.stats(np.concatenate(runs), fit.coef)
+    if len(runs) > 1:
+        _, lo, hi = over_repeats(runs, lambda a: np.array(engine_fit.stats(a, fit.coef)),
+                                 bounds=(np.array([0.0, 1.0]), np.array([1.0, math.inf])))  # share, slowdown
+        (out[f"{keys[0]}_lo"], out[f"{keys[1]}_lo"]), (out[f"{keys[0]}_hi"], out[f"{keys[1]}_hi"]) = lo, hi
+        return out
     reps = engine_fit.replicates(runs, fit, seed)
     (out[f"{keys[0]}_lo"], out[f"{keys[0]}_hi"]), (out[f"{keys[1]}_lo"], out[f"{keys[1]}_hi"]) = \
         interval(reps[:, 0]), interval(reps[:, 1])
@@ -118,11 +128,63 @@ def headline(requests: pd.DataFrame, summary: pd.DataFrame, iterations: pd.DataF
     return pd.DataFrame(rows)
 
 
+ARMS_COLUMNS = ["rate", "arm", "baseline", "n_repeats", "arrival_rate", "mean_e2e_ms", "mean_e2e_lo", "mean_e2e_hi",
+                "p90_e2e_ms", "p90_e2e_lo", "p90_e2e_hi", "baseline_mean_e2e_ms", "baseline_p90_e2e_ms",
+                "n_pairs", "gain_mean_e2e", "gain_mean_e2e_lo", "gain_mean_e2e_hi", "gain_p90_e2e",
+                "gain_p90_e2e_lo", "gain_p90_e2e_hi", "saturated", "baseline_saturated", "gain_is_bound",
+                "hit_rate", "hit_rate_expected"]
+
+
+def versus_baseline(requests: pd.DataFrame, summary: pd.DataFrame, arms: list[str], baseline: str) -> pd.DataFrame:
+    """arms.csv: one row per rate x arm other than ``baseline``: the arm's E2E with intervals (as
+    headline.csv's per mode) and its gain over the baseline, paired by request as headline.csv's ON
+    over OFF.  Every arm replayed the same schedule, so request i of any two arms saw the same
+    arrivals.  Seeded per (rate, arm's position), so adding an arm at the end moves no other row."""
+    ok = counted(requests)
+    rows = []
+    for rate in sorted(summary["rate"].unique()):
+        s, at = summary[summary["rate"] == rate], ok[ok["rate"] == rate]
+        base_sat = s[s["mode"] == baseline]["saturated"].astype(bool)
+        for i, arm in enumerate(a for a in arms if a != baseline):
+            if not (s["mode"] == arm).any():
+                continue
+            seed = np.random.SeedSequence([rate_seed(rate), 1 + i])
+            lat = _latency(at, arm, seed.spawn(1)[0])
+            b = at.loc[at["mode"] == baseline, "e2e_ms"].to_numpy(float)
+            sat = s[s["mode"] == arm]["saturated"].astype(bool)
+            g = _paired_gain(at, seed, arm, baseline)
+            m = at[at["mode"] == arm]
+            hit, hit_exp = hit_rates(m) if len(m) else (math.nan, math.nan)
+            rows.append({
+                "rate": float(rate), "arm": arm, "baseline": baseline, "n_repeats": int(s["repeat"].nunique()),
+                "arrival_rate": float(s["arrival_rate"].mean()) if "arrival_rate" in s else math.nan,
+                **{k: lat[f"{arm}_{k}"] for k in ("mean_e2e_ms", "mean_e2e_lo", "mean_e2e_hi",
+                                                   "p90_e2e_ms", "p90_e2e_lo", "p90_e2e_hi")},
+                "baseline_mean_e2e_ms": float(b.mean()) if b.size else math.nan,
+                "baseline_p90_e2e_ms": float(np.percentile(b, 90)) if b.size else math.nan, **g,
+                "saturated": bool(sat.any()), "baseline_saturated": bool(base_sat.any()),
+                "gain_is_bound": bool(sat.any() or base_sat.any()), "hit_rate": hit, "hit_rate_expected": hit_exp})
+    return pd.DataFrame(rows, columns=ARMS_COLUMNS)
+
+
+def _ran(head: pd.DataFrame, mode: str) -> pd.DataFrame:
+    """The rows of ``head`` at which ``mode`` ran (a rate only the other mode ran says nothing about
+    this one), in arrival-rate order."""
+    h = head.sort_values("arrival_rate")
+    ran = pd.Series(True, index=h.index)
+    if f"{mode}_saturated_share" in h:
+        ran &= h[f"{mode}_saturated_share"].notna()
+    if f"{mode}_mean_e2e_ms" in h:
+        ran &= h[f"{mode}_mean_e2e_ms"].notna()
+    return h[ran]
+
+
 def knee(head: pd.DataFrame, mode: str) -> tuple[float, float, float]:
     """(knee, lo, hi) in actual arrival rate: between the last rate where most repeats of ``mode``
     kept up (every lower rate too) and the next, where most saturated; the knee is their midpoint.
-    (nan, nan, nan) if the lowest rate saturated; (nan, last, nan) if none did (the knee is beyond)."""
-    h = head.sort_values("arrival_rate")
+    Rates the mode did not run are passed over.  (nan, nan, nan) if the lowest rate saturated;
+    (nan, last, nan) if none did (the knee is beyond)."""
+    h = _ran(head, mode)
     share = h[f"{mode}_saturated_share"] if f"{mode}_saturated_share" in h else h[f"{mode}_saturated"].astype(float)
     last = math.nan
     for x, s in zip(h["arrival_rate"], share):
@@ -136,8 +198,9 @@ def rate_at_threshold(head: pd.DataFrame, mode: str, threshold_ms: float, metric
     """(rate, lo, hi): the arrival rate at which ``mode``'s ``metric`` crosses ``threshold_ms``,
     linearly interpolated between the two rates around the crossing; lo/hi from the interval's
     upper/lower curve.  A rate where most repeats saturated counts as over any threshold (as for
-    the knee).  NaN where the lowest rate is already over; the highest rate (a bound) where none is."""
-    h = head.sort_values("arrival_rate")
+    the knee); rates the mode did not run are passed over.  NaN where the lowest rate is already
+    over; the highest rate (a bound) where none is."""
+    h = _ran(head, mode)
     x = h["arrival_rate"].to_numpy(float)
     share = h[f"{mode}_saturated_share"] if f"{mode}_saturated_share" in h else h[f"{mode}_saturated"].astype(float)
     sat = share.to_numpy(float) > 0.5

@@ -7,15 +7,16 @@ frames (or lines) out; ``routing_sweep`` reads and writes the files.
   ``metrics.saturation`` judges it on that replica's requests and steps.
 * ``replica_summary``: one row per policy x mode x rate x replica over its repeats: requests routed,
   counted and failed (totals over the repeats), hit rate (measured and expected, over all its
-  requests), ``busy_s`` (total over the repeats), mean E2E with a hierarchical block-bootstrap
-  interval (``mean_e2e_lo`` / ``mean_e2e_hi``, as ``policy_table``'s: repeats, then blocks of the
-  replica's consecutive requests, which share its queue) and the share of repeats in which that
+  requests), ``busy_s`` (total over the repeats), mean E2E with an interval over the
+  repeats (``mean_e2e_lo`` / ``mean_e2e_hi``, as ``policy_table``'s and headline.csv's:
+  ``metrics.bootstrap.over_repeats``, t over the repeats' means, or blocks of the replica's
+  consecutive requests, which share its queue, for one repeat) and the share of repeats in which that
   replica saturated.  ``routing_sweep`` writes it as ``replicas_summary.csv``, beside
   ``replicas.csv`` (one row per repeat): the two have different keys, so one file each.
 * ``balance``: per point, max / mean over replicas of requests routed and of busy time (1.0 is
   perfectly even; 2.0 with two replicas is one replica doing everything).
 * ``policy_table``: one row per policy x mode x rate over its repeats: hit rate, E2E / TTFT / TPOT
-  means with hierarchical block-bootstrap intervals (``metrics.bootstrap``, as headline.csv),
+  means with intervals over the repeats (``metrics.bootstrap.over_repeats``, as headline.csv),
   imbalance, the share of saturated repeats; ``knees`` per policy x mode (``metrics.headline.knee``).
 * ``verdicts``: per rate, in words, whether prefix affinity's extra hits outweigh its imbalance
   against a base policy: its mean E2E interval wholly below the base's (they do), wholly above
@@ -29,7 +30,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics.bootstrap import hierarchical, interval, rate_seed
+from prefixstudy.metrics.bootstrap import over_repeats, rate_seed
 from prefixstudy.metrics.headline import knee
 from prefixstudy.metrics.requests import counted, hit_rates, measured, with_repeat
 from prefixstudy.metrics.saturation import saturation
@@ -99,9 +100,11 @@ def balance(table: pd.DataFrame) -> pd.DataFrame:
 
 def _ci(ok: pd.DataFrame, col: str, seed) -> tuple[float, float, float]:
     runs = [g.sort_values("request_index")[[col]].to_numpy(float) for _, g in ok.groupby("repeat", sort=True)]
-    reps = hierarchical(runs, lambda r: np.nanmean(r[:, 0]), seed=seed)
-    lo, hi = interval(reps) if reps.size else (math.nan, math.nan)
-    return _mean(ok[col]), lo, hi
+    runs = [r for r in runs if np.isfinite(r).any()]
+    if not runs:
+        return _mean(ok[col]), math.nan, math.nan
+    _, lo, hi = over_repeats(runs, lambda r: np.nanmean(r[:, 0]), seed=seed, bounds=(0.0, math.inf))
+    return _mean(ok[col]), float(lo[0]), float(hi[0])
 
 
 def policy_table(runs: dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:

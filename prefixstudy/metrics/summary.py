@@ -50,9 +50,11 @@ def summarize_point(requests: pd.DataFrame, meta: dict, tolerance: float = 0.05,
     row["hit_rate_measured"], row["hit_rate_expected"] = hit_rates(requests)
     # Checked against what the engine's cache can hold (the LRU estimate); the infinite-cache bound
     # above it is reported, and a gap between the two is eviction, not a failure.
-    row["hit_rate_estimated"] = hit_rate_estimated(requests) if meta["mode"] == "on" else row["hit_rate_expected"]
+    # An arm's caching is in its point's record; points recorded before arms are on / off by name.
+    cached = bool(meta.get("prefix_caching", meta["mode"] != "off"))
+    row["hit_rate_estimated"] = hit_rate_estimated(requests) if cached else row["hit_rate_expected"]
     bound = row["hit_rate_estimated"] if not math.isnan(row["hit_rate_estimated"]) else row["hit_rate_expected"]
-    row["hit_rate_ok"] = hit_rate_ok(meta["mode"], row["hit_rate_measured"], bound, tolerance)
+    row["hit_rate_ok"] = hit_rate_ok("on" if cached else "off", row["hit_rate_measured"], bound, tolerance)
     lag = ok["dispatch_lag_ms"]
     row["dispatch_lag_p50_ms"], row["dispatch_lag_p99_ms"] = percentile(lag, 50), percentile(lag, 99)
     sat = saturation(requests, iterations)

@@ -187,9 +187,10 @@ def _extras(config: dict, manifest: dict, mode: str, saturated: bool | None) -> 
     """Our keys beyond vLLM's (it writes --metadata ones the same way)."""
     cfg_ds = config.get("dataset", {}) or {}
     return {
-        "enable_prefix_caching": mode == "on",  # vLLM's serve argument: what `bench sweep plot` groups by
-        "prefix_caching": mode == "on",
-        "prefixstudy_mode": mode,
+        "enable_prefix_caching": arm_caching(config, mode),  # vLLM's serve argument: what `bench sweep plot` groups by
+        "prefix_caching": arm_caching(config, mode),
+        "prefixstudy_mode": mode,  # the arm
+        "prefixstudy_baseline": recorded_baseline(config),  # the arm every other arm is compared with
         "prefixstudy_engine": manifest.get("engine", "vllm"),
         "saturated": None if saturated is None else bool(saturated),
         "prefix_len": cfg_ds.get("prefix_len"),
@@ -200,6 +201,20 @@ def _extras(config: dict, manifest: dict, mode: str, saturated: bool | None) -> 
         "vllm_version": manifest.get("vllm_version"),
         "prefixstudy_version": manifest.get("prefixstudy_version"),
     }
+
+
+def arm_caching(config: dict, mode: str) -> bool:
+    """Prefix caching of arm ``mode`` in a recorded config (as data): its ``arms`` entry, else on / off."""
+    for a in config.get("arms") or ():
+        if a.get("name") == mode:
+            return bool(a.get("prefix_caching", True))
+    return mode != "off"
+
+
+def recorded_baseline(config: dict) -> str | None:
+    sweep = config.get("sweep") or {}
+    modes = sweep.get("modes") or ["on", "off"]
+    return sweep.get("baseline") or ("off" if "off" in modes else None)
 
 
 def _mean_itl(ok: pd.DataFrame) -> float:
@@ -240,9 +255,11 @@ def bench_filename(config: dict, mode: str, rate: float, repeat: int | None = No
 
 
 def sweep_path(mode: str, rate: float) -> Path:
-    """vLLM's `bench sweep serve` layout: SERVE-<serve params>-BENCH-<bench params>/summary.json."""
+    """vLLM's `bench sweep serve` layout: SERVE-<serve params>-BENCH-<bench params>/summary.json.
+    The built-in arms are told apart by vLLM's own serve argument; any other arm by its name."""
     rate_text = "inf" if math.isinf(rate) else f"{rate:g}"
-    return Path(f"SERVE-enable_prefix_caching={mode == 'on'}-BENCH-request_rate={rate_text}") / "summary.json"
+    serve = f"enable_prefix_caching={mode == 'on'}" if mode in ("on", "off") else f"arm={mode}"
+    return Path(f"SERVE-{serve}-BENCH-request_rate={rate_text}") / "summary.json"
 
 
 def _manifest_point(manifest: dict, mode: str, rate: float, repeat: int = 0) -> dict:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import counted, parse_slo
-from prefixstudy.report import bench_json, figures as plots, first_screen, tables
+from prefixstudy.report import arms as arm_report, bench_json, figures as plots, first_screen, tables
 from prefixstudy.report.data import ReportData, analyze, norm_rate
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, write_report
 from prefixstudy.results import HEADLINE, MANIFEST, SUMMARY, find_run_dir, load, write_json
@@ -72,30 +72,39 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
     ts_modes, rate = _timeseries_point(done.assign(rate=done["nominal_rate"]), point)
     it = it[it["repeat"] == 0]
     which = "chosen with --point" if point else "the highest rate at which both modes are unsaturated (else the highest)"
+    # In the order the report shows them, numbered from 1 in that order.
     specs = [
         ("e2e_intervals", lambda: first_screen.e2e_with_intervals(d.head),
-         "Figure 0. Mean E2E with 95 % intervals (repeats and blocks of requests resampled) and p90, vs the "
-         "actual arrival rate; log scale."),
+         "Mean E2E with 95 % intervals (t over the repeats' means; one repeat: blocks of requests) and p90, "
+         "vs the actual arrival rate; log scale. The intervals hold for the machine this ran on."),
         ("e2e_vs_rate", lambda: plots.e2e_vs_rate(done, peers),
-         "Figure 1. Mean (solid) and p99 (dashed) end-to-end latency vs actual arrival rate."),
+         "Mean (solid) and p99 (dashed) end-to-end latency vs actual arrival rate."),
         ("ttft_vs_rate", lambda: plots.ttft_vs_rate(done, peers),
-         "Figure 2. Mean (solid) and p99 (dashed) time to first token vs actual arrival rate."),
+         "Mean (solid) and p99 (dashed) time to first token vs actual arrival rate."),
         ("latency_breakdown", lambda: plots.latency_breakdown(done),
-         "Figure 3. Mean queue / prefill / decode time per request; the label is the request-level prefill share."),
+         "Mean queue / prefill / decode time per request; the label is the request-level prefill share "
+         "(mean prefill time / mean E2E of a request). It is not the engine prefill share of the Prefill "
+         "share section (the share of busy engine time spent computing prompts): a request's decode time "
+         "also holds the steps it shares with other requests' prefills, so the two differ under load."),
         ("max_rate_vs_threshold", lambda: plots.max_rate_vs_threshold(d.curves, d.knees),
-         "Figure 4. Highest offered rate whose p90 E2E (left) / p90 TTFT (right) meets a threshold, "
+         "Highest offered rate whose p90 E2E (left) / p90 TTFT (right) meets a threshold, "
          "vs the threshold; dotted: knee rate."),
         ("caching_gain", lambda: plots.caching_gain(d.gains, sat_rates),
-         "Figure 5. Caching gain (OFF − ON) / OFF of mean E2E (paired block bootstrap over repeats) and mean "
+         "Caching gain (OFF − ON) / OFF of mean E2E (t interval over the repeats' paired gains) and mean "
          "TTFT (independent bootstrap), 95 % CIs."),
+        ("prefill_share", lambda: plots.prefill_share(done),
+         "Prefill share vs rate: request level (solid) and engine level (dashed)."),
         ("engine_timeseries", lambda: plots.engine_timeseries(
             it, rate, {m: sat_map.get((m, rate), False) for m in MODES}, ts_modes),
-         f"Figure 6. Engine state over time at {rate:g} req/s set, first repeat ({which})."),
+         f"Engine state over time at {tables.rate_str(rate)} req/s set, first repeat ({which})."),
         ("e2e_cdf", lambda: plots.e2e_cdf(req_ok, sat_map),
-         "Figure 7. CDF of end-to-end latency at each offered rate."),
-        ("prefill_share", lambda: plots.prefill_share(done),
-         "Figure 8. Prefill share vs rate: request level (solid) and engine level (dashed)."),
+         "CDF of end-to-end latency at each offered rate."),
     ]
+    if arm_report.shown(d.study.arms):
+        specs.append(("arms", lambda: arm_report.figure(d.study.arms),
+                      "Every arm against the baseline arm: mean E2E with 95 % intervals (left) and the "
+                      "paired gain of the mean (right), vs the actual arrival rate."))
+    specs = [(stem, draw, f"Figure {i}. {caption}") for i, (stem, draw, caption) in enumerate(specs, 1)]
     return plots.save_all(specs, out_dir / PLOTS_DIR, formats)
 
 
@@ -113,10 +122,16 @@ def model_section(d: ReportData) -> tuple[list[str], pd.DataFrame | None]:
         from prefixstudy.model.calibrate import model_vs_measurement
     except (ImportError, AttributeError):
         return [f"Device {device} is a known GPU, but prefixstudy.model.model_vs_measurement is not available."], None
+    # The model matches points to requests by the configured rate, not the actual one the tables show.
+    points = d.points.assign(rate=d.points["nominal_rate"])
     try:
-        df = model_vs_measurement(d.points, d.study.requests, d.study.iterations, d.study.config, device)
+        df = model_vs_measurement(points, norm_rate(d.study.requests), norm_rate(d.study.iterations),
+                                  d.study.config, device)
+    except UserError as e:  # the study lacks what the model needs: say what, in words
+        return [f"The first-principles model (prefixstudy.model) could not be calibrated on this study: {e}."], None
     except Exception as e:  # the model is someone else's stage: report, don't crash the report
-        return [f"model_vs_measurement failed on {device}: {e.__class__.__name__}: {e}"], None
+        return [f"The first-principles model (prefixstudy.model) could not be evaluated on {device} "
+                f"({e.__class__.__name__}: {e})."], None
     if df is None or len(df) == 0:
         return [f"The performance model has no prediction for {device}."], None
     return [f"First-principles model (prefixstudy.model) for {device} against the measurement."], df
@@ -133,6 +148,9 @@ def _model_blocks(model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
 def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
     f = {x.stem: x for x in figs}
     b: list[tuple] = [("meta", tables.meta_line(d.study))]
+    if arm_report.shown(d.study.arms):
+        b += [("headline", t) for t in arm_report.sentences(d.study.arms)]
+        b += [("table", arm_report.table(d.study.arms)), ("fig", f["arms"])]
     if len(d.head):
         b += [("headline", t) for t in first_screen.why_sentences(d.head)]
         b += [("table", first_screen.headline_table(d.head)), ("fig", f["e2e_intervals"])]
@@ -157,9 +175,11 @@ def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str]
           ("fig", f["caching_gain"]), ("table", tables.gain_table(d)),
           ("h2", "Prefill share"), ("p", tables.ESTIMATOR_TEXT), ("table", tables.fit_table(d)),
           ("fig", f["prefill_share"]), ("table", tables.prefill_table(d)),
+          ("h2", "Step-timing checks"), ("p", tables.STEP_CHECKS_TEXT), ("list", tables.step_check_lines(d.step_checks)),
           ("h2", "Engine time series"), ("fig", f["engine_timeseries"]),
           ("h2", "Latency distributions"), ("fig", f["e2e_cdf"]),
-          ("h2", "Definitions"), ("p", tables.SATURATION_TEXT), ("p", tables.COUNTED_TEXT)]
+          ("h2", "Definitions"), ("p", tables.SATURATION_TEXT), ("p", tables.COUNTED_TEXT),
+          ("p", tables.INTERVAL_TEXT)]
     b += _model_blocks(model)
     if d.notes:
         b += [("h2", "Notes"), ("list", d.notes)]
@@ -186,6 +206,7 @@ def build_report(results_dir: str | Path, slo: dict[str, float] | str | None = N
         finish_run(run, manifest)
         write_json(run / MANIFEST, manifest)
     study = load(run)
+    plots.register_arms(((study.config.get("sweep") or {}).get("modes")) or plots.MODES)
     slo = parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
     slo = slo or dict(study.config.get("goodput") or {})  # the run's --goodput, unless one is given here
     point = parse_point(point) if isinstance(point, str) or point is None else point

@@ -16,11 +16,11 @@ from matplotlib.figure import Figure
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import parse_slo
 from prefixstudy.metrics.summary import max_rate_curve
-from prefixstudy.report import tables
+from prefixstudy.report import arms as arm_report, tables
 from prefixstudy.report.data import ReportData, analyze, thresholds
 from prefixstudy.report.figures import (GAIN_COLORS, MODE_COLORS, MODE_LABELS, MODES, PEER_COLORS, SAT_MARKER,
-                                        SAT_SIZE, STUDY_STYLES, legend, mode_line, new_figure, rate_axis,
-                                        sat_handle, save_all)
+                                        SAT_SIZE, STUDY_STYLES, arms_in, legend, mode_line, new_figure, rate_axis,
+                                        register_arms, sat_handle, save_all)
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, write_report
 from prefixstudy.results import load
 
@@ -38,7 +38,7 @@ def compare_latency(points_by_study: Mapping[str, pd.DataFrame], metric: str, ta
         col = f"{stat}_{metric}_ms"
         for i, (label, p) in enumerate(points_by_study.items()):
             ls, mk = STUDY_STYLES[i % len(STUDY_STYLES)]
-            for mode in MODES:
+            for mode in arms_in(p):
                 mode_line(ax, p, mode, col, ls=ls, dot=mk, label=f"{label} {MODE_LABELS[mode]}")
         rate_axis(ax, pd.concat([p["rate"] for p in points_by_study.values()]))
         ax.set_ylabel(f"{stat} {metric.upper()} latency (ms)")
@@ -77,7 +77,7 @@ def compare_max_rate(curves_by_study: Mapping[str, pd.DataFrame], title: str) ->
     ax = fig.add_subplot()
     for i, (label, c) in enumerate(curves_by_study.items()):
         ls, _ = STUDY_STYLES[i % len(STUDY_STYLES)]
-        for mode in MODES:
+        for mode in arms_in(c):
             g = c[c["mode"] == mode].sort_values("threshold_ms")
             if not g.empty:
                 ax.step(g["threshold_ms"], g["max_rate"].fillna(0.0), where="post", ls=ls,
@@ -118,7 +118,8 @@ def _figure_specs(labels: list[str], datas: list[ReportData]) -> list[tuple]:
     curves = {}
     for metric, title in (("p90_e2e_ms", "p90 E2E"), ("p90_ttft_ms", "p90 TTFT")):
         th = thresholds(pd.concat([p[metric] for p in pts.values()]))
-        curves[title] = {lab: max_rate_curve(p, metric, th) for lab, p in pts.items()}
+        curves[title] = {lab: max_rate_curve(p, metric, th, modes=list(dict.fromkeys(["on", "off", *p["mode"]])))
+                         for lab, p in pts.items()}
     return [
         ("compare_e2e", lambda: compare_latency(pts, "e2e"), "Mean and p90 E2E vs offered rate."),
         ("compare_ttft", lambda: compare_latency(pts, "ttft"), "Mean and p90 TTFT vs offered rate."),
@@ -134,7 +135,7 @@ def side_by_side(labels: list[str], datas: list[ReportData]) -> pd.DataFrame:
     rows = []
     for lab, d in zip(labels, datas):
         h, rt = d.headline, tables.rate_text
-        rows.append({"study": lab, "run": str(d.study.path), "vLLM": str(d.study.manifest.get("vllm_version", "?")),
+        rows.append({"study": lab, "run": str(d.study.path), "vLLM": str(d.study.manifest.get("vllm_version") or "n/a"),
                      "knee ON (req/s)": rt(d.knees["on"]), "knee OFF (req/s)": rt(d.knees["off"]),
                      "p90 E2E threshold (ms)": tables.fmt(h["threshold_ms"]),
                      "ON sustains (req/s)": rt(h["sustains"]["on"][0]),
@@ -151,15 +152,19 @@ def build_compare(results_dirs: Sequence[str | Path], out_dir: str | Path,
     slo = parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
     out_dir = Path(out_dir)
     labels, datas = _analyze_all(results_dirs, slo, threshold_ms, n_boot, seed)
+    register_arms(list(dict.fromkeys(m for d in datas for m in (d.study.config.get("sweep") or {}).get("modes") or MODES)))
     figs = save_all(_figure_specs(labels, datas), out_dir / PLOTS_DIR, formats)
     blocks: list[tuple] = [("meta", f"Compared {len(datas)} studies on "
                             f"{_dt.datetime.now().astimezone().isoformat(timespec='seconds')}.")]
     for lab, d in zip(labels, datas):
         blocks += [("h2", lab), ("meta", tables.meta_line(d.study))]
+        if arm_report.shown(d.study.arms):
+            blocks += [("headline", t) for t in arm_report.sentences(d.study.arms)]
+            blocks += [("table", arm_report.table(d.study.arms))]
         blocks += [("headline", t) for t in tables.headline_paragraphs(d)]
     blocks += [("h2", "Side by side"), ("table", side_by_side(labels, datas)),
-               ("p", "Line style and marker tell studies apart; colour is the mode (ON blue, OFF orange); "
-                     "an X is a saturated point.")]
+               ("p", "Line style and marker tell studies apart; colour is the arm (ON blue, OFF orange, every "
+                     "other arm its own, the same in every figure); an X is a saturated point.")]
     blocks += [("fig", f) for f in figs]
     blocks += [("h2", "Definitions"), ("p", tables.SATURATION_TEXT)]
     return write_report(blocks, "Prefix caching studies compared", out_dir)

@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.errors import UserError
-from prefixstudy.metrics import compare, engine_fit, headline as hl, requests as reqs, summary
+from prefixstudy.metrics import compare, engine_fit, headline as hl, requests as reqs, step_checks, summary
 from prefixstudy.results import StudyResults
-from prefixstudy.schema import MODES, SUMMARY_COLUMNS
+from prefixstudy.schema import MODES, SUMMARY_COLUMNS, typed_iterations
 
 KEY = ["mode", "rate"]
 TEXT_COLUMNS = {"status": "ok", "error": "", "saturation_reason": ""}  # blank when summary.csv lacks them
@@ -44,6 +44,8 @@ class ReportData:
     headline: dict[str, Any]
     head: pd.DataFrame = field(default_factory=pd.DataFrame)  # headline.csv, x = actual arrival rate
     notes: list[str] = field(default_factory=list)
+    repeat_saturated: dict = field(default_factory=dict)  # (mode, configured rate, repeat) -> saturated
+    step_checks: dict | None = None  # metrics.step_checks.check_steps of the study's steps
 
     @property
     def done(self) -> pd.DataFrame:
@@ -141,7 +143,8 @@ def thresholds(values) -> np.ndarray:
 
 
 def max_rate_curves(done: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    return {title: summary.max_rate_curve(done, metric, thresholds(done[metric]))
+    arms = list(dict.fromkeys(["on", "off", *done["mode"]]))
+    return {title: summary.max_rate_curve(done, metric, thresholds(done[metric]), modes=arms)
             for metric, title in (("p90_e2e_ms", "p90 E2E"), ("p90_ttft_ms", "p90 TTFT"))}
 
 
@@ -158,10 +161,10 @@ def step_fit(manifest: dict) -> tuple[pd.DataFrame, list[str]]:
     if "frontend" in timing:
         notes.append("This run's steps were timed at the frontend (before engine step timing): steps that "
                      "followed an idle spell were left out of the fit; read the engine columns as rough.")
-    coef = np.array([f[k] for k in engine_fit.COEF_NAMES], dtype=float)
-    if f["r2"] < 0.5 or (coef[[1, 3]] < 0).any():
+    coef = np.array([f.get(k, 0.0) for k in engine_fit.COEF_NAMES], dtype=float)
+    if f["r2"] < 0.5 or (coef < 0).any():
         notes.append(f"The step-cost fit is poor (R² = {f['r2']:.2f}"
-                     + (", a negative coefficient" if (coef[[1, 3]] < 0).any() else "")
+                     + (", a negative coefficient" if (coef < 0).any() else "")
                      + "); read the engine-level prefill share as rough.")
     return fit, notes
 
@@ -224,6 +227,14 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     gains, paired = gains_and_pairs(req, n_boot, seed)
     gains = to_actual(gains_from_head(head, gains) if len(head) else gains, rate_map)
     fit, notes = step_fit(study.manifest)
+    s = norm_rate(study.summary)
+    rep_sat = {(str(m), float(r), int(k)): _as_bool(v)
+               for m, r, k, v in zip(s["mode"], s["rate"], s.get("repeat", pd.Series(0, index=s.index)), s["saturated"])}
+    coef = (np.array([float(fit.iloc[0].get(k, 0.0) or 0.0) for k in engine_fit.COEF_NAMES])
+            if len(fit) else None)
+    checks = step_checks.check_steps(typed_iterations(it), coef) if len(it) else None
     return ReportData(study, study_label(study), points, to_actual(manifest_points(study, nominal), rate_map),
                       knees, fit, gains,
-                      to_actual(paired, rate_map), slo, y, y_src, max_rate_curves(done), headline, head, notes)
+                      to_actual(paired, rate_map), slo, y, y_src, max_rate_curves(done), headline, head, notes,
+                      rep_sat, checks)
+

@@ -29,9 +29,40 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from prefixstudy.report.render import SavedFigure  # noqa: E402
 
-MODE_COLORS = {"on": "tab:blue", "off": "tab:orange"}
-MODE_LABELS = {"on": "caching ON", "off": "caching OFF"}
+# Arms beyond on / off take these in the order the study names them (register_arms), so an arm
+# keeps its colour in every figure of a report.
+ARM_PALETTE = ("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+
+
+class _ArmColors(dict):
+    def __missing__(self, arm: str) -> str:
+        self[arm] = ARM_PALETTE[(len(self) - 2) % len(ARM_PALETTE)]
+        return self[arm]
+
+
+class _ArmLabels(dict):
+    def __missing__(self, arm: str) -> str:
+        return f"arm {arm}"
+
+
+MODE_COLORS = _ArmColors({"on": "tab:blue", "off": "tab:orange"})
+MODE_LABELS = _ArmLabels({"on": "caching ON", "off": "caching OFF"})
 MODES = ("on", "off")
+
+
+def register_arms(arms: Sequence[str]) -> None:
+    """Give a study's arms their colours in its own order (on and off keep blue and orange), so
+    the same config draws every arm in the same colour, in every figure and every report."""
+    for a in [k for k in MODE_COLORS if k not in MODES]:
+        del MODE_COLORS[a]
+    for a in arms:
+        MODE_COLORS[a]  # noqa: B018 (assigns on first sight)
+
+
+def arms_in(df: pd.DataFrame) -> list[str]:
+    """The arms of a frame with a ``mode`` column: on, off, then the others as they first appear."""
+    seen = list(dict.fromkeys(df["mode"])) if "mode" in df else []
+    return [m for m in MODES if m in seen] + [m for m in seen if m not in MODES]
 DOT = "o"
 SAT_MARKER = "X"
 SAT_SIZE = 11
@@ -44,6 +75,11 @@ COMPONENTS = (  # (column, label, alpha, hatch) for the stacked latency bars
     ("mean_decode_ms", "decode", 0.65, "//"),
 )
 
+
+
+def rate_str(r: float) -> str:
+    """A rate as a reader wants it: 16, 0.5, 12.71 (two decimals at most)."""
+    return f"{r:.2f}".rstrip("0").rstrip(".") if math.isfinite(r) else "–"
 
 def save_all(specs, plots_dir: Path, formats: Sequence[str] = ("png", "svg")) -> list[SavedFigure]:
     """Draw and save every (stem, make, caption) of ``specs`` under ``plots_dir``."""
@@ -134,7 +170,7 @@ def latency_vs_rate(points: pd.DataFrame, metric: str, title: str,
     """
     fig = new_figure()
     ax = fig.add_subplot()
-    for mode in MODES:
+    for mode in arms_in(points):
         mode_line(ax, points, mode, f"mean_{metric}_ms", label=f"{MODE_LABELS[mode]} mean")
         mode_line(ax, points, mode, f"{tail}_{metric}_ms", ls="--", label=f"{MODE_LABELS[mode]} {tail}")
     if peers is not None and len(peers):
@@ -168,17 +204,18 @@ def latency_breakdown(points: pd.DataFrame) -> Figure:
     The number on each bar is the request-level prefill share (mean prefill / mean E2E).
     """
     rates = sorted(points["rate"].unique())
-    fig = new_figure(max(8.0, 0.6 * len(rates) + 3), 5.5)
+    arms = arms_in(points) if len(arms_in(points)) > 2 else list(MODES)
+    fig = new_figure(max(8.0, 0.3 * len(arms) * len(rates) + 3), 5.5)
     ax = fig.add_subplot()
-    width = 0.4
+    width = 0.8 / len(arms)
     top = 0.0
-    for k, mode in enumerate(MODES):
+    for k, mode in enumerate(arms):
         p = points[points["mode"] == mode].set_index("rate")
         for i, rate in enumerate(rates):
             if rate not in p.index:
                 continue
             r = p.loc[rate]
-            x = i + (k - 0.5) * width
+            x = i + (k - (len(arms) - 1) / 2) * width
             sat = bool(r.get("saturated", False)) if pd.notna(r.get("saturated", False)) else False
             bottom = 0.0
             for col, _, alpha, hatch in COMPONENTS:
@@ -197,11 +234,11 @@ def latency_breakdown(points: pd.DataFrame) -> Figure:
                 ax.plot(x, bottom, marker=SAT_MARKER, color=MODE_COLORS[mode], ms=SAT_SIZE,
                         markeredgecolor="black", ls="none")
     ax.set_ylim(0, top * 1.25 if top > 0 else 1)
-    ax.set_xticks(range(len(rates)), [f"{r:g}" for r in rates])
-    ax.set_xlabel("offered request rate (req/s); left bar ON, right bar OFF")
+    ax.set_xticks(range(len(rates)), [rate_str(r) for r in rates])
+    ax.set_xlabel("offered request rate (req/s); bars left to right: " + ", ".join(MODE_LABELS[m] for m in arms))
     ax.set_ylabel("mean latency per request (ms)")
-    ax.set_title("Where the time goes: queue / prefill / decode (label: prefill share)")
-    handles = [Patch(facecolor=MODE_COLORS[m], label=MODE_LABELS[m]) for m in MODES]
+    ax.set_title("Where the time goes: queue / prefill / decode (label: request-level prefill share)")
+    handles = [Patch(facecolor=MODE_COLORS[m], label=MODE_LABELS[m]) for m in arms]
     handles += [Patch(facecolor="lightgray", alpha=a, hatch=h, edgecolor="black", label=lab)
                 for _, lab, a, h in COMPONENTS]
     handles.append(Patch(facecolor="white", edgecolor="red", linewidth=1.6, label="saturated point (X)"))
@@ -222,7 +259,7 @@ def max_rate_vs_threshold(curves: Mapping[str, pd.DataFrame], knees: Mapping[str
     fig = new_figure(11.0, 4.8)
     axes = fig.subplots(1, len(curves), squeeze=False)[0]
     for ax, (title, c) in zip(axes, curves.items()):
-        for mode in MODES:
+        for mode in arms_in(c):
             g = c[c["mode"] == mode].sort_values("threshold_ms")
             if g.empty:
                 continue
@@ -361,7 +398,7 @@ def e2e_cdf(requests_ok: pd.DataFrame, saturated: Mapping[tuple[str, float], boo
                 y = np.linspace(y[0], 1.0, max_points)
                 v = np.quantile(v, y, method="inverted_cdf")
             ax.step(v, y, where="post", color=shade(i), ls="--" if sat else "-", lw=1.2,
-                    label=f"{rate:g} req/s" + (" (sat.)" if sat else ""))
+                    label=f"{rate_str(rate)} req/s" + (" (sat.)" if sat else ""))
             if sat:
                 ax.plot(v[-1], 1.0, marker=SAT_MARKER, color=shade(i), ms=SAT_SIZE - 2,
                         markeredgecolor="black", ls="none")
@@ -376,7 +413,7 @@ def e2e_cdf(requests_ok: pd.DataFrame, saturated: Mapping[tuple[str, float], boo
         else:
             cb = fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.01)
             idx = np.unique(np.linspace(0, len(rates) - 1, 6).round().astype(int))
-            cb.set_ticks(list(idx), labels=[f"{rates[i]:g}" for i in idx])
+            cb.set_ticks(list(idx), labels=[f"{rate_str(rates[i])}" for i in idx])
             cb.set_label("offered rate (req/s)")
     axes[0].set_ylabel("fraction of requests")
     fig.suptitle("CDF of end-to-end latency at each offered rate (dashed + X: saturated)")
@@ -389,7 +426,7 @@ def prefill_share(points: pd.DataFrame) -> Figure:
     """Request-level (solid) and engine-level (dashed) prefill share vs rate, ON vs OFF."""
     fig = new_figure()
     ax = fig.add_subplot()
-    for mode in MODES:
+    for mode in arms_in(points):
         mode_line(ax, points, mode, "prefill_share", label=f"{MODE_LABELS[mode]}: request level")
         mode_line(ax, points, mode, "prefill_share_engine", ls="--",
                    label=f"{MODE_LABELS[mode]}: engine level (fit)")

@@ -66,14 +66,21 @@ def why_sentences(head: pd.DataFrame) -> list[str]:
     both = h[~h["on_saturated"] & ~h["off_saturated"]]
     hi = both.iloc[-1] if len(both) else h.iloc[-1]
     saved = lo["off_mean_e2e_ms"] - lo["on_mean_e2e_ms"]
+    share_lo, share_hi, slow_hi = (lo["off_engine_prefill_share"], hi["off_engine_prefill_share"],
+                                   hi["off_decode_slowdown"])
     first = (f"At {lo['arrival_rate']:.2f} req/s caching saves {saved:.0f} ms of {lo['off_mean_e2e_ms']:.0f} ms "
-             f"(gain {_ci(lo['gain_mean_e2e'], lo['gain_mean_e2e_lo'], lo['gain_mean_e2e_hi'], '.1f', 100, ' %')}), "
-             f"about one prefill: prompts take only {pct(lo['off_engine_prefill_share'])} of OFF's busy engine time.")
-    second = (f"At {hi['arrival_rate']:.2f} req/s, {'the highest rate where neither mode saturated' if len(both) else 'the highest rate'}, "
-              f"prompts take {pct(hi['off_engine_prefill_share'])} of OFF's engine time and every decode step is "
-              f"{fmt(hi['off_decode_slowdown'], '.2f')}× as long as it would be without the prefills it carries, "
-              f"so caching cuts mean E2E by {_bound(hi)}"
+             f"(gain {_ci(lo['gain_mean_e2e'], lo['gain_mean_e2e_lo'], lo['gain_mean_e2e_hi'], '.1f', 100, ' %')})"
+             + (f", about one prefill: prompts take only {pct(share_lo)} of OFF's busy engine time."
+                if math.isfinite(share_lo) else "."))
+    where = 'the highest rate where neither mode saturated' if len(both) else 'the highest rate'
+    engine = ""
+    if math.isfinite(share_hi) and math.isfinite(slow_hi):
+        engine = (f"prompts take {pct(share_hi)} of OFF's engine time and every decode step is "
+                  f"{fmt(slow_hi, '.2f')}× as long as it would be without the prefills it carries, so ")
+    second = (f"At {hi['arrival_rate']:.2f} req/s, {where}, {engine}caching cuts mean E2E by {_bound(hi)}"
               f"{_ci(hi['gain_mean_e2e'], hi['gain_mean_e2e_lo'], hi['gain_mean_e2e_hi'], '.1f', 100, ' %')}.")
+    if not engine:
+        second += " This backend records no engine steps, so there is no engine-level prefill share."
     return [first, second]
 
 
@@ -97,7 +104,7 @@ def e2e_with_intervals(head: pd.DataFrame) -> Figure:
     ax.set_yscale("log")
     ax.set_xlabel("actual arrival rate (req/s), mean over repeats")
     ax.set_ylabel("E2E latency (ms), log scale")
-    ax.set_title("End-to-end latency vs load, 95 % intervals over repeats and requests")
+    ax.set_title("End-to-end latency vs load, 95 % intervals over repeats (this machine)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return fig

@@ -15,10 +15,13 @@ from prefixstudy.schema import MODES
 ESTIMATOR_TEXT = (
     "Engine-level prefill share: every engine step is timed inside vLLM's engine core (a scheduler "
     "subclass stamps each step's start and end; idle time is never inside a step). We fit "
-    "step_ms = a + b·prefill_tokens + e·prefill_requests + c·decode_tokens by least squares over the "
-    "study's busy steps, both modes pooled (caching changes how many prompt tokens a step computes, "
-    "not what one costs); e is a prefill's cost beyond its tokens (a cached prefill still attends to "
-    "its whole context). Per point the share is Σ(b·prefill_tokens + e·prefill_requests) / Σstep_ms, "
+    "step_ms = a + b·prefill_tokens + e·prefill_requests + c·decode_tokens + k·context_tokens by "
+    "non-negative least squares over the study's busy steps, both modes pooled (caching changes how "
+    "many prompt tokens a step computes, not what one costs); e is a prefill's cost beyond its tokens "
+    "(a cached prefill still attends to its whole context); k, attention over the context, is kept "
+    "only where it removes at least 1 % of the squared error (else 0). The same fit prices the "
+    "simulator's steps. Per point the share is Σ(b·prefill_tokens + e·prefill_requests "
+    "+ k·prefill context) / Σstep_ms, "
     "and the decode slowdown is Σ(decode_tokens·step_ms) / Σ(decode_tokens·(step_ms − prefill cost)): "
     "how much longer steps were, per decode token, for the prefill work they carried. Intervals: "
     "95 % moving-block bootstrap of the steps (repeats resampled too), coefficients refitted on each "
@@ -30,8 +33,17 @@ SATURATION_TEXT = (
     f"latency, the number of requests in the engine (running + waiting) rose from the first third to "
     f"the last by at least {GROWTH_MIN:g} and {GROWTH_REL:.0%}, or mean E2E of the last third reached "
     f"{TREND_REL:g}× the first third's. A saturated point's latency grows with how long it runs: it is "
-    f"a bound, and so is a gain measured there. The knee lies between the last rate where no repeat "
-    f"saturated and the next one."
+    f"a bound, and so is a gain measured there. The knee (metrics.headline.knee) is the midpoint, in "
+    f"actual arrival rate, between the last rate where most repeats kept up (and every lower rate "
+    f"too) and the next rate, where most repeats saturated; a rate a mode never ran ends the search."
+)
+INTERVAL_TEXT = (
+    "Intervals are 95 %. With two or more repeats a rate's interval is Student's t over the repeats' own "
+    "values (metrics.bootstrap.over_repeats; coverage tested by simulation at 2, 3 and 5 repeats), so "
+    "run-to-run spread is inside it; with one repeat it is a moving-block bootstrap of consecutive "
+    "requests, which cannot show that spread. An interval holds for the machine the study ran on: "
+    "another machine of the same kind can fall outside it (ON at 16 req/s measured 800 ms on another "
+    "H200 against h200-tp1's 855 [836, 876])."
 )
 COUNTED_TEXT = "Counted requests: warmup == False and error == \"\". Percentiles: linear interpolation."
 
@@ -47,12 +59,17 @@ def fmt(v, spec: str = ".1f") -> str:
         return str(v)
 
 
+def rate_str(r: float) -> str:
+    """A rate as a reader wants it: 16, 0.5, 12.71 (two decimals at most)."""
+    return f"{r:.2f}".rstrip("0").rstrip(".")
+
+
 def rate_text(r: float) -> str:
-    return f"{r:g}" if math.isfinite(r) else "no measured rate"
+    return rate_str(r) if math.isfinite(r) else "no measured rate"
 
 
 def rates_list(rates) -> str:
-    return ", ".join(f"{r:g}" for r in rates) + " req/s"
+    return ", ".join(rate_str(r) for r in rates) + " req/s"
 
 
 def pct(v) -> str:
@@ -60,7 +77,7 @@ def pct(v) -> str:
 
 
 def mark(rate: float, sat: bool) -> str:
-    return f"{SAT_MARK} {rate:g}" if sat else f"{rate:g}"
+    return f"{SAT_MARK} {rate_str(rate)}" if sat else rate_str(rate)
 
 
 def fmt_df(df: pd.DataFrame) -> pd.DataFrame:
@@ -75,12 +92,13 @@ def fmt_df(df: pd.DataFrame) -> pd.DataFrame:
 def meta_line(s: StudyResults) -> str:
     m, c = s.manifest, s.config
     ds = c.get("dataset") or {}
-    return (f"Run {s.path.name}: device {m.get('device', '?')}, vLLM {m.get('vllm_version', '?')}, "
-            f"torch {m.get('torch_version', '?')}, prefixstudy {m.get('prefixstudy_version', '?')}; "
+    return (f"Run {s.path.name}: device {m.get('device', '?')}, vLLM {m.get('vllm_version') or 'n/a'}, "
+            f"torch {m.get('torch_version') or 'n/a'}, prefixstudy {m.get('prefixstudy_version', '?')}; "
             f"model {c.get('model', '?')}, TP={(c.get('engine') or {}).get('tensor_parallel_size', 1)}; "
             f"dataset prefix {ds.get('prefix_len', '?')} + suffix {ds.get('suffix_len', '?')} tokens, "
             f"output {ds.get('output_len', '?')} tokens, {ds.get('groups', '?')} prefix group(s); "
-            f"status {m.get('status', '?')}; {m.get('started_at', '?')} – {m.get('ended_at', '?')}.")
+            f"status {m.get('status') or '?'}; {m.get('started_at') or 'start not recorded'} – "
+            f"{m.get('ended_at') or 'end not recorded'}.")
 
 
 # ----------------------------------------------------------------- headline
@@ -122,7 +140,7 @@ def headline_paragraphs(d: ReportData) -> list[str]:
     failed = d.manifest_points[d.manifest_points["status"].isin(["failed", "interrupted"])]
     if len(failed):
         out.append("Points that did not finish: " + "; ".join(
-            f"{r['mode']} @ {r['rate']:g} req/s {r['status']}" + (f" ({r['error']})" if r["error"] else "")
+            f"{r['mode']} @ {rate_str(r['rate'])} req/s {r['status']}" + (f" ({r['error']})" if r["error"] else "")
             for _, r in failed.iterrows()) + ".")
     return out
 
@@ -159,7 +177,7 @@ def prefill_table(d: ReportData) -> pd.DataFrame:
         "mode": p["mode"].str.upper(),
         "rate (req/s)": [mark(r, s) for r, s in zip(p["rate"], p["saturated"])],
         "request level: mean prefill / mean E2E": p["prefill_share"].map(pct),
-        "engine level: Σ(b·prefill + e·requests) / Σstep": p["prefill_share_engine"].map(pct),
+        "engine level: Σ(prefill cost) / Σstep": p["prefill_share_engine"].map(pct),
         "decode slowdown": p["decode_slowdown"].map(lambda v: fmt(v, ".2f") + "×" if v == v else "–"),
     })
 
@@ -173,6 +191,8 @@ def fit_table(d: ReportData) -> pd.DataFrame:
         "b (ms/prefill token)": f["b_ms_per_prefill_token"].map(lambda v: fmt(v, ".5f")),
         "e (ms/prefill request)": f["e_ms_per_prefill_req"].map(lambda v: fmt(v, ".3f")),
         "c (ms/decode token)": f["c_ms_per_decode_token"].map(lambda v: fmt(v, ".4f")),
+        "k (ms/context token)": (f["k_ms_per_context_token"] if "k_ms_per_context_token" in f
+                                 else pd.Series([math.nan] * len(f))).map(lambda v: fmt(v, ".6f")),
         "R²": f["r2"].map(lambda v: fmt(v, ".3f")),
         "RMSE (ms)": f["rmse_ms"].map(lambda v: fmt(v, ".2f")),
         "busy steps": f["n"].astype(str),
@@ -204,12 +224,54 @@ def gain_table(d: ReportData) -> pd.DataFrame:
 
 def all_points_table(d: ReportData) -> pd.DataFrame:
     mp = d.manifest_points
-    sat = d.points.set_index(KEY)["saturated"]
+    # Saturation is judged per repeat: one saturated repeat marks that repeat only.
+    sat = d.repeat_saturated
     return pd.DataFrame({
         "point": [f"{m.upper()} @ {n:g} req/s" + (f" repeat {int(k)}" if mp["repeat"].max() > 0 else "")
                   + (f" (actual {r:.2f})" if r != n else "")
                   for m, n, k, r in zip(mp["mode"], mp["nominal_rate"], mp["repeat"], mp["rate"])],
         "status": mp["status"],
-        "saturated": ["yes" if sat.get((m, r), False) else "no" for m, r in zip(mp["mode"], mp["rate"])],
+        "saturated": ["yes" if sat.get((m, float(n), int(k)), False) else "no"
+                      for m, n, k in zip(mp["mode"], mp["nominal_rate"], mp["repeat"])],
         "error": mp["error"],
     })
+
+
+def step_check_lines(checks: dict | None) -> list[str]:
+    """The step-timing invariants (metrics.step_checks) in words, one line per check and mode."""
+    if not checks:
+        return ["No engine steps (or no step-cost fit): the step-timing checks do not apply."]
+    verdict = {True: "passes", False: "FAILS", None: "cannot be judged"}
+    out = []
+    for mode, c in checks["prefill_not_faster"].items():
+        if not c["n"]:
+            out.append(f"{mode.upper()}: no step with prompt tokens has a same-batch decode-only reference.")
+            continue
+        out.append(f"{mode.upper()}, steps with prompt tokens not faster than decode-only steps of the same batch: "
+                   f"{verdict[c['ok']]}: {c['faster_share']:.1%} of {c['n']} were faster than their batch's median "
+                   f"decode-only step (bound {c['bound']:.1%}); medians {c['prefill_median_ms']:.2f} vs "
+                   f"{c['decode_median_ms']:.2f} ms.")
+    w = checks["window_agreement"]
+    if w["ok"] is None:
+        out.append(f"Window-sum fit: only {w['n_windows']} windows of {w['window']} steps; not judged.")
+    else:
+        for mode, c in w["modes"].items():
+            out.append(f"{mode.upper()}, fit on sums of {w['window']} consecutive steps vs the per-step fit: "
+                       f"{verdict[c['ok']]}: they attribute {c['max_diff']:.1%} of busy time differently "
+                       f"(prefill {c['prefill_diff']:.1%}, decode {c['decode_diff']:.1%}, total "
+                       f"{c['total_diff']:.1%}; tolerance {w['tolerance']:.0%}).")
+        out.append(f"On the window sums the per-step fit's RMSE is {w['rmse_ms_step_fit']:.1f} ms, the window "
+                   f"fit's {w['rmse_ms_window_fit']:.1f} ms (R² {w['r2']:.3f}).")
+    if checks["ok"] is False:
+        out.append("A failed check means the step records misattribute time between steps: read the engine "
+                   "prefill share, the decode slowdown and the step-cost coefficients as unreliable.")
+    return out
+
+
+STEP_CHECKS_TEXT = (
+    "Invariants of the per-step timing (metrics.step_checks). A step that computes prompt tokens does "
+    "more work than a decode-only step of the same batch, so at most half of such steps may be faster "
+    "than that batch's median decode-only step in the same point (a sign test, 3 standard errors). A fit "
+    "on sums of 32 consecutive steps, which cancels any time moved between neighbouring records, must "
+    "attribute the same busy time to prefill, to decode and in total as the per-step fit, within 5 %."
+)

@@ -16,11 +16,11 @@ import yaml
 
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import measured
-from prefixstudy.results.store import (CONFIG, HEADLINE, ITERATIONS, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv,
+from prefixstudy.results.store import (ARMS, CONFIG, HEADLINE, ITERATIONS, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv,
                                        atomic_write_parquet, atomic_write_text, read_table, write_json)
 from prefixstudy.schema import SUMMARY_COLUMNS, typed_iterations, typed_requests
 
-__all__ = ["CONFIG", "HEADLINE", "ITERATIONS", "MANIFEST", "REQUESTS", "SUMMARY", "StudyResults", "atomic_write_csv",
+__all__ = ["ARMS", "CONFIG", "HEADLINE", "ITERATIONS", "MANIFEST", "REQUESTS", "SUMMARY", "StudyResults", "atomic_write_csv",
            "atomic_write_parquet", "atomic_write_text", "find_run_dir", "load", "read_summary", "typed_iterations",
            "typed_requests", "write_json"]
 
@@ -36,6 +36,7 @@ class StudyResults:
     iterations: pd.DataFrame
     summary: pd.DataFrame
     headline: pd.DataFrame = field(default_factory=pd.DataFrame)  # headline.csv: per rate, over repeats
+    arms: pd.DataFrame = field(default_factory=pd.DataFrame)  # arms.csv: every arm vs the baseline, per rate
 
     @property
     def measured(self) -> pd.DataFrame:
@@ -78,5 +79,6 @@ def load(path: str | Path) -> StudyResults:
         raise UserError(f"{run / MANIFEST}: unreadable manifest ({e})") from None
     config = yaml.safe_load((run / CONFIG).read_text()) if (run / CONFIG).is_file() else {}
     head = pd.read_csv(run / HEADLINE) if (run / HEADLINE).is_file() else pd.DataFrame()
+    arms = pd.read_csv(run / ARMS, converters={"arm": str, "baseline": str}) if (run / ARMS).is_file() else pd.DataFrame()
     return StudyResults(run, config or {}, manifest, typed_requests(read_table(run / REQUESTS)),
-                        typed_iterations(read_table(run / ITERATIONS)), read_summary(run / SUMMARY), head)
+                        typed_iterations(read_table(run / ITERATIONS)), read_summary(run / SUMMARY), head, arms)

@@ -1,5 +1,6 @@
 """The study-wide numbers of a run folder: the step-cost fit over every point's engine steps, the
-engine columns of summary.csv it fills, and headline.csv (one row per rate, over repeats).
+engine columns of summary.csv it fills, the step-timing checks (``metrics.step_checks``),
+headline.csv (one row per rate, over repeats) and arms.csv (every arm against the baseline arm).
 
 They need every point, so they are computed once a run, a merge or a report has them all, from
 what is on disk: summary.csv, requests.parquet/ and iterations.parquet/.
@@ -10,9 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefixstudy.metrics.engine_fit import fit_step_cost
-from prefixstudy.metrics.headline import headline
+from prefixstudy.metrics.headline import headline, versus_baseline
+from prefixstudy.metrics.step_checks import check_steps
 from prefixstudy.metrics.summary import add_engine_columns
-from prefixstudy.results.store import HEADLINE, ITERATIONS, REQUESTS, SUMMARY, atomic_write_csv, read_table
+from prefixstudy.results.store import (ARMS, CONFIG, HEADLINE, ITERATIONS, REQUESTS, SUMMARY, atomic_write_csv,
+                                       read_table)
 from prefixstudy.schema import SUMMARY_COLUMNS, typed_iterations, typed_requests
 
 
@@ -31,7 +34,26 @@ def finish_run(run_dir: Path, manifest: dict) -> None:
     atomic_write_csv(run_dir / SUMMARY, summary)
     manifest["step_fit"] = fit.as_dict() if fit is not None else None
     manifest["step_timing"] = sorted(set(its["timing"])) if len(its) else []
+    manifest["step_checks"] = check_steps(its, fit.coef if fit is not None else None)
     ok = summary[summary["status"] == "ok"]
     if len(ok):
         reqs = typed_requests(read_table(run_dir / REQUESTS))
         atomic_write_csv(run_dir / HEADLINE, headline(reqs, ok, its, fit))
+        arms, baseline = recorded_arms(run_dir, summary)
+        if baseline is not None:
+            atomic_write_csv(run_dir / ARMS, versus_baseline(reqs, ok, arms, baseline))
+
+
+def recorded_arms(run_dir: Path, summary) -> tuple[list[str], str | None]:
+    """The arms of a run in the config's order, and its baseline (recorded before arms: on, off
+    and OFF), from its config.yaml; arms without points are left out."""
+    import yaml
+
+    sweep = {}
+    if (run_dir / CONFIG).is_file():
+        sweep = (yaml.safe_load((run_dir / CONFIG).read_text()) or {}).get("sweep") or {}
+    ran = list(dict.fromkeys(summary["mode"]))
+    order = [m for m in sweep.get("modes") or ["on", "off"] if m in ran] + \
+            [m for m in ran if m not in (sweep.get("modes") or ["on", "off"])]
+    baseline = sweep.get("baseline") or ("off" if "off" in ran else None)
+    return order, (baseline if baseline in ran else None)

@@ -38,7 +38,7 @@ def merge_runs(run_dirs: list[Path], out: Path, run_dir: Path | None = None) -> 
         raise UserError("merge: two runs hold the same point (mode, rate and repeat); merge runs of different "
                         "modes or repeats")
     data = dict(runs[0].config)
-    data["sweep"] = {**data.get("sweep", {}), "modes": sorted(modes, key=["on", "off"].index), "only_repeats": None}
+    data["sweep"] = {**data.get("sweep", {}), "modes": sorted(modes, key=lambda m: ("on", "off", m).index(m)), "only_repeats": None}
     cfg = parse_config(data, str(runs[0].path / CONFIG))
     manifest = dict(runs[0].manifest)
     manifest.update(

@@ -9,6 +9,7 @@ Layout of one run, ``<out>/<study>/<run-id>/``::
     iterations.parquet/  schema.ITERATION_COLUMNS: one part per point
     summary.csv          schema.SUMMARY_COLUMNS, one row per mode x rate x repeat
     headline.csv         metrics.headline: one row per rate, over repeats, with intervals
+    arms.csv             metrics.headline.versus_baseline: every arm against the baseline arm, per rate
     run.lock             only while a run writes the folder: the writer's pid
 
 The parquet folders are parquet datasets: ``pandas.read_parquet("requests.parquet")`` reads all
@@ -36,6 +37,7 @@ REQUESTS = "requests.parquet"
 ITERATIONS = "iterations.parquet"
 SUMMARY = "summary.csv"
 HEADLINE = "headline.csv"
+ARMS = "arms.csv"
 LOCK = "run.lock"  # while a run writes the folder: its pid, under flock (writer.RunLock)
 ENGINE_LOG = "engine-start.log"  # an engine's own output when it did not start (a Ray actor's files, a server's log)
 
@@ -112,16 +114,20 @@ def part_name(mode: str, rate: float, repeat: int = 0) -> str:
     return f"{mode}-{rate:g}{f'-r{repeat}' if repeat else ''}.parquet"
 
 
-_PART = re.compile(r"^(?P<mode>[a-z]+)-(?P<rate>.+?)(?:-r(?P<repeat>\d+))?$")
+# Read from the right: an arm's name may hold dashes and digits (``on-bs32-8-r1``), a rate never does.
+_PARTS = (re.compile(r"^(?P<mode>.+)-(?P<rate>[^-]+)-r(?P<repeat>\d+)$"), re.compile(r"^(?P<mode>.+)-(?P<rate>[^-]+)$"))
 
 
 def part_key(stem: str) -> tuple[str, float, int] | None:
     """(mode, rate, repeat) of a part's file stem; None for a file that is not a part."""
-    m = _PART.match(stem)
-    try:
-        return (m["mode"], float(m["rate"]), int(m["repeat"] or 0)) if m else None
-    except ValueError:
-        return None
+    for pattern in _PARTS:
+        m = pattern.match(stem)
+        try:
+            if m:
+                return (m["mode"], float(m["rate"]), int(m.groupdict().get("repeat") or 0))
+        except ValueError:
+            continue
+    return None
 
 
 def write_point_parts(run_dir: Path, key: tuple[str, float, int], requests: pd.DataFrame,

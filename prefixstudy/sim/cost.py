@@ -1,19 +1,16 @@
-"""Stage: sim.  The step-cost model: what one engine step costs, fitted to an engine's own steps.
+"""Stage: sim.  The step-cost model the simulator prices its steps with: the study's one step-cost
+fit (``metrics.engine_fit``: non-negative least squares over busy steps, the same idle-step rule and
+terms as the report's), stored as JSON with its R² and residuals::
 
-    step_ms = c0 + c_prefill·prefill_tokens + c_decode·decode_tokens + c_context·context_tokens
-              + c_prefill_req·num_prefill_reqs  (+ c_batch·num_reqs)
+    step_ms = c0 + c_prefill·prefill_tokens + c_prefill_req·num_prefill_reqs + c_decode·decode_tokens
+              (+ c_context·context_tokens where the data support it)
 
-fitted by least squares on a study's busy steps and stored as JSON with its R² and residuals.
-No term may cost less than nothing: the most negative one is dropped and the rest refitted until
-none is (with one prompt length, context tokens are decode tokens × ~1300 and the pair split into
-−4.3 and +0.0034 ms on h200-tp2: fine in-sample, 350 % wrong once the roofline scales the two
-terms differently).  The prefill-request term is the one the report's engine fit has
-(``metrics.engine_fit``): a step that computes any prompt tokens costs more than its tokens
-(vLLM runs mixed batches outside its full CUDA graphs).
+A term the fit leaves at 0 is left out of ``coef_ms``; without a context term the decode coefficient
+carries the average KV read (``sim.hardware.transfer`` relies on that).
 It reads iterations.parquet in both layouts: the engine-timed one (``timing`` "engine": step_ms is
 busy time measured in the engine core) and the old one (``timing`` "frontend" or no such column:
 step_ms is the gap between StatLogger records, so a step after an idle stretch carries the idle
-gap; those are filtered, see ``busy_steps``).
+gap; those are filtered, see ``metrics.engine_fit.busy_steps``).
 """
 
 from __future__ import annotations
@@ -27,11 +24,9 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.errors import UserError
+from prefixstudy.metrics import engine_fit
 
-# The batch term (num_reqs) is left out by default: with one output token per decoding request it
-# is nearly collinear with decode_tokens, and on h200-tp1 it turned the pair into -2.0 / +2.1 ms.
-TERMS = ("prefill_tokens", "decode_tokens", "context_tokens", "num_prefill_reqs")
-ALL_TERMS = TERMS + ("num_reqs",)
+TERMS = engine_fit.TERMS
 OLD_NAMES = {"prompt_tokens": "prefill_tokens", "generation_tokens": "decode_tokens"}
 
 
@@ -92,44 +87,22 @@ def load_steps(study_dir: Path) -> pd.DataFrame:
     return df
 
 
-def busy_steps(df: pd.DataFrame) -> pd.DataFrame:
-    """Steps that did work and whose step_ms is that work only.  With frontend timing a record's
-    step_ms is the gap since the previous record, so the first record of a point, any record after
-    one without work (the engine was idle in between) and records without work are dropped."""
-    work = (df["prefill_tokens"] + df["decode_tokens"]) > 0
-    keep = work & df["step_ms"].notna() & (df["step_ms"] > 0)
-    frontend = df["timing"].eq("frontend")
-    if frontend.any():
-        keys = [df["mode"], df["rate"], df["repeat"]]
-        prev_work = work.groupby(keys).shift(1, fill_value=False).astype(bool)
-        keep &= ~frontend | prev_work
-    return df[keep]
+busy_steps = engine_fit.busy_steps
 
 
-def fit(df: pd.DataFrame, terms: tuple[str, ...] = TERMS, source: str = "") -> CostModel:
-    """Least squares on busy steps; a term whose column is missing, empty or constant is left out
-    (coefficient 0), and so is a term that comes out negative (see the module doc).  No outlier is
+def fit(df: pd.DataFrame, source: str = "") -> CostModel:
+    """The study's step-cost fit (``metrics.engine_fit``) as a ``CostModel``.  No outlier is
     dropped: with frontend timing a late record's long gap is paid back by the next one's short
     gap, and dropping the long ones alone would bias the sum."""
     steps = busy_steps(df)
-    use = [t for t in terms if t in steps and steps[t].notna().all() and steps[t].nunique() > 1]
-    if len(steps) < len(use) + 2:
+    X, y = engine_fit.design(steps), steps["step_ms"].to_numpy(dtype=float)
+    cols = engine_fit.identified(X) if len(steps) else []
+    if len(steps) < len(cols) + 2 or not len(steps):
         raise UserError(f"--calibration {source}: only {len(steps)} busy steps, too few to fit a step cost")
-    y = steps["step_ms"].to_numpy(dtype=float)
-    while True:
-        x = np.column_stack([np.ones(len(steps))] + [steps[t].to_numpy(dtype=float) for t in use])
-        beta = np.linalg.lstsq(x, y, rcond=None)[0]
-        if not use or beta[1:].min() >= 0:
-            break
-        del use[int(np.argmin(beta[1:]))]
-    resid = y - x @ beta
-    r2 = 1.0 - float(np.sum(resid ** 2)) / float(np.sum((y - y.mean()) ** 2))
-    a = np.abs(resid)
-    stats = {"mean": float(resid.mean()), "std": float(resid.std()), "p50_abs": float(np.percentile(a, 50)),
-             "p90_abs": float(np.percentile(a, 90)), "p99_abs": float(np.percentile(a, 99))}
+    f = engine_fit.fit_arrays(X, y)
     timing = ",".join(sorted(set(steps["timing"])))
-    return CostModel(float(beta[0]), {t: float(b) for t, b in zip(use, beta[1:])}, r2, len(y), stats,
-                     source, timing)
+    coef = {t: float(c) for t, c in zip(TERMS, f.coef[1:]) if c > 0}
+    return CostModel(float(f.coef[0]), coef, f.r2, f.n, f.residual_ms, source, timing)
 
 
 def fit_study(study_dir: Path) -> CostModel:

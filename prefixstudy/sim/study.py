@@ -73,7 +73,7 @@ def block_count(cfg: StudyConfig, arch: Arch, gpu, tp: int, block_size: int) -> 
 
 def scheduler_spec(cfg: StudyConfig, target: SimTarget, mode: str) -> SchedulerSpec:
     lim = engine_limits(cfg)
-    return SchedulerSpec(model_dir=cfg.model, prefix_caching=mode == "on", num_gpu_blocks=target.num_gpu_blocks,
+    return SchedulerSpec(model_dir=cfg.model, prefix_caching=cfg.arm(mode).prefix_caching, num_gpu_blocks=target.num_gpu_blocks,
                          block_size=target.block_size, max_num_batched_tokens=lim["max_num_batched_tokens"],
                          max_num_seqs=lim["max_num_seqs"], max_model_len=lim["max_model_len"],
                          enable_chunked_prefill=lim["enable_chunked_prefill"], tensor_parallel_size=target.tp)
@@ -127,7 +127,8 @@ class SimSession:
                 for i, r in enumerate(rows)]
         self.sim.steps = []
         traces = self.sim.run(reqs, deadline_s=t0 + sw.max_point_duration_s)
-        exp = expected_cached(rows, self.prefixes, self.target.block_size, warm_groups) if self.mode == "on" else [0] * n
+        exp = expected_cached(rows, self.prefixes, self.target.block_size, warm_groups) if self.cfg.arm(self.mode).prefix_caching \
+            else [0] * n
         records = [_record(self.mode, rate, i, f"warmup{i}", r, True, math.nan, tw, t, 0, sw.request_timeout_s)
                    for i, (r, t) in enumerate(zip(wrows, wtr))]
         for i in range(n):

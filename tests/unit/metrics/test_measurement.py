@@ -110,13 +110,13 @@ def cost_steps(n=200, seed=0, mode="off", rate=8.0, repeat=0, a=5.0, b=0.02, e=1
 def test_fit_recovers_the_step_cost_and_the_share_is_exact():
     it = pd.concat([cost_steps(seed=1), cost_steps(seed=2, mode="on")], ignore_index=True)
     fit = engine_fit.fit_step_cost(it, n_boot=20)
-    assert fit.coef == pytest.approx([5.0, 0.02, 1.5, 0.1], rel=1e-9)
+    assert fit.coef == pytest.approx([5.0, 0.02, 1.5, 0.1, 0.0], rel=1e-9)
     assert fit.r2 == pytest.approx(1.0) and fit.n == 400 and fit.rmse_ms == pytest.approx(0.0, abs=1e-9)
     a = engine_fit.step_arrays(it[it["mode"] == "off"])
     prefill = 0.02 * a[:, 0] + 1.5 * a[:, 1]
     share, slowdown = engine_fit.stats(a, fit.coef)
-    assert share == pytest.approx(prefill.sum() / a[:, 3].sum(), rel=1e-9)
-    assert slowdown == pytest.approx((a[:, 2] * a[:, 3]).sum() / (a[:, 2] * (a[:, 3] - prefill)).sum(), rel=1e-9)
+    assert share == pytest.approx(prefill.sum() / a[:, 5].sum(), rel=1e-9)
+    assert slowdown == pytest.approx((a[:, 2] * a[:, 5]).sum() / (a[:, 2] * (a[:, 5] - prefill)).sum(), rel=1e-9)
     cols = engine_fit.engine_columns(it, fit).set_index("mode")
     assert cols.loc["off", "engine_prefill_share"] == pytest.approx(share, rel=1e-9)
     assert cols.loc["off", "busy_steps"] == 200 and cols.loc["off", "step_timing"] == "engine"
@@ -144,7 +144,46 @@ def test_per_request_term_dropped_when_prompts_are_all_alike():
     it["prefill_tokens"] = it["num_prefill_reqs"] * 1214  # tokens = 1214 x requests: e not identifiable
     it["step_ms"] = 5.0 + 0.02 * it["prefill_tokens"] + 0.1 * it["decode_tokens"]
     fit = engine_fit.fit_step_cost(it, n_boot=5)
-    assert fit.coef == pytest.approx([5.0, 0.02, 0.0, 0.1], rel=1e-9, abs=1e-12)
+    assert fit.coef == pytest.approx([5.0, 0.02, 0.0, 0.1, 0.0], rel=1e-9, abs=1e-12)
+
+
+
+def test_nnls_matches_least_squares_inside_the_orthant_and_clamps_outside_it():
+    A = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert engine_fit.nnls(A, np.array([2.0, 3.0, 5.0])) == pytest.approx([2.0, 3.0])
+    # least squares says (3, -1); with x2 >= 0 the best is x2 = 0 and x1 = mean of rows 1 and 3 = 2.5
+    assert np.linalg.lstsq(A, np.array([3.0, -1.0, 2.0]), rcond=None)[0] == pytest.approx([3.0, -1.0])
+    assert engine_fit.nnls(A, np.array([3.0, -1.0, 2.0])) == pytest.approx([2.5, 0.0])
+
+
+def test_a_per_request_term_that_least_squares_makes_negative_is_zero_and_no_share_is_negative():
+    """Steps whose prefill requests cost less than nothing beyond their tokens (as plain least
+    squares read h200-multiturn): the fit keeps e at 0 and every prefill share >= 0."""
+    it = cost_steps(n=300, seed=4, e=0.0)
+    it["step_ms"] = it["step_ms"] - 2.0 * it["num_prefill_reqs"]
+    X = engine_fit.design(engine_fit.busy_steps(it))
+    assert np.linalg.lstsq(X[:, :4], it["step_ms"].to_numpy(), rcond=None)[0][2] == pytest.approx(-2.0)
+    fit = engine_fit.fit_step_cost(it, n_boot=10)
+    assert fit.coef[2] == 0.0 and (fit.coef >= 0).all() and (fit.draws >= 0).all()
+    X3 = X[:, [0, 1, 3]]
+    assert fit.coef[[0, 1, 3]] == pytest.approx(np.linalg.lstsq(X3, it["step_ms"].to_numpy(), rcond=None)[0])
+    assert engine_fit.stats(engine_fit.step_arrays(it), fit.coef)[0] > 0
+
+
+def test_the_context_term_is_kept_where_it_explains_the_steps_and_left_out_where_it_does_not():
+    it = cost_steps(n=300, seed=5)
+    rng = np.random.default_rng(5)
+    it["context_tokens"] = it["decode_tokens"] * rng.integers(200, 3000, len(it))  # varied contexts
+    it["cached_tokens"] = 0
+    with_ctx = it.assign(step_ms=it["step_ms"] + 0.0004 * it["context_tokens"])
+    assert engine_fit.fit_step_cost(with_ctx, n_boot=0).coef == pytest.approx([5.0, 0.02, 1.5, 0.1, 0.0004])
+    # context that costs nothing: kept out (0), the other terms exact
+    assert engine_fit.fit_step_cost(it, n_boot=0).coef == pytest.approx([5.0, 0.02, 1.5, 0.1, 0.0], abs=1e-12)
+    # the prefill share counts a prefilling request's context (its prompt) under k
+    a = engine_fit.step_arrays(with_ctx)
+    coef = np.array([5.0, 0.02, 1.5, 0.1, 0.0004])
+    p = 0.02 * a[:, 0] + 1.5 * a[:, 1] + 0.0004 * a[:, 0]
+    assert engine_fit.stats(a, coef)[0] == pytest.approx(p.sum() / a[:, 5].sum())
 
 
 # ----------------------------------------------------------------- bootstraps
@@ -199,3 +238,35 @@ def test_knee_and_rate_at_threshold_interpolate_on_actual_rates():
     assert headline.rate_at_threshold(head, "off", 5000.0)[0] == 16.4  # next is saturated: a bound
     assert math.isnan(headline.rate_at_threshold(head, "off", 50.0)[0])
     assert headline.knee(head.assign(off_saturated=False), "off")[1] == 22.7
+
+
+def test_a_rate_the_mode_never_ran_is_passed_over_not_counted_as_kept_up():
+    # OFF ran 0.8, 4.2 and 22.7 only (headline.csv: NaN share and latency at the rates it skipped).
+    head = pd.DataFrame({"arrival_rate": [0.8, 4.2, 8.5, 16.4, 22.7],
+                         "off_saturated_share": [0.0, 0.0, np.nan, np.nan, 1.0],
+                         "off_mean_e2e_ms": [100.0, 120.0, np.nan, np.nan, 3000.0]})
+    assert headline.knee(head, "off") == ((4.2 + 22.7) / 2, 4.2, 22.7)
+    # and with nothing saturated after it, the knee is beyond the last rate OFF ran, not the last rate
+    k = headline.knee(head.iloc[:4], "off")
+    assert math.isnan(k[0]) and k[1] == 4.2 and math.isnan(k[2])
+
+
+def test_two_repeats_get_a_t_interval_over_their_means():
+    runs = [np.full((30, 1), 100.0), np.full((30, 1), 120.0)]
+    est, lo, hi = bootstrap.over_repeats(runs, lambda r: np.array([r[:, 0].mean()]))
+    # mean 110, sd 14.142, se 10, t(0.975, 1) = 12.7062
+    assert est[0] == 110.0 and (lo[0], hi[0]) == pytest.approx((110 - 127.062, 110 + 127.062), abs=1e-2)
+    # every repeat's own mean is inside its interval (the percentile bootstrap's was not always)
+    three = runs + [np.full((30, 1), 110.0)]
+    _, lo3, hi3 = bootstrap.over_repeats(three, lambda r: np.array([r[:, 0].mean()]))
+    assert lo3[0] < 100 and hi3[0] > 120 and hi3[0] - 110 == pytest.approx(4.3027 * 10 / math.sqrt(3), abs=1e-3)
+    # one repeat: the within-run block bootstrap (no spread inside a constant run)
+    _, lo1, hi1 = bootstrap.over_repeats(runs[:1], lambda r: np.array([r[:, 0].mean()]))
+    assert (lo1[0], hi1[0]) == (100.0, 100.0)
+
+
+def test_a_t_interval_is_cut_where_the_statistic_cannot_go():
+    runs = [np.full((10, 1), 100.0), np.full((10, 1), 900.0)]
+    _, lo, hi = bootstrap.over_repeats(runs, lambda r: np.array([r[:, 0].mean()]), bounds=(0.0, math.inf))
+    # 500 +- 12.7062 * 400: the lower end would be -4582 ms
+    assert lo[0] == 0.0 and hi[0] == pytest.approx(500 + 12.7062 * 400, abs=0.1)

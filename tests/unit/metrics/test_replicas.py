@@ -47,7 +47,7 @@ def two_repeats() -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.concat([r0, r1], ignore_index=True), its
 
 
-def test_replica_summary_pools_the_repeats_with_a_block_bootstrap_interval():
+def test_replica_summary_pools_the_repeats_with_a_t_interval_over_their_means():
     req, its = two_repeats()
     s = replica_summary({"round_robin": (req, its, None)}).set_index("replica")
     assert list(s["policy"]) == ["round_robin"] * 2 and list(s["mode"]) == ["on"] * 2
@@ -60,7 +60,9 @@ def test_replica_summary_pools_the_repeats_with_a_block_bootstrap_interval():
     assert s["hit_rate_expected"].to_dict() == pytest.approx({0: 0.576, 1: 0.32})
     assert s.loc[0, "mean_e2e_ms"] == pytest.approx(24.0)  # (40 + 20 + 20 + 10 + 30) / 5: 999 failed
     lo, hi = s.loc[0, "mean_e2e_lo"], s.loc[0, "mean_e2e_hi"]
-    assert 10.0 <= lo < 24.0 < hi <= 40.0  # spread: a real interval, inside the data's range
+    # Repeat means 80/3 and 20: sd/sqrt(2) = (20/3)/2 = 10/3, times t(0.975, 1 df) = 12.7062; the
+    # lower end, 24 - 42.35, is cut at 0 ms (no latency is negative).
+    assert (lo, hi) == pytest.approx((0.0, 24.0 + 12.7062 * 10 / 3), abs=1e-3)
     assert (s.loc[1, "mean_e2e_lo"], s.loc[1, "mean_e2e_ms"], s.loc[1, "mean_e2e_hi"]) == (50.0, 50.0, 50.0)
     assert s["saturated_share"].tolist() == [0.0, 0.0]
     again = replica_summary({"round_robin": two_repeats() + (None,)}).set_index("replica")

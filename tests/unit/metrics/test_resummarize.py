@@ -11,6 +11,12 @@ Changed on purpose, and every committed summary.csv regenerated with it:
 * issue 15: without engine steps (``vllm-server`` / ``http``), rule 3 of the saturation test counts
   the client's requests in flight; h200-vllm-server's summary.csv was regenerated with it (its OFF
   32 req/s points were not flagged before).
+* The engine columns (``engine_prefill_share*``, ``decode_slowdown*``) come from a non-negative
+  least-squares fit (``metrics.engine_fit``), because a step that computes more cannot cost less:
+  where plain least squares made a term negative (h200-multiturn's prefill-request term, the
+  h200-cache-pressure runs) the shares differ, and elsewhere the intervals differ where a bootstrap
+  refit had a negative term; a fleet's steps are resampled in blocks of one replica's steps.
+  Every committed summary.csv was regenerated with ``experiments/resummarize.py``.
 """
 
 from __future__ import annotations

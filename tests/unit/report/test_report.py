@@ -212,7 +212,7 @@ def test_report_cli_point_and_peer(run_dir, tmp_path):
     run = Path(shutil.copytree(run_dir, tmp_path / "run"))  # leave the shared report as it was
     res = CliRunner().invoke(cli_main, ["report", str(run), "--point", "on 2", "--peer", str(peer)])
     assert res.exit_code == 0, res.output
-    assert "Figure 6. Engine state over time at 2 req/s set, first repeat (chosen with --point)" in \
+    assert "Figure 8. Engine state over time at 2 req/s set, first repeat (chosen with --point)" in \
         (run / "report.md").read_text()
 
 
@@ -276,3 +276,50 @@ def test_html_renders_in_chromium(run_dir, tmp_path):
     assert len(imgs) == len(STEMS)
     for i in imgs:
         assert i["src"] == "data:image/png;base64," and i["ok"] and i["w"] > 0 and i["h"] > 0, i
+
+
+def test_figures_are_numbered_from_one_in_the_order_shown_and_the_checks_are_printed(run_dir):
+    md = (run_dir / "report.md").read_text()
+    numbers = [int(n) for n in re.findall(r"^\*Figure (\d+)\.", md, flags=re.M)]
+    assert numbers == list(range(1, len(STEMS) + 1))
+    assert "## Step-timing checks" in md and "steps with prompt tokens not faster than decode-only" in md
+    assert "request-level prefill share (mean prefill time / mean E2E of a request). It is not the engine" in md
+    # the Definitions state headline.knee's rule, and the intervals' machine
+    assert "between the last rate where most repeats kept up" in md and "no repeat saturated" not in md
+    assert "An interval holds for the machine the study ran on" in md
+    assert "vLLM None" not in md and "torch None" not in md
+
+
+def test_points_table_marks_only_the_repeat_that_saturated(tmp_path):
+    from prefixstudy.report.data import analyze
+    from prefixstudy.report.tables import all_points_table
+    from prefixstudy.results import load
+
+    run = write_synthetic_study(tmp_path, (1.0, 4.0), 30)
+    s = pd.read_csv(run / "summary.csv")
+    two = pd.concat([s, s.assign(repeat=1)], ignore_index=True)
+    two["saturated"] = (two["mode"] == "off") & (two["rate"] == 4.0) & (two["repeat"] == 1)
+    two.to_csv(run / "summary.csv", index=False)
+    m = json.loads((run / "manifest.json").read_text())
+    m["points"] = m["points"] + [{**p, "repeat": 1} for p in m["points"]]
+    (run / "manifest.json").write_text(json.dumps(m))
+    t = all_points_table(analyze(load(run), n_boot=20))
+    marked = t.loc[t["saturated"] == "yes", "point"].tolist()
+    assert len(marked) == 1 and marked[0].startswith("OFF @ 4 req/s repeat 1")
+
+
+def test_why_sentences_without_engine_steps_print_no_dash():
+    """An echo or HTTP study has no engine prefill share: the sentences leave that clause out."""
+    from prefixstudy.report.first_screen import why_sentences
+
+    nan = float("nan")
+    head = pd.DataFrame({"rate": [1.0, 8.0], "arrival_rate": [0.724408, 8.1], "gain_mean_e2e": [0.05, 0.4],
+                         "gain_mean_e2e_lo": [0.04, 0.3], "gain_mean_e2e_hi": [0.06, 0.5],
+                         "on_mean_e2e_ms": [690.0, 800.0], "off_mean_e2e_ms": [727.0, 1400.0],
+                         "on_saturated": False, "off_saturated": False, "gain_is_bound": False,
+                         "off_engine_prefill_share": nan, "off_decode_slowdown": nan})
+    first, second = why_sentences(head)
+    assert first == "At 0.72 req/s caching saves 37 ms of 727 ms (gain 5.0 % [4.0, 6.0])."
+    assert second == ("At 8.10 req/s, the highest rate where neither mode saturated, caching cuts mean E2E by "
+                      "40.0 % [30.0, 50.0]. This backend records no engine steps, so there is no engine-level "
+                      "prefill share.")

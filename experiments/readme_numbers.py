@@ -1,0 +1,210 @@
+"""The numbers README.md quotes, regenerated from the committed study files.
+
+The headline block at the top of README.md (between ``<!-- readme_numbers: headline -->`` and
+``<!-- /readme_numbers -->``), and the per-rate tables of experiments/results/README.md (between
+``<!-- readme_numbers: table STUDY -->`` and the same end marker), are rendered here from experiments/results/h200-tp1 (headline.csv,
+summary.csv, manifest.json's step fit) and h200-tp2 (headline.csv), with the same definitions the
+report uses (``metrics.headline``: knee, rate at a threshold; the threshold is twice OFF's p90 E2E
+at the lowest rate, the repeats' mean, as the report's default).
+
+    python experiments/readme_numbers.py            # print the blocks
+    python experiments/readme_numbers.py --write    # replace them in the READMEs
+    python experiments/readme_numbers.py --check    # exit 1 if a README differs
+
+tests/unit/report/test_readme_numbers.py fails when README.md and the files disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "experiments/results"
+README = REPO / "README.md"
+BEGIN, END = "<!-- readme_numbers: headline -->", "<!-- /readme_numbers -->"
+
+
+def _ci(v: float, lo: float, hi: float, spec: str = ".0f", scale: float = 1.0) -> str:
+    return f"{v * scale:{spec}} [{lo * scale:{spec}}, {hi * scale:{spec}}]"
+
+
+def _signed(v: float, spec: str) -> str:
+    return format(v, spec).replace("-", "−")
+
+
+def _gain(h: pd.Series) -> str:
+    lo, hi = (_signed(100 * h[f"gain_mean_e2e_{e}"], ".1f") for e in ("lo", "hi"))
+    return f"{_signed(100 * h['gain_mean_e2e'], '.1f')} % [{lo}, {hi}]"
+
+
+def headline_block(results: Path = RESULTS) -> str:
+    """The README's headline block, every number from the committed files (see the module doc)."""
+    from prefixstudy.metrics.headline import knee, rate_at_threshold
+
+    d = results / "h200-tp1"
+    head = pd.read_csv(d / "headline.csv").sort_values("arrival_rate").reset_index(drop=True)
+    summ = pd.read_csv(d / "summary.csv")
+    manifest = json.loads((d / "manifest.json").read_text())
+    fit, checks = manifest["step_fit"], manifest.get("step_checks") or {}
+    repeats = int(head["n_repeats"].max())
+    low = head.iloc[0]
+    calm = head[(head["on_saturated_share"] == 0) & (head["off_saturated_share"] == 0)]
+    mid = calm.iloc[-1]
+    all_sat = head[head["off_saturated_share"] == 1.0]
+    _, k_lo, k_hi = knee(head, "off")
+    off = summ[(summ["mode"] == "off") & (summ["status"] == "ok")]
+    p90_low = float(off[off["rate"] == off["rate"].min()]["p90_e2e_ms"].mean())
+    y = 2 * p90_low
+    on_r, off_r = rate_at_threshold(head, "on", y), rate_at_threshold(head, "off", y)
+    lines = [
+        f"* at **{low['arrival_rate']:.2f} req/s** caching cut mean E2E from "
+        f"{_ci(low['off_mean_e2e_ms'], low['off_mean_e2e_lo'], low['off_mean_e2e_hi'])} to "
+        f"{_ci(low['on_mean_e2e_ms'], low['on_mean_e2e_lo'], low['on_mean_e2e_hi'])} ms, **{_gain(low)}**: "
+        f"about one prefill, since prompts took {100 * low['off_engine_prefill_share']:.0f} % of OFF's busy "
+        f"engine time;",
+        f"* at **{mid['arrival_rate']:.1f} req/s**, the highest rate where neither mode saturated in any repeat, "
+        f"from {_ci(mid['off_mean_e2e_ms'], mid['off_mean_e2e_lo'], mid['off_mean_e2e_hi'])} to "
+        f"{_ci(mid['on_mean_e2e_ms'], mid['on_mean_e2e_lo'], mid['on_mean_e2e_hi'])} ms, **{_gain(mid)}**: "
+        f"prompts took {100 * mid['off_engine_prefill_share']:.0f} % [{100 * mid['off_engine_prefill_share_lo']:.0f}, "
+        f"{100 * mid['off_engine_prefill_share_hi']:.0f}] of OFF's engine time and every OFF decode step was {mid['off_decode_slowdown']:.2f}× as long as it "
+        f"would have been without the prefills it carried;",
+    ]
+    if len(all_sat):
+        s = all_sat.iloc[0]
+        rows = summ[(summ["mode"] == "off") & (summ["rate"] == s["rate"])].sort_values("repeat")
+        rises = ", ".join(f"{a:.0f}→{b:.0f}" for a, b in zip(rows["in_system_first"], rows["in_system_last"]))
+        lines.append(
+            f"* at **{s['arrival_rate']:.1f} req/s** OFF saturated in all {len(rows)} repeats (requests in the "
+            f"engine rose {rises} through the arrival window), so the "
+            f"{100 * s['gain_mean_e2e']:.0f} % [{100 * s['gain_mean_e2e_lo']:.0f}, {100 * s['gain_mean_e2e_hi']:.0f}] "
+            f"gain there is a lower bound. OFF's knee lies between {k_lo:.1f} and {k_hi:.1f} req/s; ON kept up "
+            f"to {head['arrival_rate'].max():.1f} req/s.")
+    lines.append(
+        f"* at a p90 E2E threshold of {y:.0f} ms (twice OFF's p90 at the lowest rate), caching ON sustains "
+        f"**{on_r[0]:.1f} req/s [{on_r[1]:.1f}, {on_r[2]:.1f}]** and OFF **{off_r[0]:.1f} req/s "
+        f"[{off_r[1]:.1f}, {off_r[2]:.1f}]**, interpolated where p90 crosses it: caching buys about "
+        f"{on_r[0] / off_r[0]:.1f}× the throughput at that latency.")
+    tp2 = pd.read_csv(results / "h200-tp2" / "headline.csv").sort_values("arrival_rate")
+    tp2_calm = tp2[~tp2["on_saturated"].astype(bool) & ~tp2["off_saturated"].astype(bool)
+                   & tp2["gain_mean_e2e"].notna()]  # both modes ran there
+    t_lo, t_hi = tp2.iloc[0], tp2_calm.iloc[-1]
+    intro = (f"Means with 95 % intervals, Student's t over the {repeats} repeats' means (coverage tested by "
+             f"simulation: `benchmarks/interval_coverage.py`), at the actual arrival rates. An interval holds "
+             f"for the machine it ran on: on another H200, ON at 16 req/s measured 800 ms.")
+    fit_text = (f"Every engine step is timed inside vLLM's engine core; one non-negative least-squares step-cost "
+                f"fit over {fit['n']:,} busy steps (R² {fit['r2']:.2f}) gives {fit['b_ms_per_prefill_token']:.3f} ms "
+                f"per prompt token, {fit['e_ms_per_prefill_req']:.2f} ms per prefill request and "
+                f"{fit['c_ms_per_decode_token']:.3f} ms per decode token"
+                + (f" and {fit['k_ms_per_context_token']:.5f} ms per context token"
+                   if fit.get("k_ms_per_context_token", 0) > 0 else "")
+                + ".")
+    if checks.get("ok") is False:
+        fit_text += (" These step records fail the step-timing checks (`metrics.step_checks`: time is misattributed "
+                     "between neighbouring steps, likely by async scheduling in the in-process engine), so "
+                     "read the prefill shares, the slowdown and these coefficients as provisional.")
+    tp2_ok = (json.loads((results / "h200-tp2" / "manifest.json").read_text()).get("step_checks") or {}).get("ok")
+    passes = {True: "; its steps pass the checks", False: "; its steps fail the checks"}.get(tp2_ok, "")
+    fit_text += (f" At TP 2 through the Ray executor (one repeat{passes}): {_gain(t_lo)} at "
+                 f"{t_lo['arrival_rate']:.2f} req/s and {_gain(t_hi)} at {t_hi['arrival_rate']:.1f} req/s.")
+    return "\n".join([BEGIN, intro, "", *lines, "", fit_text, END])
+
+
+def _cell(v: float, spec: str, unit: str = "") -> str:
+    return "–" if not math.isfinite(v) else _signed(v, spec) + unit
+
+
+def _cell_ci(v: float, lo: float, hi: float, spec: str, scale: float = 1.0, unit: str = "") -> str:
+    if not math.isfinite(v):
+        return "–"
+    return f"{_signed(v * scale, spec)}{unit} [{_signed(lo * scale, spec)}, {_signed(hi * scale, spec)}]"
+
+
+def table_begin(study: str) -> str:
+    return f"<!-- readme_numbers: table {study} -->"
+
+
+def study_table(study: str, results: Path = RESULTS) -> str:
+    """experiments/results/README.md's per-rate table of ``study``: headline.csv per rate, with
+    summary.csv's per-repeat saturation (of the repeats OFF ran) and dispatch lag."""
+    d = results / study
+    head = pd.read_csv(d / "headline.csv").sort_values("arrival_rate")
+    summ = pd.read_csv(d / "summary.csv")
+    cols = ["rate set (actual)", "repeats ON / OFF", "ON mean E2E (ms)", "OFF mean E2E (ms)", "gain, mean E2E",
+            "ON / OFF p90 E2E (ms)", "OFF engine prefill share", "OFF decode slowdown", "TPOT ON / OFF (ms)",
+            "spread ON / OFF", "OFF saturated (repeats)", "lag p99 max ON / OFF (ms)"]
+    out = [table_begin(study), "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, h in head.iterrows():
+        at = summ[summ["rate"] == h["rate"]]
+        off = at[at["mode"] == "off"]
+        lag = {m: at[at["mode"] == m]["dispatch_lag_p99_ms"].max() for m in ("on", "off")}
+        bound = "≥ " if h["off_saturated"] else ("≤ " if h["on_saturated"] else "")
+        gain = _cell_ci(h["gain_mean_e2e"], h["gain_mean_e2e_lo"], h["gain_mean_e2e_hi"], ".1f", 100, " %")
+        sat = f"{int(off['saturated'].astype(bool).sum())} of {len(off)}" if len(off) else "–"
+        out.append("| " + " | ".join([
+            f"{h['rate']:g} ({h['arrival_rate']:.2f})",
+            f"{at[at['mode'] == 'on']['repeat'].nunique()} / {off['repeat'].nunique()}",
+            _cell_ci(h["on_mean_e2e_ms"], h["on_mean_e2e_lo"], h["on_mean_e2e_hi"], ".0f"),
+            _cell_ci(h["off_mean_e2e_ms"], h["off_mean_e2e_lo"], h["off_mean_e2e_hi"], ".0f"),
+            (bound + gain) if gain != "–" else gain,
+            f"{_cell(h['on_p90_e2e_ms'], '.0f')} / {_cell(h['off_p90_e2e_ms'], '.0f')}",
+            _cell_ci(h["off_engine_prefill_share"], h["off_engine_prefill_share_lo"], h["off_engine_prefill_share_hi"],
+                     ".0f", 100, " %"),
+            _cell(h["off_decode_slowdown"], ".2f", "×"),
+            f"{_cell(h['on_mean_tpot_ms'], '.2f')} / {_cell(h['off_mean_tpot_ms'], '.2f')}",
+            f"{_cell(h['on_spread_pct'], '.1f')} / {_cell(h['off_spread_pct'], '.1f')} %",
+            sat, f"{_cell(lag['on'], '.2f')} / {_cell(lag['off'], '.2f')}"]) + " |")
+    return "\n".join(out + [END])
+
+
+TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp2")}
+
+
+def replace_block(text: str, block: str, begin: str = BEGIN) -> str:
+    a = text.find(begin)
+    b = text.find(END, a)
+    if a < 0 or b < a:
+        raise SystemExit(f"no {begin} ... {END} block")
+    return text[:a] + block + text[b + len(END):]
+
+
+def regenerated() -> dict[Path, str]:
+    """Every README this script keeps, as it should read."""
+    out = {README: replace_block(README.read_text(), headline_block())}
+    for path, studies in TABLES.items():
+        text = path.read_text()
+        for st in studies:
+            text = replace_block(text, study_table(st), table_begin(st))
+        out[path] = text
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true")
+    g.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    if not (a.write or a.check):
+        print(headline_block())
+        for studies in TABLES.values():
+            for st in studies:
+                print(study_table(st))
+        return 0
+    stale = [p for p, text in regenerated().items() if p.read_text() != text]
+    if a.write:
+        for p, text in regenerated().items():
+            p.write_text(text)
+        return 0
+    for p in stale:
+        print(f"{p.relative_to(REPO)}: stale; run python experiments/readme_numbers.py --write")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Re-derive every committed study's study-wide numbers with today's code: the step-cost fit and
+the engine columns of summary.csv, the step-timing checks and the fit in manifest.json,
+headline.csv, and the reports built from them (report.md and plots/ of a study, routing.* of a
+routing sweep, capacity.* of a capacity sweep).  Only studies whose request and step records are
+committed can be re-derived; the others are left as they are.
+
+    python experiments/resummarize.py [--no-reports] [STUDY ...]
+
+tests/unit/metrics/test_resummarize.py checks that the committed summary.csv files are what
+today's code derives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def runs() -> list[Path]:
+    """Run folders with their records committed: studies, the runs of capacity and routing sweeps."""
+    top = [p.parent for p in RESULTS.glob("*/summary.csv") if (p.parent / "requests.parquet").exists()]
+    capacity = [p.parent for p in RESULTS.glob("*/*/*/summary.csv") if (p.parent.parent / "capacity.json").is_file()]
+    routing = [p.parent for p in RESULTS.glob("*/policy-*/summary.csv") if (p.parent.parent / "routing.json").is_file()]
+    return sorted(top + capacity + routing)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("studies", nargs="*", help="folder names under experiments/results (default: all)")
+    ap.add_argument("--no-reports", action="store_true", help="only the tables and manifests")
+    a = ap.parse_args()
+
+    from prefixstudy.report.build import build_report
+    from prefixstudy.report.capacity import write_capacity_report
+    from prefixstudy.results import MANIFEST, load, write_json
+    from prefixstudy.results.finish import finish_run
+    from prefixstudy.routing_sweep import routing_report
+
+    todo = [r for r in runs() if not a.studies or r.relative_to(RESULTS).parts[0] in a.studies]
+    parents = set()
+    for run in todo:
+        t0 = time.perf_counter()
+        manifest = load(run).manifest
+        finish_run(run, manifest)
+        write_json(run / MANIFEST, manifest)
+        if run.parent != RESULTS:
+            parents.add(run.parent)
+        elif not a.no_reports and (run / "report.md").is_file():
+            build_report(run)
+        print(f"{run.relative_to(RESULTS)}: {time.perf_counter() - t0:.0f} s", flush=True)
+    if not a.no_reports:
+        for parent in sorted(parents):
+            if (parent / "routing.json").is_file():
+                routing_report(parent)
+            elif (parent / "capacity.json").is_file():
+                write_capacity_report(parent)
+            print(f"{parent.relative_to(RESULTS)}: sweep report", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Stage: report (arms).  arms.csv in (every arm against the baseline arm, per rate), its first-screen
+sentences, a table and one figure out; every number from arms.csv (metrics.headline.versus_baseline).
+
+Shown when a study ran more arms than ON against OFF: for a two-arm study headline.csv says it all.
+A gain where either arm saturated is a bound (≥ when only the baseline did, ≤ when the arm did).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from prefixstudy.report.figures import MODE_COLORS, MODE_LABELS, SAT_MARKER, SAT_SIZE, new_figure, rate_axis
+from prefixstudy.report.tables import fmt
+
+
+def shown(arms: pd.DataFrame) -> bool:
+    """More to say than headline.csv: an arm other than ON, or a baseline other than OFF."""
+    return len(arms) > 0 and bool(((arms["arm"] != "on") | (arms["baseline"] != "off")).any())
+
+
+def _bound(r: pd.Series) -> str:
+    if not r["gain_is_bound"]:
+        return ""
+    return "≤ " if r["saturated"] else "≥ "
+
+
+def _gain(r: pd.Series) -> str:
+    g = r["gain_mean_e2e"]
+    if not math.isfinite(g):
+        return "–"
+    return (f"{_bound(r)}{fmt(100 * g, '.1f')} % [{fmt(100 * r['gain_mean_e2e_lo'], '.1f')}, "
+            f"{fmt(100 * r['gain_mean_e2e_hi'], '.1f')}]")
+
+
+def sentences(arms: pd.DataFrame) -> list[str]:
+    """Per arm, at the highest rate where neither it nor the baseline saturated (else the highest):
+    its mean E2E against the baseline's and the paired gain with its interval."""
+    out = []
+    for arm, g in arms.groupby("arm", sort=False):
+        g = g.sort_values("rate")
+        calm = g[~g["gain_is_bound"].astype(bool)]
+        r = (calm if len(calm) else g).iloc[-1]
+        base = r["baseline"]
+        out.append(f"{MODE_LABELS[arm]} against {MODE_LABELS[base]} at {r['rate']:g} req/s set "
+                   f"({fmt(r['arrival_rate'], '.2f')} actual): mean E2E {fmt(r['mean_e2e_ms'], '.1f')} ms vs "
+                   f"{fmt(r['baseline_mean_e2e_ms'], '.1f')} ms, gain {_gain(r)} (paired over "
+                   f"{int(r['n_pairs'])} requests, 95 % interval on this machine), hit rate {fmt(r['hit_rate'], '.3f')}.")
+    return out
+
+
+def table(arms: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for _, r in arms.sort_values(["rate", "arm"], kind="stable").iterrows():
+        rows.append({
+            "rate (req/s): actual (set)": f"{fmt(r['arrival_rate'], '.2f')} ({r['rate']:g})",
+            "arm": r["arm"], "baseline": r["baseline"],
+            "mean E2E (ms)": f"{fmt(r['mean_e2e_ms'], '.0f')} [{fmt(r['mean_e2e_lo'], '.0f')}, "
+                             f"{fmt(r['mean_e2e_hi'], '.0f')}]",
+            "baseline mean E2E (ms)": fmt(r["baseline_mean_e2e_ms"], ".0f"),
+            "gain, mean E2E": _gain(r),
+            "hit rate (expected)": f"{fmt(r['hit_rate'], '.3f')} ({fmt(r['hit_rate_expected'], '.3f')})",
+            "saturated": ", ".join(w for w, s in (("arm", r["saturated"]), ("baseline", r["baseline_saturated"])) if s)
+                         or "no",
+        })
+    return pd.DataFrame(rows)
+
+
+def figure(arms: pd.DataFrame) -> Figure:
+    """Left: each arm's mean E2E with its interval, and the baseline's (dashed); right: each arm's
+    gain over the baseline with its paired interval; both against the actual arrival rate."""
+    fig = new_figure(12.0, 4.8)
+    left, right = fig.subplots(1, 2)
+    for arm, g in arms.groupby("arm", sort=False):
+        g = g.sort_values("arrival_rate")
+        x, c = g["arrival_rate"].to_numpy(float), MODE_COLORS[arm]
+        for ax, col, lo, hi in ((left, "mean_e2e_ms", "mean_e2e_lo", "mean_e2e_hi"),
+                                (right, "gain_mean_e2e", "gain_mean_e2e_lo", "gain_mean_e2e_hi")):
+            scale = 100.0 if ax is right else 1.0
+            y = g[col].to_numpy(float) * scale
+            err = np.vstack([y - g[lo].to_numpy(float) * scale, g[hi].to_numpy(float) * scale - y])
+            ax.errorbar(x, y, yerr=np.clip(np.nan_to_num(err), 0, None), color=c, capsize=3, lw=1.5,
+                        marker="o", ms=4, label=MODE_LABELS[arm])
+            bound = g["gain_is_bound"].to_numpy(bool)
+            ax.plot(x[bound], y[bound], ls="none", marker=SAT_MARKER, color=c, ms=SAT_SIZE,
+                    markeredgecolor="black", markeredgewidth=0.8)
+    for base, g in arms.groupby("baseline", sort=False):
+        g = g.drop_duplicates("rate").sort_values("arrival_rate")
+        left.plot(g["arrival_rate"], g["baseline_mean_e2e_ms"], "--", marker="s", ms=4, color=MODE_COLORS[base],
+                  label=f"{MODE_LABELS[base]} (baseline)")
+    right.axhline(0, color="black", lw=0.8)
+    for ax in (left, right):
+        rate_axis(ax, arms["arrival_rate"])
+        ax.set_xlabel("actual arrival rate (req/s)")
+        ax.legend(fontsize=8)
+    e2e = arms[["mean_e2e_ms", "baseline_mean_e2e_ms"]].to_numpy(float)
+    e2e = e2e[np.isfinite(e2e) & (e2e > 0)]
+    if e2e.size and e2e.max() / e2e.min() >= 10:  # a sweep into saturation spans decades
+        left.set_yscale("log")
+    left.set_ylabel("mean E2E (ms), 95 % interval")
+    right.set_ylabel("gain over the baseline, mean E2E (%)")
+    left.set_title("Every arm's mean E2E (X: saturated, a bound)")
+    right.set_title("(baseline − arm) / baseline, paired by request")
+    return fig

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import signal
+import threading
 import time
 import traceback
 from dataclasses import asdict, replace
@@ -43,6 +45,8 @@ def make_record(mode: str, rate: float, index: int, request_id: str, row: Datase
     error = tr.error
     if not error and n < row.output_len:
         error = f"short output: {n} of {row.output_len} tokens"
+    elif not error and n > row.output_len:  # not the work asked for: a server that ignores max_tokens
+        error = f"long output: {n} tokens, {row.output_len} asked"
 
     def span(a: float, b: float) -> float:
         return (b - a) * 1e3 if a > 0 and b > 0 else nan
@@ -121,11 +125,20 @@ class ModeSession:
         self.engine.shutdown()
 
     async def restart(self) -> None:
+        """After the engine died in a point: a fresh one.  One that does not come back stops the
+        run (StudyFailed: its points so far are saved, --resume goes on), whatever the reason; a
+        server that went away is no bad input of the user's."""
         await _optional_hook(self.engine, "aclose")
         self.engine.shutdown()
         self.engine = make_engine(self.cfg, self.mode, ray_workers=self.ray_workers,
                                   replica_factory=self.replica_factory)
-        await self.engine.start()
+        try:
+            await self.engine.start()
+        except Exception as e:
+            with contextlib.suppress(Exception):
+                self.engine.shutdown()
+            raise StudyFailed(f"cache {self.mode.upper()}: the engine died and did not come back "
+                              f"({describe_failure(e, getattr(e, 'log', ''))})", log=getattr(e, "log", "")) from e
 
     def _rid(self, kind: str, rate: float, i: int, repeat: int = 0) -> str:
         self._seq += 1  # request ids stay unique across points on one engine
@@ -179,7 +192,17 @@ class ModeSession:
         await eng.reset_prefix_cache()
         settle_heap()
         self._sent: list[_Sent] = []
-        records, warmup_s = await self._prime_and_warm_up(rate, repeat)
+        try:
+            records, warmup_s = await self._prime_and_warm_up(rate, repeat)
+        except PrimeFailed as e:  # the point cannot run; its planned requests are rows all the same
+            why = str(e)
+            ids = [self._rid("m", rate, i, repeat) for i in range(n)]
+            recs = [make_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), 0.0,
+                                RequestTrace(float("nan"), error=f"not sent: {why}"), parent_index=parents[i],
+                                repeat=repeat) for i in range(n)]
+            return PointResult(self.mode, rate, typed_requests(pd.DataFrame([asdict(r) for r in recs])),
+                               typed_iterations(), {"status": "failed", "error": why, "n_sent": n,
+                                                    "started_at": started_at}, repeat)
 
         await _optional_hook(eng, "begin_point")
         eng.begin_iterations()
@@ -239,18 +262,22 @@ class ModeSession:
     async def _prime_and_warm_up(self, rate: float, repeat: int) -> tuple[list[RequestRecord], float]:
         """Each group's prefix once (so ON's first measured request can hit), then the warm-ups,
         recorded apart.  Returns their records and the warm-up seconds."""
+        # Their own deadline, as long as the point's: a stalling server cannot hold a point in its
+        # primes and warm-ups for their number x request_timeout_s.
+        deadline = time.monotonic() + self.cfg.sweep.max_point_duration_s
         if self.cfg.sweep.prime_prefixes:
             for g, prefix in sorted(self.prefixes.items()):
                 if prefix:
                     tr = await self._one(DatasetRow("prime", prefix, 1, g), self._rid("prime", rate, g, repeat),
-                                         time.monotonic())
+                                         time.monotonic(), deadline=deadline)
                     if tr.error:  # an engine that cannot run its prime cannot run the point
-                        raise RuntimeError(f"priming group {g}: {tr.error}")
+                        raise PrimeFailed(f"priming group {g} failed ({tr.error})")
         records: list[RequestRecord] = []
         tw = time.monotonic()
         for i, row in enumerate(self._warmup_rows(self.cfg.sweep.warmup_requests)):
             rid = self._rid("warmup", rate, i, repeat)
-            tr = await self._one(row, rid, time.monotonic())
+            tr = await self._one(row, rid, time.monotonic(), deadline=deadline) if time.monotonic() < deadline else \
+                RequestTrace(float("nan"), error=f"unfinished: not sent, {WARMUP_LATE}")
             records.append(make_record(self.mode, rate, i, rid, row, True, float("nan"), tw, tr, repeat=repeat))
         return records, time.monotonic() - tw
 
@@ -297,6 +324,8 @@ class ModeSession:
             p.scheduled_s[i] = ptr.token_times[-1] + row.think_time_s - p.t0
             await _sleep_until(p.t0 + p.scheduled_s[i])
         except asyncio.CancelledError:
+            if stop_requested():
+                raise
             return RequestTrace(float("nan"), error="unfinished: cancelled at max_point_duration_s")
         p.prompts[i] = p.prompts[p.parents[i]] + ptr.output_token_ids + row.prompt_token_ids
         return await self._one(replace(row, prompt_token_ids=p.prompts[i]), p.ids[i], time.monotonic(), i)
@@ -307,20 +336,31 @@ class ModeSession:
         try:
             await slots.acquire()
         except asyncio.CancelledError:
+            if stop_requested():
+                raise
             return RequestTrace(float("nan"), error="unfinished: no free slot (max_concurrency) before max_point_duration_s")
         try:
             return await self._one(row, rid, time.monotonic(), index)
         finally:
             slots.release()
 
-    async def _one(self, row: DatasetRow, rid: str, sent: float, index: int = -1) -> RequestTrace:
+    async def _one(self, row: DatasetRow, rid: str, sent: float, index: int = -1,
+                   deadline: float | None = None) -> RequestTrace:
+        """One request, within request_timeout_s (and ``deadline``, a monotonic time, if given)."""
         tr = RequestTrace(sent)
+        timeout = self.cfg.sweep.request_timeout_s
+        late = deadline is not None and deadline - time.monotonic() < timeout
+        if late:
+            timeout = max(0.0, deadline - time.monotonic())
         try:
             await asyncio.wait_for(self.engine.generate(row.prompt_token_ids, row.output_len, rid, tr),
-                                   timeout=self.cfg.sweep.request_timeout_s)
+                                   timeout=timeout)
         except asyncio.TimeoutError:
-            tr.error = f"unfinished: request_timeout_s ({self.cfg.sweep.request_timeout_s:g} s) passed"
+            tr.error = f"unfinished: {WARMUP_LATE}" if late else \
+                f"unfinished: request_timeout_s ({self.cfg.sweep.request_timeout_s:g} s) passed"
         except asyncio.CancelledError:
+            if stop_requested():  # Ctrl-C / SIGTERM: the run stops, this is no point's deadline
+                raise
             tr.error = "unfinished: cancelled at max_point_duration_s"
         except Exception as e:
             tr.error = f"{type(e).__name__}: {e}".strip()[:500]
@@ -328,6 +368,13 @@ class ModeSession:
         self._sent.append(_Sent(sent, index, SentRequest(row.prompt_token_ids, tr.output_token_ids or None,
                                                          max(len(tr.token_times), 1)), *_held_span(tr), tr.replica))
         return tr
+
+
+WARMUP_LATE = "the primes and warm-ups passed max_point_duration_s"
+
+
+class PrimeFailed(Exception):
+    """A group's prime request failed: the point is not run."""
 
 
 class _Point:
@@ -373,6 +420,84 @@ def itl_summary(gaps: list[np.ndarray], percentiles) -> dict[str, float | None]:
     out = {"median": float(np.median(v)), "std": float(v.std())}
     out.update({f"p{int(q) if int(q) == q else q}": float(np.percentile(v, q)) for q in percentiles})
     return out
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered like Ctrl-C so the same cleanup runs (engines down, points flushed)."""
+
+    signum = signal.SIGTERM
+
+
+# The signal that asked this process to stop, while ``run_until_signal`` runs a loop (None: none).
+# The runner's own cancellations (a point's deadline) leave it None, so a request cancelled by one
+# becomes an "unfinished" row, while one cancelled by a signal lets the cancellation through.
+_stop: dict[str, int | None] = {"signum": None}
+RECANCEL_S = 0.5  # how often a stop is repeated while the main task has not ended
+
+
+def stop_requested() -> bool:
+    return _stop["signum"] is not None
+
+
+def run_until_signal(main):
+    """``asyncio.run(main)``, with SIGINT and SIGTERM taken by the loop (``add_signal_handler``):
+    the first one cancels the main task, again every RECANCEL_S until it ends (a library that
+    swallows one cancellation cannot keep the run going), and the run then raises
+    KeyboardInterrupt (SIGINT) or ``Terminated`` (SIGTERM).  A handler that raised from inside
+    the loop's select call instead could leave the loop half-stopped and the sweep running on.
+    Off the main thread (a Ray actor's, a notebook's helper) signals are not the loop's to take."""
+    if threading.current_thread() is not threading.main_thread():
+        return asyncio.run(main)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(main)
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in sigs}
+    _stop["signum"] = None
+
+    def again() -> None:
+        if not task.done():
+            task.cancel()
+            loop.call_later(RECANCEL_S, again)
+
+    def on_signal(signum: int) -> None:
+        first = _stop["signum"] is None
+        _stop["signum"] = _stop["signum"] or signum
+        if first:
+            again()
+
+    try:
+        for s in sigs:
+            loop.add_signal_handler(s, on_signal, s)
+        try:
+            result = loop.run_until_complete(task)
+        except BaseException:
+            if not stop_requested():
+                raise
+            result = None  # whatever the cancellation left behind, the signal is the reason to report
+        if stop_requested():
+            raise (Terminated() if _stop["signum"] == signal.SIGTERM else KeyboardInterrupt()) from None
+        return result
+    finally:
+        try:
+            _cancel_rest(loop)
+        finally:
+            for s in sigs:
+                loop.remove_signal_handler(s)
+                signal.signal(s, previous[s])  # remove_signal_handler would leave SIG_DFL
+            loop.close()
+            _stop["signum"] = None
+
+
+def _cancel_rest(loop: asyncio.AbstractEventLoop) -> None:
+    """What asyncio.run does at its end: cancel the tasks still open, let them finish, close the
+    async generators."""
+    rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in rest:
+        t.cancel()
+    if rest:
+        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())
 
 
 async def _optional_hook(engine, name: str):

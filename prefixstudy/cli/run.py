@@ -108,12 +108,20 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         from prefixstudy.configs import resolve_config
 
         config = resolve_config(config)
-        overrides.update(peer_overrides(config, rates, **peer))
+        flags = peer_overrides(config, rates, **peer)
+        if "engine" in flags:  # --target-on/off replace the engine section: the --set engine.* items go into it
+            for key in [k for k in overrides if k.startswith("engine.")]:
+                node = flags["engine"]
+                *path, last = key.split(".")[1:]
+                for part in path:
+                    node = node.setdefault(part, {})
+                node[last] = overrides.pop(key)
+        overrides.update(flags)
     _console(verbose)
     cfg = load_config(config, overrides) if resume is None else None  # a bad config fails before pandas loads
     if dry_run and cfg is not None:
         from prefixstudy.executors import resolve_executor
-        from prefixstudy.study import check_plan
+        from prefixstudy.study import check_installed, check_plan, device_problem
         from prefixstudy.workloads import load_rows
 
         from prefixstudy.arms import check_offload_device
@@ -121,12 +129,18 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         rows = load_rows(cfg)
         check_plan(cfg)
         check_offload_device(cfg)
+        check_installed(cfg)
+        cannot = device_problem(cfg) if cfg.engine.kind != "sim" else ""
+        executor_name = resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address)
         click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
                    f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s"
                    + (f" x {cfg.sweep.repeats} repeats" if cfg.sweep.repeats > 1 else "")
                    + (f", {cfg.replicas} replicas routed by {','.join(cfg.router.policies)}" if cfg.replicas > 1 else "")
-                   + f", executor {'sim (virtual time)' if cfg.engine.kind == 'sim' else resolve_executor(cfg.executor)}; "
+                   + f", executor {'sim (virtual time)' if cfg.engine.kind == 'sim' else executor_name}; "
                    "nothing run (--dry-run)")
+        if cannot:  # a GPU study checked on a laptop: fine to check, not to run (a Ray cluster's GPUs may do)
+            click.echo(f"note: it cannot run on this machine: {cannot}" + ("; a Ray cluster's GPUs would do"
+                                                                           if executor_name == "ray" else ""))
         return
     if cfg is not None and cfg.replicas > 1 or resume is not None and _is_routing_sweep(resume):
         return _run_fleets(cfg, report, progress=not quiet, resume=resume)
@@ -136,10 +150,12 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         from prefixstudy.report import build_report
 
         click.echo(f"report: {build_report(run_dir)}")
-    failed = _failed_points(run_dir)
+    failed = [p for p in _manifest(run_dir).get("points", []) if p.get("status") != "ok"]
     if failed:
-        click.echo(f"{failed} point(s) failed (see manifest.json); run them again with: "
-                   f"prefixstudy run --resume {run_dir}", err=True)
+        first = failed[0]
+        click.echo(f"error: {len(failed)} point(s) failed, the first: cache {str(first['mode']).upper()} @ "
+                   f"{float(first['rate']):g} req/s: {first.get('error') or 'see manifest.json'}; "
+                   f"run them again with: prefixstudy run --resume {run_dir}", err=True)
         sys.exit(1)
 
 
@@ -147,15 +163,11 @@ def _run_fleets(cfg, report: bool, progress: bool, resume: Path | None = None) -
     """replicas > 1: one run folder per routing policy under one parent (routing_sweep), each with
     its report, then routing.md comparing them.  ``resume``: such a parent, gone on with."""
     from prefixstudy.routing_sweep import routing_report, run_routing_sweep
-    from prefixstudy.study import Terminated
 
     try:
         parent = run_routing_sweep(cfg, progress=progress, resume=resume)
     except KeyboardInterrupt as e:
-        where = getattr(e, "run_dir", "<run dir>")
-        click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}",
-                   err=True)
-        sys.exit(143 if isinstance(e, Terminated) else 130)
+        _interrupted(e)
     runs = sorted(d for d in parent.iterdir() if d.name.startswith("policy-") and (d / "manifest.json").is_file())
     manifests = {d: _manifest(d) for d in runs}  # building a report leaves them as they are
     if report:
@@ -221,20 +233,29 @@ def _console(verbose: bool) -> None:
 
 def _run(cfg, resume: Path | None, config: Path | None, progress: bool) -> Path:
     """run_study, with its two ways of stopping early turned into exit codes (1, 130 / 143)."""
-    from prefixstudy.study import StudyFailed, Terminated, run_study
+    from prefixstudy.study import StudyFailed, run_study
 
     try:
         if resume is not None:
             return run_study(None, progress=progress, resume=resume, resume_config=config)
         return run_study(cfg, progress=progress)
     except StudyFailed as e:
-        click.echo(f"error: {e}; finished points are saved", err=True)
+        where = getattr(e, "run_dir", None)
+        click.echo(f"error: {e}; finished points are saved"
+                   + (f"; continue with: prefixstudy run --resume {where}" if where is not None else ""), err=True)
         sys.exit(1)
     except KeyboardInterrupt as e:
-        where = getattr(e, "run_dir", "<run dir>")
-        click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}",
-                   err=True)
-        sys.exit(143 if isinstance(e, Terminated) else 130)
+        _interrupted(e)
+
+
+def _interrupted(e: KeyboardInterrupt) -> None:
+    """Ctrl-C (exit 130) or SIGTERM (143): where the saved points are, or that there are none yet."""
+    from prefixstudy.study import Terminated
+
+    where = getattr(e, "run_dir", None)
+    click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}"
+               if where is not None else "interrupted before any results were written", err=True)
+    sys.exit(143 if isinstance(e, Terminated) else 130)
 
 
 def _manifest(run_dir: Path) -> dict:
@@ -247,11 +268,7 @@ def _failed_in(manifest: dict) -> int:
     return sum(p.get("status") != "ok" for p in manifest.get("points", []))
 
 
-def _failed_points(run_dir: Path) -> int:
-    return _failed_in(_manifest(run_dir))
-
-
-@click.command()
+@click.command(short_help="Join runs made apart, or capacity sweeps.")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Results root for the merged run.")
 def merge(runs, out):

@@ -38,8 +38,8 @@ def _metadata(items: tuple[str, ...]) -> dict[str, str]:
 def _goodput(text: str) -> dict[str, float]:
     from prefixstudy.metrics.requests import parse_slo
 
-    try:
-        return parse_slo(text)
+    try:  # vLLM's form separates the objectives with spaces ("ttft:200 e2e:2000", quoted)
+        return parse_slo(",".join(x for x in text.replace(",", " ").split()))
     except UserError as e:  # parse_slo names --slo; this flag is --goodput
         raise UserError(str(e).replace("--slo", "--goodput", 1)) from None
 

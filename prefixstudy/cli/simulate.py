@@ -38,6 +38,9 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, report
     elif calibration is None:
         raise UserError("--calibration: required (or a config with engine.kind sim and engine.calibration)")
     from prefixstudy.sim.run import simulate as run_sim
+    from prefixstudy.study import need_vllm
+
+    need_vllm("prefixstudy simulate: the simulator replays vLLM's own scheduler, so it")  # before any results folder
 
     run_dir = run_sim(cfg, calibration, gpu, tp, out, jobs)
     click.echo(f"results: {run_dir}")

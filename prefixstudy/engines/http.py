@@ -89,9 +89,18 @@ class HttpEngineConfig(EngineConfigBase):
     @field_validator("targets")
     @classmethod
     def _urls(cls, v: dict[str, str]) -> dict[str, str]:
+        from urllib.parse import urlsplit
+
         for mode, url in v.items():
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"{mode}: {url!r} is not an http:// or https:// base URL")
+            try:
+                parts = urlsplit(url)
+                parts.port  # noqa: B018 (a port that is no number raises here)
+            except ValueError:
+                raise ValueError(f"{mode}: {url!r} has no valid host and port") from None
+            if not parts.hostname:
+                raise ValueError(f"{mode}: {url!r} has no host")
         return {m: u.rstrip("/") for m, u in v.items()}
 
 
@@ -113,6 +122,23 @@ def _check_reachable(mode: str, url: str) -> None:
 def _first_line(text: str, limit: int = 200) -> str:
     lines = text.strip().splitlines()
     return lines[0][:limit] if lines else ""
+
+
+class ServerReplyError(Exception):
+    """A reply that is not a completion stream; its text is the request's error, as is."""
+
+
+async def _refusal(r) -> str:
+    """The error of a reply that is not a completion stream, in one line ("" for a stream): an HTTP
+    error, a redirect, or a 200 that is not server-sent events (an HTML login page, a JSON body)."""
+    if 300 <= r.status < 400:
+        return f"HTTP {r.status}: redirected to {r.headers.get('Location', '?')}; give the server's own base URL"
+    if r.status != 200:
+        return f"HTTP {r.status}: {_first_line(await r.text())}"
+    ctype = r.headers.get("Content-Type", "")
+    if not ctype.startswith("text/event-stream"):
+        return f"not an SSE stream (Content-Type {ctype or 'none'}): {_first_line(await r.text(errors='replace'))}"
+    return ""
 
 
 class HttpEngine:
@@ -192,7 +218,9 @@ class HttpEngine:
             except Exception as e:  # not listening yet
                 last = type(e).__name__
             await asyncio.sleep(0.5)
-        raise UserError(f"field 'engine.targets.{self.mode}': {self.base} not healthy after {timeout_s:g} s ({last})")
+        hint = (f"; the base URL is the server's root, without /v1: {self.base.removesuffix('/v1')}"
+                if self.base.endswith("/v1") else "")
+        raise UserError(f"field 'engine.targets.{self.mode}': {self.base} not healthy after {timeout_s:g} s ({last}){hint}")
 
     async def _served_model(self) -> str:
         async with self.session.get(f"{self.base}/v1/models") as r:
@@ -289,12 +317,21 @@ class HttpEngine:
         url = f"{self.base}/v1/completions"
         try:
             # A cancelled request closes its connection, and vLLM aborts it on the disconnect.
+            # Redirects are not followed: a completion stream that moves (a login page, a proxy's
+            # loop) is not the server asked for.
             async with self.session.post(url, json=self._payload(prompt_token_ids, output_len),
-                                         headers={"X-Request-Id": request_id}) as r:
-                if r.status != 200:
-                    trace.error = f"HTTP {r.status}: {_first_line(await r.text())}"
+                                         headers={"X-Request-Id": request_id}, allow_redirects=False) as r:
+                trace.error = await _refusal(r)
+                if trace.error:
                     return trace
-                usage = await self._read_stream(r, trace)
+                try:
+                    usage = await self._read_stream(r, trace)
+                except ServerReplyError as e:
+                    trace.error = str(e)
+                    return trace
+                except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+                    trace.error = f"connection closed mid-stream after {len(trace.token_times)} of {output_len} tokens"
+                    return trace
         except aiohttp.ClientConnectorError:
             self.dead = True  # nothing listens there any more
             raise
@@ -314,9 +351,14 @@ class HttpEngine:
                 data = msg.strip().removeprefix(b"data:").strip()
                 if not data or data == b"[DONE]" or data.startswith(b":"):
                     continue
-                obj = json.loads(data)
+                try:
+                    obj = json.loads(data)
+                except ValueError:
+                    raise ServerReplyError(f"invalid JSON in the stream: {_first_line(data.decode(errors='replace'), 100)}") from None
+                if not isinstance(obj, dict):
+                    raise ServerReplyError(f"not an event object in the stream: {_first_line(data.decode(errors='replace'), 100)}")
                 if obj.get("error"):
-                    raise RuntimeError(f"server error: {_first_line(str(obj['error']))}")
+                    raise ServerReplyError(f"server error: {_first_line(str(obj['error']))}")
                 choices = obj.get("choices")
                 if choices:
                     ids = choices[0].get("token_ids")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from prefixstudy.executors import StudySink, point_line, repeat_tag, total_requests
-from prefixstudy.runner import ModeSession
+from prefixstudy.runner import ModeSession, run_until_signal
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
@@ -18,7 +17,7 @@ class LocalExecutor:
     name = "local"
 
     def run(self, cfg: "StudyConfig", rows, sink: StudySink, progress: bool = True) -> None:
-        asyncio.run(self._run(cfg, rows, sink, progress))
+        run_until_signal(self._run(cfg, rows, sink, progress))
 
     async def _run(self, cfg, rows, sink: StudySink, progress: bool) -> None:
         bar = tqdm(total=total_requests(cfg), unit="req", disable=not progress, dynamic_ncols=True)
@@ -29,9 +28,9 @@ class LocalExecutor:
                     for rate, repeat in cfg.sweep.points():
                         bar.set_description(f"cache {mode.upper()} @ {rate:g} req/s" + repeat_tag(cfg, repeat))
                         res = await session.run_point(rate, repeat)
-                        failed = res.meta.get("status") == "failed"
-                        bar.write(point_line(mode, rate, sink.point_done(res), res.meta.get("error", "") if failed else "",
-                                             repeat_tag(cfg, repeat)))
+                        row = sink.point_done(res)
+                        failed = row["status"] == "failed"
+                        bar.write(point_line(mode, rate, row, row["error"] if failed else "", repeat_tag(cfg, repeat)))
                         if failed and session.engine.is_dead():
                             bar.set_description(f"restarting engine (cache {mode.upper()})")
                             await session.restart()

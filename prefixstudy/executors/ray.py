@@ -31,7 +31,7 @@ from prefixstudy.executors.own_log import OwnLog
 from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, plan_parallel,
                                             summarize_actor_error)
 from prefixstudy.results.provenance import gpu_name_via_nvml
-from prefixstudy.runner import ModeSession
+from prefixstudy.runner import ModeSession, run_until_signal
 from prefixstudy.schema import PointResult
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,14 @@ def _keep_sigterm_handler() -> None:
     handler = signal.getsignal(signal.SIGTERM)
     if callable(handler):
         signal.signal(signal.SIGTERM, handler)
+
+
+def ray_failure(e: BaseException) -> str:
+    """A Ray error that is no task's or actor's own (Ray's OutOfMemoryError, a lost object, a
+    cluster going away), in one line with what to do."""
+    what = ("run fewer engines side by side (--parallel off, or fewer replicas) or --executor local"
+            if type(e).__name__ == "OutOfMemoryError" else "try again, or run with --executor local")
+    return f"Ray: {type(e).__name__}: {first_line(e, 200)}; {what}"
 
 
 def alive_nodes() -> list[dict]:
@@ -335,9 +343,13 @@ class RayExecutor:
         self.cfg, self.sink = cfg, sink
         self.actors: list = []
         self.pgs: list = []
+        from ray.exceptions import RayError
+
         owned = connect(cfg.ray.address, cfg.ray.num_cpus)
         try:
-            asyncio.run(self._run(rows, progress))
+            run_until_signal(self._run(rows, progress))
+        except RayError as e:  # not a task's or an actor's (those are rows or StudyFailed): Ray's own
+            raise StudyFailed(ray_failure(e)) from None
         finally:
             # Also on Ctrl-C / SIGTERM, when the event loop is gone: nothing of ours stays on the cluster.
             for a in self.actors:
@@ -400,8 +412,8 @@ class RayExecutor:
 
     def point_done(self, res: PointResult) -> None:
         summary = self.sink.point_done(res)
-        failed = res.meta.get("status") == "failed"
-        self.bar.write(point_line(res.mode, res.rate, summary, res.meta.get("error", "") if failed else "",
+        failed = summary["status"] == "failed"
+        self.bar.write(point_line(res.mode, res.rate, summary, summary["error"] if failed else "",
                                   repeat_tag(self.cfg, res.repeat)))
         self._refresh_bar()
 

@@ -21,6 +21,11 @@ A point is **saturated** if any of these holds:
 4. **latency climbed**: mean E2E of the last third of requests (by schedule) is at least
    ``TREND_REL`` x that of the first third.
 
+Requests that failed (an error other than "unfinished": an HTTP error, a broken stream) say the
+server refused or broke, not that it fell behind, so they are left out of every rule.  A point
+whose measured requests mostly failed (more than ``FAILED_SHARE``) is **failed**, not saturated:
+``failed_point`` says why, in one line.
+
 A saturated point's latency depends on how long it ran: it is a lower bound, and a gain
 measured there is a bound too.  On 20-second points (the committed H200 studies) rule 3 also
 fires on transients: OFF at 12 req/s on one H200 rose from 9 to 15 requests in one repeat of three
@@ -31,6 +36,7 @@ repeats (metrics.headline.knee), and one repeat only makes its gain a bound.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -42,20 +48,43 @@ MISSING_MIN = 2  # requests: one late request of a short point is not a trend
 GROWTH_MIN = 2.0  # requests
 GROWTH_REL = 0.5  # of the first third's mean
 TREND_REL = 1.5
+FAILED_SHARE = 0.5  # of a point's measured requests; more failed: the point failed
+KINDS_SHOWN = 3  # distinct errors named in a failed point's line
 
 COLUMNS = ["arrival_rate", "completion_ratio", "in_system_first", "in_system_last", "e2e_first_ms",
            "e2e_last_ms", "n_unfinished_open"]
 
 
+def _failed(m: pd.DataFrame) -> pd.Series:
+    """Measured rows that failed: an error that is not "unfinished" (those are the engine's backlog)."""
+    err = m["error"].fillna("").astype(str)
+    return (err != "") & ~err.str.startswith("unfinished")
+
+
 def sent(requests: pd.DataFrame) -> pd.DataFrame:
+    """Measured requests that were sent and did not fail: the ones that say whether it kept up."""
     m = measured(requests)
-    return m[m["sent_s"].notna()]
+    return m[m["sent_s"].notna() & ~_failed(m)]
+
+
+def failed_point(requests: pd.DataFrame) -> str:
+    """"" when the point's measured requests mostly did not fail; else one line: how many failed,
+    and each distinct error once, with its count, most frequent first."""
+    m = measured(requests)
+    bad = m[_failed(m)]
+    if not len(m) or len(bad) <= FAILED_SHARE * len(m):
+        return ""
+    kinds = Counter(bad["error"].astype(str)).most_common()
+    shown = "; ".join(f"{e} ({n}x)" for e, n in kinds[:KINDS_SHOWN])
+    more = f"; {len(kinds) - KINDS_SHOWN} more kinds" if len(kinds) > KINDS_SHOWN else ""
+    return f"{len(bad)} of {len(m)} requests failed: {shown}{more}"
 
 
 def arrival_rate(requests: pd.DataFrame) -> float:
     """The rate the engine was actually offered: (n - 1) / (last - first scheduled send) over the
     measured requests sent.  A Poisson draw of 40 arrivals at "1 req/s" can be 0.8."""
-    s = sent(requests)["scheduled_s"].dropna().to_numpy(float)
+    m = measured(requests)  # failed requests were offered too
+    s = m[m["sent_s"].notna()]["scheduled_s"].dropna().to_numpy(float)
     span = s.max() - s.min() if s.size > 1 else 0.0
     return (s.size - 1) / span if span > 0 else math.nan
 

@@ -1,15 +1,15 @@
 """Stage: output/input.  Points as ``vllm bench serve`` result JSON, and back.
 
-Export writes one JSON per (mode, rate) with the field names and formats of the result dict
+Export writes one JSON per (mode, rate, repeat) with the field names and formats of the result dict
 that ``vllm/benchmarks/serve.py`` (0.26) saves with ``--save-result``: ``date`` as
 ``%Y%m%d-%H%M%S``, ``endpoint_type`` / ``backend`` ``vllm`` (the OpenAI-completions backend),
 ``model_id`` the model's name (not a local path), ``request_rate`` ``"inf"`` for everything at
-once, ``burstiness`` only for gamma arrivals.  Only counted requests (measured, no error) enter
+once, ``burstiness`` as vLLM writes it (the gamma shape, 1.0 for Poisson).  Only counted requests (measured, no error) enter
 the latency fields, as vLLM only counts successful ones; ``failed`` counts errors only, and the
 requests a point's cap stopped (never sent, or still open) are reported apart (``unfinished``,
 ``never_sent``).  With ``detailed`` (vLLM's ``--save-detailed``) the per-request arrays
-``input_lens``, ``output_lens``, ``ttfts`` (s), ``start_times`` and ``errors`` are added (and
-vLLM 0.32's ``latencies`` and ``queue_times``).
+``input_lens``, ``output_lens``, ``ttfts`` (s), ``start_times`` and ``errors`` are added; vLLM
+0.32's ``latencies`` and ``queue_times`` are always written, as it writes them.
 ``layout="sweep"`` writes vLLM's ``bench sweep`` layout (``SERVE-enable_prefix_caching=True-
 BENCH-request_rate=4/summary.json``), which ``vllm bench sweep plot`` reads.  Differences:
 
@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics.requests import measured, meets_slo, split_outcomes
+from prefixstudy.metrics.requests import measured, meets_slo, split_outcomes, with_repeat
 from prefixstudy.errors import UserError, read_text
-from prefixstudy.report.data import summary_points
+from prefixstudy.report.data import _as_bool, norm_rate
 from prefixstudy.results import StudyResults, write_json
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,9 @@ def _percentile_key(p: float) -> str:
 def _traffic(config: dict, rate: float) -> dict[str, Any]:
     arr = config.get("arrivals", {}) or {}
     out: dict[str, Any] = {"request_rate": "inf" if math.isinf(rate) else float(rate)}
-    if arr.get("process") == "gamma":  # vLLM's burstiness means gamma arrivals; Poisson has none
-        out["burstiness"] = float(arr.get("burstiness", 1.0))
+    # vLLM writes it for every run: its gamma shape, 1.0 for Poisson.  Constant arrivals have none.
+    out["burstiness"] = float(arr.get("burstiness", 1.0)) if arr.get("process") == "gamma" else \
+        (None if arr.get("process") == "constant" else 1.0)
     out["max_concurrency"] = (config.get("sweep", {}) or {}).get("max_concurrency")
     return out
 
@@ -109,7 +110,7 @@ def point_result(requests: pd.DataFrame, iterations: pd.DataFrame, *, mode: str,
         "date": bench_date(started_at if started_at is not None else manifest.get("started_at")),
         "endpoint_type": "vllm",  # for backward compatibility, as vLLM writes it
         "backend": "vllm",
-        "label": config.get("label") or f"{config.get('study', 'prefixstudy')}-{mode}",
+        "label": config.get("label"),  # vLLM's default: null (--label names a run)
         "model_id": name,
         "tokenizer_id": name,
         "num_prompts": int(len(m)),
@@ -127,6 +128,7 @@ def point_result(requests: pd.DataFrame, iterations: pd.DataFrame, *, mode: str,
         "output_throughput": _f(total_out / dur),
         "total_token_throughput": _f((total_in + total_out) / dur),
     }
+    res.update(_latency_arrays(m, ok))  # vLLM 0.32 writes these two without --save-detailed
     if detailed:
         res.update(_detailed(m, ok))
     res.update(_peaks(ok, iterations))
@@ -148,8 +150,15 @@ def _detailed(m: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
         "ttfts": [float(t) if g and math.isfinite(t) else 0.0 for t, g in zip(ttft, good)],
         "start_times": [_f(s) for s in m["sent_s"]],  # seconds since the point's start
         "errors": m["error"].fillna("").astype(str).tolist(),
-        # vLLM 0.32 adds these two: E2E (s; 0.0 for a failed request) and the wait between the
-        # scheduled arrival and the send (s; --max-concurrency slots, or the loop's lag).
+    }
+
+
+def _latency_arrays(m: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
+    """vLLM 0.32's per-request E2E (s; 0.0 for a failed request) and the wait between the scheduled
+    arrival and the send (s; --max-concurrency slots, or the loop's lag), in schedule order."""
+    m = m.sort_values("request_index")
+    good = m.index.isin(ok.index)
+    return {
         "latencies": [float(e) / 1e3 if g and math.isfinite(e) else 0.0 for e, g in zip(m["e2e_ms"], good)],
         "queue_times": [_f(q / 1e3) for q in m["dispatch_lag_ms"]],
     }
@@ -236,10 +245,13 @@ def _peaks(ok: pd.DataFrame, iterations: pd.DataFrame) -> dict[str, Any]:
     return {"max_output_tokens_per_s": tok, "max_concurrent_requests": conc}
 
 
-def bench_filename(config: dict, mode: str, rate: float) -> str:
+def bench_filename(config: dict, mode: str, rate: float, repeat: int | None = None) -> str:
+    """``<study>-<mode>-<rate>qps-<model>.json``; with ``repeat`` (a study of several), ``-r<k>``
+    before the model, one file per repeat as `vllm bench serve` writes one per run."""
     model = str(config.get("model", "model")).rstrip("/").split("/")[-1] or "model"
     study = str(config.get("study", "prefixstudy"))
-    return f"{study}-{mode}-{rate:g}qps-{model}.json"
+    tag = "" if repeat is None else f"-r{repeat}"
+    return f"{study}-{mode}-{rate:g}qps{tag}-{model}.json"
 
 
 def sweep_path(mode: str, rate: float) -> Path:
@@ -250,50 +262,64 @@ def sweep_path(mode: str, rate: float) -> Path:
     return Path(f"SERVE-{serve}-BENCH-request_rate={rate_text}") / "summary.json"
 
 
-def _manifest_point(manifest: dict, mode: str, rate: float) -> dict:
+def _manifest_point(manifest: dict, mode: str, rate: float, repeat: int = 0) -> dict:
     for p in manifest.get("points", []):
-        if p.get("mode") == mode and np.isclose(float(p.get("rate", math.nan)), rate):
+        if p.get("mode") == mode and np.isclose(float(p.get("rate", math.nan)), rate) \
+                and int(p.get("repeat", 0) or 0) == repeat:
             return p
     return {}
+
+
+def _finished_points(study: StudyResults) -> pd.DataFrame:
+    """summary.csv's points that finished, one row per (mode, rate, repeat): a repeat is one run."""
+    if not len(study.summary):
+        raise UserError(f"{study.path}: summary.csv is missing or empty; no point was summarized")
+    p = with_repeat(norm_rate(study.summary))
+    p["repeat"] = p["repeat"].fillna(0).astype(int)
+    return p[p["status"].fillna("ok").astype(str) != "failed"]
 
 
 def export_bench(study: StudyResults, out_dir: Path | None = None, points: pd.DataFrame | None = None,
                  slo: dict[str, float] | None = None, *, detailed: bool = False,
                  layout: str = "flat") -> list[Path]:
-    """Write one vllm-bench-serve JSON per finished point into ``out_dir`` (default RESULTS/bench).
+    """Write one vllm-bench-serve JSON per finished point and repeat into ``out_dir`` (default
+    RESULTS/bench): each repeat is a run of its own (its own duration, clock and concurrency), never
+    pooled with the others.
 
-    ``points``: mode, rate, duration_s, saturated; by default summary.csv's finished points.
-    ``slo``: default the run's ``goodput``.  ``layout``: ``flat`` (one file per point) or
-    ``sweep`` (``sweep_path``: a list of one run per file, with ``run_number``).
+    ``points``: mode, rate, duration_s, saturated (and repeat; none: 0); by default summary.csv's
+    finished points.  ``slo``: default the run's ``goodput``.  ``layout``: ``flat`` (one file per
+    point and repeat, ``-r<k>`` in the name when the study has several) or ``sweep`` (``sweep_path``:
+    per mode and rate, the list of its repeats, each with its ``run_number``).
     """
     if layout not in ("flat", "sweep"):
         raise UserError(f"--layout {layout}: use flat or sweep")
     out_dir = Path(out_dir) if out_dir else study.path / "bench"
     slo = slo if slo else (study.config.get("goodput") or None)
-    if points is None:
-        points = summary_points(study)
-        points = points[points["status"] != "failed"]
+    points = _finished_points(study) if points is None else with_repeat(points)
     if points.empty:
         raise UserError(f"{study.path}: no finished points to export")
-    paths = []
-    for _, p in points.sort_values(["mode", "rate"]).iterrows():
-        mode, rate = str(p["mode"]), float(p["rate"])
-        req = study.requests[(study.requests["mode"] == mode) & np.isclose(study.requests["rate"], rate)]
-        it = study.iterations[(study.iterations["mode"] == mode) & np.isclose(study.iterations["rate"], rate)]
+    requests, iterations = with_repeat(study.requests), with_repeat(study.iterations)
+    several = points["repeat"].nunique() > 1 or int(points["repeat"].max()) > 0
+    runs: dict[Path, list[dict]] = {}
+    for _, p in points.sort_values(["mode", "rate", "repeat"]).iterrows():
+        mode, rate, repeat = str(p["mode"]), float(p["rate"]), int(p["repeat"])
+
+        def at(df: pd.DataFrame) -> pd.DataFrame:
+            return df[(df["mode"] == mode) & np.isclose(df["rate"], rate) & (df["repeat"] == repeat)]
+
         sat = p.get("saturated")
-        res = point_result(req, it, mode=mode, rate=rate, duration_s=float(p["duration_s"]),
+        entry = _manifest_point(study.manifest, mode, rate, repeat)
+        res = point_result(at(requests), at(iterations), mode=mode, rate=rate, duration_s=float(p["duration_s"]),
                            config=study.config, manifest=study.manifest,
-                           saturated=None if sat is None or pd.isna(sat) else bool(sat), slo=slo,
-                           started_at=_manifest_point(study.manifest, mode, rate).get("started_at"),
-                           detailed=detailed, itl=_manifest_point(study.manifest, mode, rate).get("itl_ms"))
+                           saturated=None if sat is None or pd.isna(sat) else _as_bool(sat), slo=slo,
+                           started_at=entry.get("started_at"), detailed=detailed, itl=entry.get("itl_ms"))
         if layout == "sweep":
-            path = out_dir / sweep_path(mode, rate)
-            write_json(path, [{**res, "run_number": 0}])
+            runs.setdefault(out_dir / sweep_path(mode, rate), []).append({**res, "run_number": repeat})
         else:
-            path = out_dir / bench_filename(study.config, mode, rate)
-            write_json(path, res)
-        paths.append(path)
-    return paths
+            runs[out_dir / bench_filename(study.config, mode, rate, repeat if several else None)] = [res]
+    for path, items in runs.items():
+        write_json(path, items if layout == "sweep" else items[0])
+    return list(runs)
 
 
 # ----------------------------------------------------------------- import

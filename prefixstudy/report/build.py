@@ -214,6 +214,11 @@ def build_report(results_dir: str | Path, slo: dict[str, float] | str | None = N
         raise UserError(f"{study.path}: no requests recorded yet; nothing to report")
     peer_df = bench_json.peer_points(list(peers)) if peers else None
     d = analyze(study, slo, threshold_ms, n_boot=n_boot, seed=seed)
+    if d.done.empty:  # every point failed (a server answering errors): say so, with each point's error
+        blocks = [("meta", tables.meta_line(d.study)), *(("headline", t) for t in tables.headline_paragraphs(d)),
+                  ("h2", "Points"), ("p", "No point finished, so there is nothing to draw."),
+                  ("table", tables.all_points_table(d))]
+        return write_report(blocks, f"Prefix caching study: {d.label}", study.path)
     figs = draw_figures(d, study.path, peer_df, point, formats)
     blocks = report_blocks(d, figs, model_section(d)) + workload_blocks(study)
     if peers:

@@ -297,7 +297,9 @@ def caching_gain(gains: pd.DataFrame, saturated_rates: Sequence[float] = ()) -> 
         name = metric.removesuffix("_ms").upper()
         x = g["rate"].to_numpy(float)
         y = 100 * g["gain"].to_numpy(float)
-        ax.fill_between(x, 100 * g["ci_lo"], 100 * g["ci_hi"], color=c, alpha=0.2,
+        # as floats: a rate without a gain (no request counted in a mode) holds None, an object column
+        lo, hi = 100 * g["ci_lo"].to_numpy(float), 100 * g["ci_hi"].to_numpy(float)
+        ax.fill_between(x, lo, hi, color=c, alpha=0.2,
                         label=f"{name} 95% bootstrap CI")
         ax.plot(x, y, color=c, marker=DOT, ms=5, label=f"mean {name} gain")
         m = np.isin(x, list(sat))

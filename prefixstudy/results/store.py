@@ -10,6 +10,7 @@ Layout of one run, ``<out>/<study>/<run-id>/``::
     summary.csv          schema.SUMMARY_COLUMNS, one row per mode x rate x repeat
     headline.csv         metrics.headline: one row per rate, over repeats, with intervals
     arms.csv             metrics.headline.versus_baseline: every arm against the baseline arm, per rate
+    run.lock             only while a run writes the folder: the writer's pid
 
 The parquet folders are parquet datasets: ``pandas.read_parquet("requests.parquet")`` reads all
 parts as one table.  Each point is written once, as its own part, so a long sweep costs no more
@@ -37,6 +38,7 @@ ITERATIONS = "iterations.parquet"
 SUMMARY = "summary.csv"
 HEADLINE = "headline.csv"
 ARMS = "arms.csv"
+LOCK = "run.lock"  # while a run writes the folder: its pid, under flock (writer.RunLock)
 ENGINE_LOG = "engine-start.log"  # an engine's own output when it did not start (a Ray actor's files, a server's log)
 
 
@@ -139,15 +141,39 @@ def write_point_parts(run_dir: Path, key: tuple[str, float, int], requests: pd.D
         atomic_write_parquet(folder / part_name(*key), df, cols)
 
 
-def drop_other_parts(run_dir: Path, keep: set[tuple[str, float, int]]) -> None:
-    """Remove the parts of points not in ``keep`` (a resumed run's failed points, to run again)."""
+def drop_other_parts(run_dir: Path, keep: set[tuple[str, float, int]], ours: set[tuple[str, float, int]]) -> None:
+    """Remove the parts of points in ``ours`` (the points the manifest records: files this tool
+    wrote) but not in ``keep`` (a resumed run's failed or damaged points, to run again).  Any other
+    file in the folders is the user's and stays."""
     for name, cols in ((REQUESTS, REQUEST_COLUMNS), (ITERATIONS, ITERATION_COLUMNS)):
         folder = run_dir / name
         if folder.is_file():
             split_into_parts(folder, cols)
         for part in folder.glob("*.parquet") if folder.is_dir() else ():
-            if part_key(part.stem) not in keep:
+            key = part_key(part.stem)
+            if key in ours and key not in keep:
                 part.unlink()
+
+
+def point_parts_problem(run_dir: Path, key: tuple[str, float, int], n_planned: int | None) -> str:
+    """Why a finished point's parts cannot be kept ("": they can): missing, unreadable, or with
+    fewer measured rows than the point planned (every planned request is a row)."""
+    for name in (REQUESTS, ITERATIONS):
+        folder = run_dir / name
+        if folder.is_file():
+            continue  # a run from before the part folders: one table, checked when it is read
+        path = folder / part_name(*key)
+        if not path.is_file():
+            return f"{name}/{path.name} is missing"
+        try:
+            df = pd.read_parquet(path)
+        except Exception as e:  # a truncated or foreign file: pyarrow's errors vary
+            return f"{name}/{path.name} is unreadable ({type(e).__name__})"
+        if name == REQUESTS and n_planned is not None and "warmup" in df:
+            n = int((~df["warmup"].astype(bool)).sum())
+            if n != n_planned:
+                return f"{name}/{path.name} holds {n} of its {n_planned} measured requests"
+    return ""
 
 
 def split_into_parts(path: Path, columns: dict[str, str]) -> None:

@@ -96,16 +96,20 @@ def test_detailed_arrays_as_vllm_save_detailed(exported, study):
     assert [len(g) for g in gpu["itls"]] == [142] * 20 and max(gpu["ttfts"]) < 0.1
 
 
-def test_poisson_export_has_no_burstiness_and_failed_counts_errors_only(tmp_path):
+def test_poisson_export_has_burstiness_one_and_failed_counts_errors_only(tmp_path):
     # Every token takes 10 s and the point is capped at 1 s: every request is cut (unfinished), none failed.
     sets = {**ECHO, "arrivals.process": "poisson", "out": str(tmp_path), "sweep.rates": [4.0],
             "sweep.modes": ["on"], "sweep.num_requests": 2, "sweep.warmup_requests": 0, "sweep.prime_prefixes": False,
             "sweep.max_point_duration_s": 1.0, "engine": {"kind": "echo", "block_size": 16, "decode_ms_per_token": 1e4}}
-    del sets["arrivals.burstiness"]
+    del sets["arrivals.burstiness"], sets["label"]
     res = load(run_study(load_config(None, sets), progress=False))
     [path] = export_bench(res, tmp_path / "bench")
     r = json.loads(path.read_text())
-    assert "burstiness" not in r
+    assert r["burstiness"] == 1.0  # as vLLM writes it for Poisson arrivals
+    assert r["label"] is None  # vLLM's default without --label
+    assert (r["latencies"], r["queue_times"]) == ([0.0, 0.0], [pytest.approx(q / 1e3) for q in
+                                                              res.requests.sort_values("request_index")["dispatch_lag_ms"]])
+    assert "ttfts" not in r  # --save-detailed's
     assert (r["completed"], r["failed"], r["unfinished"], r["never_sent"]) == (0, 0, 2, 0)
 
 
@@ -155,3 +159,22 @@ def test_sweep_layout_round_trips_with_the_on_off_flag(study, tmp_path):
         assert row["label"] == f"echo-run {mode.upper()}"
         assert row["mean_e2e_ms"] == pytest.approx(s.loc[(mode, row["rate"]), "mean_e2e_ms"], rel=1e-12)
         assert row["p99_ttft_ms"] == pytest.approx(s.loc[(mode, row["rate"]), "p99_ttft_ms"], rel=1e-12)
+
+
+def test_each_repeat_is_its_own_file_and_sweep_run(tmp_path):
+    """Repeats are runs of their own: never pooled into one file's count, duration or clock."""
+    cfg = load_config(None, {**ECHO, "out": str(tmp_path / "res"), "sweep.rates": [25], "sweep.modes": ["on"],
+                             "sweep.repeats": 3})
+    res = load(run_study(cfg, progress=False))
+    flat = export_bench(res, tmp_path / "flat", detailed=True)
+    assert [p.name for p in flat] == [f"default-on-25qps-r{k}-tiny-llama.json" for k in range(3)]
+    s = res.summary.sort_values("repeat")
+    for k, path in enumerate(flat):
+        r = json.loads(path.read_text())
+        assert (r["num_prompts"], r["completed"], len(r["start_times"])) == (6, 6, 6)
+        assert r["duration"] == pytest.approx(s["duration_s"].iloc[k], rel=1e-12)
+        assert r["request_throughput"] == pytest.approx(6 / s["duration_s"].iloc[k], rel=1e-12)
+        assert r["start_times"] == sorted(r["start_times"])  # one clock, not three interleaved
+    [sweep] = export_bench(res, tmp_path / "sweep", layout="sweep")
+    runs = json.loads(sweep.read_text())
+    assert [r["run_number"] for r in runs] == [0, 1, 2] and [r["num_prompts"] for r in runs] == [6, 6, 6]

@@ -77,7 +77,7 @@ def test_an_older_single_file_run_is_split_into_parts_when_resumed(tmp_path):
         df.to_parquet(tmp_path / name)
     pd.testing.assert_frame_equal(load(tmp_path).requests, whole)
     w2 = ResultsWriter(tmp_path, w.cfg, {"points": w.points})
-    w2.keep([p for p in w.points if p["rate"] == 1.0], load(tmp_path).summary)
+    w2.keep([p if p["rate"] == 1.0 else {**p, "status": "failed"} for p in w.points], load(tmp_path).summary)
     assert sorted(p.name for p in (tmp_path / "requests.parquet").iterdir()) == ["on-1.parquet"]
     pd.testing.assert_frame_equal(load(tmp_path).requests, whole[whole["rate"] == 1.0].reset_index(drop=True))
 

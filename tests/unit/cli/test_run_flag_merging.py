@@ -1,0 +1,38 @@
+"""`prefixstudy run` flags beside each other: every --set applies (also beside --target-on /
+--target-off, which replace the engine section), and --goodput takes vLLM's space-separated form."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+TARGETS = ("--target-on", "http://127.0.0.1:9", "--target-off", "http://127.0.0.1:9")
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+
+
+def test_a_set_beside_the_targets_is_applied_or_refused():
+    r = cli("run", "--dry-run", *TARGETS, "--set", "engine.bogus=1")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "error: --set engine: field 'engine.bogus': unknown key\n")
+    r = cli("run", "--dry-run", *TARGETS, "--set", "engine.reset_path=/flush_cache", "--set", "engine.health_timeout_s=0")
+    assert r.returncode == 2  # it reached the config: the http section's own check refuses 0
+    assert r.stderr.startswith("error: --set engine: field 'engine.health_timeout_s'"), r.stderr
+
+
+def test_goodput_takes_vllms_space_separated_form():
+    from prefixstudy.cli.run_flags import _goodput
+
+    assert _goodput("ttft:200 e2e:2000") == _goodput("ttft:200,e2e:2000") == {"ttft": 200.0, "e2e": 2000.0}
+
+
+def test_a_target_url_without_a_valid_port_is_one_line():
+    r = cli("run", "--dry-run", "--target-on", "http://127.0.0.1:abc", "--target-off", "http://127.0.0.1:9")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == ("error: --set engine: field 'engine.targets': Value error, on: 'http://127.0.0.1:abc' "
+                        "has no valid host and port\n")

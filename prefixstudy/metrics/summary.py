@@ -69,6 +69,20 @@ def summarize_point(requests: pd.DataFrame, meta: dict, tolerance: float = 0.05,
     return {c: row.get(c, math.nan) for c in SUMMARY_COLUMNS}
 
 
+def tier_hit_rates(summary_rows: pd.DataFrame, requests: pd.DataFrame) -> tuple[float, float]:
+    """Share of prompt tokens the engine says it served from its GPU prefix cache and from its CPU
+    tier (summary's cached_tokens_gpu / cached_tokens_cpu, summed over ``summary_rows``), over the
+    prompt tokens of the measured requests in ``requests`` that got a first token (the engine
+    counts a request's cached tokens when it first outputs).  NaN where the engine does not say."""
+    got = requests[~requests["warmup"].astype(bool) & (requests["output_tokens"] > 0)]
+    prompt = float(got["prompt_tokens"].sum())
+    out = []
+    for c in ("cached_tokens_gpu", "cached_tokens_cpu"):
+        v = summary_rows[c].to_numpy(float) if c in summary_rows else np.array([math.nan])
+        out.append(float(v.sum() / prompt) if prompt and len(v) and np.isfinite(v).all() else math.nan)
+    return out[0], out[1]
+
+
 def _at(df: pd.DataFrame, point: dict) -> pd.DataFrame:
     return df[(df["mode"] == point["mode"]) & (df["rate"] == point["rate"]) & (df["repeat"] == point.get("repeat", 0))]
 

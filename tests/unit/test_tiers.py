@@ -82,3 +82,18 @@ def test_a_tier_too_small_for_the_working_set_is_caught_by_the_estimate(tmp_path
     tier = s.loc[("on-tier", 5.0)]
     assert (tier["cached_tokens_gpu"], tier["cached_tokens_cpu"]) == (272, 16)
     assert tier["hit_rate_estimated"] == tier["hit_rate_measured"] == 288 / 640 < tier["hit_rate_expected"] == 0.8
+
+
+def test_arms_csv_and_the_report_carry_the_engine_s_split(tiered):
+    from prefixstudy.report import arms as report_arms
+
+    a = tiered.arms.set_index(["arm", "rate"])
+    tier, on = a.loc[("on-tier", 5.0)], a.loc[("on", 5.0)]
+    assert (tier["hit_rate_gpu"], tier["hit_rate_cpu"], tier["hit_rate"]) == (272 / 640, 240 / 640, 0.8)
+    assert on["hit_rate_gpu"] == 272 / 640 and math.isnan(on["hit_rate_cpu"])
+    t = report_arms.table(tiered.arms)
+    col = "hit rate, engine: GPU + CPU tier"
+    assert set(t.loc[t["arm"] == "on-tier", col]) == {"0.425 + 0.375"}
+    assert set(t.loc[t["arm"] == "on", col]) == {"0.425"}
+    said = " ".join(report_arms.sentences(tiered.arms))
+    assert "hit rate 0.800, 0.375 of it from the CPU tier (the engine's count)" in said

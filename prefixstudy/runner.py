@@ -208,7 +208,8 @@ class ModeSession:
         meta = {"status": "failed" if dead else "ok", "error": "engine died during the point" if dead else "",
                 "n_sent": n, "started_at": started_at, "duration_s": duration_s, "warmup_s": warmup_s,
                 "block_size": eng.block_size, "engine_startup_s": eng.startup_s, "step_timing": timing,
-                "num_blocks": eng.num_blocks, "evicted_blocks_estimated": evicted, **server,
+                "num_blocks": eng.num_blocks, "tier_blocks": int(getattr(eng, "tier_blocks", 0) or 0),
+                "evicted_blocks_estimated": evicted, **server,
                 "prefix_caching": self.caching,
                 "itl_ms": itl_summary(gaps, self.cfg.percentiles)}
         req = typed_requests(pd.DataFrame([asdict(r) for r in records]))

@@ -97,3 +97,45 @@ def test_arms_csv_and_the_report_carry_the_engine_s_split(tiered):
     assert set(t.loc[t["arm"] == "on", col]) == {"0.425"}
     said = " ".join(report_arms.sentences(tiered.arms))
     assert "hit rate 0.800, 0.375 of it from the CPU tier (the engine's count)" in said
+
+
+# ----------------------------------------------------------------- capacity: the tier's size as an axis
+
+def test_capacity_sweeps_the_tier_beside_the_gpu_cache(tmp_path):
+    from prefixstudy.capacity import capacity_table, run_capacity_sweep
+
+    cfg = load_config(None, {**ECHO, "out": str(tmp_path), "sweep.rates": [5],
+                             "arms": [{"name": "on-tier", "engine": {}}]})
+    t = capacity_table(run_capacity_sweep(cfg, "tier_blocks", [0, 6, 64], progress=False))
+    t = t.set_index(["capacity", "mode"])
+    # ON is the GPU cache alone at every tier size; the arm gets the tier: none, too small, enough.
+    assert [t.loc[(c, "on"), "hit_rate_measured"] for c in (0, 6, 64)] == [272 / 640] * 3
+    assert [t.loc[(c, "on-tier"), "hit_rate_measured"] for c in (0, 6, 64)] == [272 / 640, 288 / 640, 0.8]
+    assert [t.loc[(c, "on-tier"), "tier_blocks"] for c in (0, 6, 64)] == [0, 6, 64]
+    assert [t.loc[(c, "on-tier"), "cached_tokens_cpu"] for c in (6, 64)] == [16, 240]
+    assert math.isnan(t.loc[(0, "on-tier"), "cached_tokens_cpu"])  # no tier: the engine has no such number
+    assert (t.loc[(64, "on"), "tier_blocks"], t.loc[(64, "off"), "hit_rate_measured"]) == (0, 0.0)
+    assert t["hit_rate_ok"].all()
+
+
+def test_tier_capacities_are_checked_before_anything_starts():
+    from prefixstudy.capacity import capacity_config, parse_capacity
+    from prefixstudy.errors import UserError
+
+    assert parse_capacity("offload_gib=0,4,8,16,32") == ("offload_gib", [0, 4, 8, 16, 32])
+    with pytest.raises(UserError, match=r"^--capacity 'offload_gib=-1': values must be finite numbers >= 0 \(0: no tier\)$"):
+        parse_capacity("offload_gib=-1")
+    with pytest.raises(UserError, match=r"^--capacity 'blocks=0': values must be finite numbers > 0$"):
+        parse_capacity("blocks=0")
+    echo = load_config(None, ECHO)
+    with pytest.raises(UserError, match=r"^--capacity tier_blocks: the tier goes to the study's own arms that cache"):
+        capacity_config(echo, "tier_blocks", 8)
+    with pytest.raises(UserError, match=r"^--capacity offload_gib: engine.kind echo has no such tier"):
+        capacity_config(load_config(None, {**ECHO, "arms": [{"name": "t"}]}), "offload_gib", 8)
+    # vLLM: the tier is the arm's offload (kv_offloading_size), 0 takes it away; ON and OFF keep none.
+    vllm = load_config(None, {"engine": {"kind": "vllm"}, "device": "cuda",
+                              "arms": [{"name": "on-cpu", "offload": {"size_gib": 2}}]})
+    sub = capacity_config(vllm, "offload_gib", 16)
+    assert sub.arm_engine("on-cpu").extra_args == {"kv_offloading_size": 16, "kv_offloading_backend": "native"}
+    assert "kv_offloading_size" not in sub.arm_engine("on").extra_args
+    assert "kv_offloading_size" not in capacity_config(vllm, "offload_gib", 0).arm_engine("on-cpu").extra_args

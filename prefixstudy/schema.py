@@ -98,6 +98,15 @@ SERVER_COLUMNS = (
 )
 
 
+# The measured requests' cached prompt tokens by where the engine found them, as the engine counts
+# them (never the cache model): its GPU prefix cache and its CPU tier (a KV connector's external
+# hits).  NaN where the engine does not say (cpu: no tier, or a backend that does not split).
+TIER_COLUMNS = (
+    "cached_tokens_gpu",  # tokens, vLLM: PromptTokenStats.local_cache_hit summed over the point
+    "cached_tokens_cpu",  # tokens, vLLM: PromptTokenStats.external_kv_transfer summed over the point
+)
+
+
 def summary_columns() -> list[str]:
     cols = [
         "mode", "rate", "repeat", "status", "n_sent", "n_ok", "n_failed", "n_unfinished",
@@ -119,6 +128,7 @@ def summary_columns() -> list[str]:
         "hit_rate_estimated",  # ON: with the engine's KV-cache blocks (LRU estimate); NaN for older results
     ]
     cols += list(SERVER_COLUMNS)  # added with the HTTP backends; NaN for in-process engines
+    cols += list(TIER_COLUMNS)  # added with the CPU tier; NaN where the engine does not say
     return cols
 
 

@@ -14,7 +14,8 @@ from prefixstudy.cli.run import _console, _overrides
 @click.command()
 @click.argument("config", type=click.Path(path_type=Path))
 @click.option("--capacity", "capacity", required=True, metavar="UNIT=V1,V2,...",
-              help="KV-cache sizes: blocks=12,16 | bytes=268435456,536870912 | share=0.1,0.2.")
+              help="KV-cache sizes: blocks=12,16 | bytes=268435456,536870912 | share=0.1,0.2; or the CPU tier's, "
+                   "on the study's own caching arms: offload_gib=0,4,8,16,32 (vLLM) | tier_blocks=0,64 (echo).")
 @click.option("--out", type=click.Path(path_type=Path), help="Results root (default: the config's 'out').")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config field, dotted.")
 @click.option("--quiet", is_flag=True, help="No progress bar; only the result lines.")
@@ -32,7 +33,7 @@ def capacity(config, capacity, out, sets, quiet, verbose):
     _console(verbose)
     parent = _sweep(run_capacity_sweep, cfg, unit, values, progress=not quiet)
     table = write_capacity_report(parent)
-    cols = ["capacity", "num_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate",
+    cols = ["capacity", "num_blocks", "tier_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate",
             "hit_rate_measured", "hit_rate_estimated", "hit_rate_expected", "mean_e2e_ms", "e2e_gain"]
     click.echo(markdown(table[cols]))
     for line in collapse_lines(table):

@@ -2,8 +2,9 @@
 
 It keeps a real prefix cache of block hashes (``cachesim.BlockCache``: whole blocks only, never
 the last prompt token, generated tokens cached too, and with ``num_blocks`` set a pool of that
-many blocks evicted least recently used, as vLLM's), so the runner's accounting, hit-rate checks and results can be tested exactly
-without vLLM; with zero costs it answers at once, which is what ``benchmarks/dispatch.py``
+many blocks evicted least recently used, as vLLM's; with ``tier_blocks`` a CPU tier of that many
+blocks under it, as vLLM's OffloadingConnector keeps one), so the runner's accounting, hit-rate
+checks and results can be tested exactly without vLLM; with zero costs it answers at once, which is what ``benchmarks/dispatch.py``
 measures the arrival loop against.  It is not a performance model: see ``prefixstudy.model``.
 """
 
@@ -26,6 +27,8 @@ class EchoEngineConfig(EngineConfigBase):
     prefill_ms_per_token: float = Field(0.0, ge=0)  # per prompt token not served from the cache
     decode_ms_per_token: float = Field(0.0, ge=0)
     num_blocks: int | None = Field(None, gt=1)  # KV-cache blocks, vLLM's null block included; None: unbounded
+    tier_blocks: int | None = Field(None, gt=0)  # a CPU tier of this many blocks (LRU, cachesim.OffloadTier); None: none
+    load_ms_per_block: float = Field(0.0, ge=0)  # per block served from the CPU tier (its load)
 
 
 class EchoEngine(IterationRecorder):
@@ -38,8 +41,10 @@ class EchoEngine(IterationRecorder):
         self.block_size = engine.block_size or 16
         self.num_blocks = engine.num_blocks or 0
         self.startup_s = 0.0
-        self.cache = BlockCache(self.block_size, engine.num_blocks)
+        self.cache = BlockCache(self.block_size, engine.num_blocks, engine.tier_blocks or 0)
+        self.tier_blocks = engine.tier_blocks or 0  # the runner's cache estimates read it
         self.running = 0
+        self._by_tier: list[int] | None = None  # [gpu, cpu] cached tokens of the point's requests
         self.dead = False
 
     @classmethod
@@ -58,7 +63,17 @@ class EchoEngine(IterationRecorder):
         pass
 
     async def reset_prefix_cache(self) -> None:
-        self.cache.clear()
+        self.cache.clear()  # the tier too: a point starts with both empty
+
+    async def begin_point(self) -> None:
+        self._by_tier = [0, 0]
+
+    async def end_point(self) -> dict:
+        """The measured requests' cached prompt tokens by tier, as the engine served them (the
+        point's metadata: summary's cached_tokens_gpu / cached_tokens_cpu)."""
+        gpu, cpu = self._by_tier or (0, 0)
+        self._by_tier = None
+        return {"cached_tokens_gpu": gpu, "cached_tokens_cpu": cpu if self.tier_blocks else None}
 
     def is_dead(self) -> bool:
         return self.dead
@@ -82,9 +97,14 @@ class EchoEngine(IterationRecorder):
         output = self.output_ids(prompt_token_ids, output_len)
         # Blocks are held while the request runs (pinned, as in vLLM), freed when it ends.
         cached, held = self.cache.start(prompt_token_ids, output, 1) if self.caching else (0, [])
+        from_tier = self.cache.last_tier_hit if self.caching else 0
+        if self._by_tier is not None:
+            self._by_tier[0] += cached - from_tier
+            self._by_tier[1] += from_tier
         self.running += 1
         try:
-            await asyncio.sleep(e.prefill_ms_per_token * (len(prompt_token_ids) - cached) / 1e3)
+            await asyncio.sleep((e.prefill_ms_per_token * (len(prompt_token_ids) - cached)
+                                 + e.load_ms_per_block * (from_tier // self.block_size)) / 1e3)
             for _ in range(output_len):
                 if e.decode_ms_per_token and trace.token_times:
                     await asyncio.sleep(e.decode_ms_per_token / 1e3)

@@ -52,7 +52,8 @@ class ServerProfile(NamedTuple):
 # SGLang's, from its sources (not run against a real SGLang here): /flush_cache answers 400 while
 # requests run; its radix cache matches single tokens (page size 1) unless --page-size says otherwise.
 PROFILES = {
-    "vllm": ServerProfile("/reset_prefix_cache", None, None, "--enable-prompt-tokens-details",
+    # reset_external: the KV connector's cache too (a CPU tier), else a point starts on the last one's.
+    "vllm": ServerProfile("/reset_prefix_cache?reset_external=true", None, None, "--enable-prompt-tokens-details",
                           "VLLM_SERVER_DEV_MODE=1"),
     "sglang": ServerProfile("/flush_cache", 400, 1, "--enable-cache-report", "a release with /flush_cache"),
 }

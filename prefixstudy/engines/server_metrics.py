@@ -2,8 +2,9 @@
 
 The HTTP backends scrape the text format before and after the measured part of a point; the
 difference of the cumulative counters is what the server did for exactly those requests.  What
-comes out are the ``server_*`` columns of summary.csv (``schema.SERVER_COLUMNS``); a server that does not
-export a metric (not vLLM, or an older vLLM) leaves its column NaN.
+comes out are the ``server_*`` columns of summary.csv (``schema.SERVER_COLUMNS``) and vLLM's cached
+tokens by tier (``schema.TIER_COLUMNS``); a server that does not export a metric (not vLLM, or an
+older vLLM) leaves its column NaN.
 """
 
 from __future__ import annotations
@@ -30,9 +31,14 @@ SGLANG_SERIES = {
     "hits": ("sglang:cached_tokens_total",),
 }
 SERIES_BY_SERVER = {"vllm": SERIES, "sglang": SGLANG_SERIES}
+# vLLM's prompt tokens by where they came from (its PromptTokenStats, the same count the in-process
+# engine sums): the GPU prefix cache, and a KV connector such as the CPU tier.
+BY_SOURCE = {"vllm": ("vllm:prompt_tokens_by_source_total",
+                      {"cached_gpu": "local_cache_hit", "cached_cpu": "external_kv_transfer"})}
 
 _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?\s+(\S+)")
 _BLOCK = re.compile(r'[{,]block_size="(\d+)"')
+_SOURCE = re.compile(r'[{,]source="([^"]*)"')
 
 
 def parse(text: str) -> dict[str, float]:
@@ -59,6 +65,27 @@ def counters(text: str, server: str = "vllm") -> dict[str, float]:
             if name in values:
                 out[short] = values[name]
                 break
+    if server in BY_SOURCE:
+        series, shorts = BY_SOURCE[server]
+        sources = _by_source(text, series)
+        out.update({short: sources[src] for short, src in shorts.items() if src in sources})
+    return out
+
+
+def _by_source(text: str, series: str) -> dict[str, float]:
+    """One series' values by its ``source`` label, summed over its other labels."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m is None or m.group(1) != series or not m.group(2):
+            continue
+        src = _SOURCE.search(m.group(2))
+        try:
+            v = float(m.group(3))
+        except ValueError:
+            continue
+        if src:
+            out[src.group(1)] = out.get(src.group(1), 0.0) + v
     return out
 
 
@@ -103,4 +130,6 @@ def point_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str,
         "server_mean_queue_ms": mean_ms("queue"),
         "server_mean_prefill_ms": mean_ms("prefill"),
         "server_mean_decode_ms": mean_ms("decode"),
+        "cached_tokens_gpu": d("cached_gpu"),
+        "cached_tokens_cpu": d("cached_cpu"),
     }

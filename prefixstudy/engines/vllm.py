@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from prefixstudy.arms import caching
-from prefixstudy.engines import step_log
+from prefixstudy.engines import step_log, vllm_tiers
 from prefixstudy.engines.base import EngineConfigBase, IterationSample, RequestTrace
 from prefixstudy.errors import UserError
 
@@ -151,24 +151,6 @@ def _first_line(e: Exception) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def _null_stat_logger():
-    """Stats must stay on (RequestOutput.metrics needs them), but the step log has what we record:
-    a logger that does nothing stands in for vLLM's default ones (a periodic log line, Prometheus)."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class NullLogger(StatLoggerBase):
-        def __init__(self, vllm_config, engine_index: int = 0):
-            pass
-
-        def record(self, *args, **kwargs):
-            pass
-
-        def log_engine_initialized(self):
-            pass
-
-    return NullLogger
-
-
 def step_scheduler_cls(async_scheduling: bool) -> str:
     """The step-timing subclass of the scheduler class vLLM chose (async scheduling or not)."""
     name = "AsyncStepTimingScheduler" if async_scheduling else "StepTimingScheduler"
@@ -195,6 +177,11 @@ class VllmEngine:
         self.step_timing = step_timing_label(engine.async_scheduling)
         self.block_size = 0
         self.num_blocks = 0
+        self.tier_blocks = 0  # the CPU tier's offload blocks (kv_offloading_size), 0: none
+        # Stats must stay on (RequestOutput.metrics needs them); the one stat logger counts cached
+        # tokens by tier and stands in for vLLM's default ones (a periodic log line, Prometheus).
+        self._tiers = vllm_tiers.TierCounts()
+        self._tier_mark = (0, 0)
         self.startup_s = float("nan")
         self.step_log = ""  # the engine core's step records (engines.vllm_steps)
         self._step_offset: int | None = None  # recording from here; None: not recording
@@ -276,7 +263,7 @@ class VllmEngine:
 
                 par.distributed_executor_backend = EXECUTOR
         try:
-            self.llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[_null_stat_logger()])
+            self.llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[vllm_tiers.tier_stat_logger(self._tiers)])
         finally:
             os.environ.pop(step_log.ENV, None)
             if trace:
@@ -284,6 +271,7 @@ class VllmEngine:
         self.block_size = int(self.llm.vllm_config.cache_config.block_size)
         # The engine core reports the blocks it allocated back into the client's config.
         self.num_blocks = int(self.llm.vllm_config.cache_config.num_gpu_blocks or 0)
+        self.tier_blocks = vllm_tiers.tier_blocks(self.llm.vllm_config)
         self.startup_s = time.monotonic() - t0
         log.info("engine %s up in %.1f s (block size %s, %s blocks)", self.mode, self.startup_s, self.block_size,
                  self.num_blocks)
@@ -299,12 +287,22 @@ class VllmEngine:
         return steps
 
     async def reset_prefix_cache(self) -> None:
-        # Requests of the previous point may still be finishing; reset only when idle.
+        # Requests of the previous point may still be finishing; reset only when idle.  The CPU
+        # tier is the connector's cache: vLLM keeps it unless told (engines.vllm_tiers).
+        kw = {"reset_connector": True} if self.tier_blocks else {}
         for _ in range(100):
-            if await self.llm.reset_prefix_cache():
+            if await self.llm.reset_prefix_cache(**kw):
                 return
             await asyncio.sleep(0.05)
         raise RuntimeError("engine refused to reset its prefix cache")
+
+    async def begin_point(self) -> None:
+        self._tier_mark = self._tiers.mark()
+
+    async def end_point(self) -> dict:
+        """The measured requests' cached tokens by tier, as vLLM counted them (summary's
+        cached_tokens_gpu / cached_tokens_cpu)."""
+        return self._tiers.since(self._tier_mark, bool(self.tier_blocks))
 
     def is_dead(self) -> bool:
         return bool(self.llm is None or getattr(self.llm, "errored", False))

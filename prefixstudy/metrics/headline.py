@@ -30,6 +30,7 @@ import pandas as pd
 from prefixstudy.metrics import engine_fit
 from prefixstudy.metrics.bootstrap import gain, interval, over_repeats, rate_seed
 from prefixstudy.metrics.requests import counted, hit_rates
+from prefixstudy.metrics.summary import tier_hit_rates
 
 MODES = ("on", "off")
 
@@ -132,7 +133,9 @@ ARMS_COLUMNS = ["rate", "arm", "baseline", "n_repeats", "arrival_rate", "mean_e2
                 "p90_e2e_ms", "p90_e2e_lo", "p90_e2e_hi", "baseline_mean_e2e_ms", "baseline_p90_e2e_ms",
                 "n_pairs", "gain_mean_e2e", "gain_mean_e2e_lo", "gain_mean_e2e_hi", "gain_p90_e2e",
                 "gain_p90_e2e_lo", "gain_p90_e2e_hi", "saturated", "baseline_saturated", "gain_is_bound",
-                "hit_rate", "hit_rate_expected"]
+                "hit_rate", "hit_rate_expected",
+                # The engine's own count by tier (metrics.summary.tier_hit_rates); NaN where it does not say:
+                "hit_rate_gpu", "hit_rate_cpu"]
 
 
 def versus_baseline(requests: pd.DataFrame, summary: pd.DataFrame, arms: list[str], baseline: str) -> pd.DataFrame:
@@ -155,6 +158,8 @@ def versus_baseline(requests: pd.DataFrame, summary: pd.DataFrame, arms: list[st
             g = _paired_gain(at, seed, arm, baseline)
             m = at[at["mode"] == arm]
             hit, hit_exp = hit_rates(m) if len(m) else (math.nan, math.nan)
+            arm_reqs = requests[(requests["rate"] == rate) & (requests["mode"] == arm)]
+            hit_gpu, hit_cpu = tier_hit_rates(s[s["mode"] == arm], arm_reqs)
             rows.append({
                 "rate": float(rate), "arm": arm, "baseline": baseline, "n_repeats": int(s["repeat"].nunique()),
                 "arrival_rate": float(s["arrival_rate"].mean()) if "arrival_rate" in s else math.nan,
@@ -163,7 +168,8 @@ def versus_baseline(requests: pd.DataFrame, summary: pd.DataFrame, arms: list[st
                 "baseline_mean_e2e_ms": float(b.mean()) if b.size else math.nan,
                 "baseline_p90_e2e_ms": float(np.percentile(b, 90)) if b.size else math.nan, **g,
                 "saturated": bool(sat.any()), "baseline_saturated": bool(base_sat.any()),
-                "gain_is_bound": bool(sat.any() or base_sat.any()), "hit_rate": hit, "hit_rate_expected": hit_exp})
+                "gain_is_bound": bool(sat.any() or base_sat.any()), "hit_rate": hit, "hit_rate_expected": hit_exp,
+                "hit_rate_gpu": hit_gpu, "hit_rate_cpu": hit_cpu})
     return pd.DataFrame(rows, columns=ARMS_COLUMNS)
 
 

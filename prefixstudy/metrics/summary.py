@@ -12,7 +12,7 @@ from prefixstudy.metrics import engine_fit
 from prefixstudy.metrics.requests import (KEY, duration_s, hit_rate_estimated, hit_rate_ok, hit_rates, measured,
                                           percentile, split_outcomes, with_repeat)
 from prefixstudy.metrics.saturation import saturation
-from prefixstudy.schema import LATENCY_METRICS, PERCENTILES, SERVER_COLUMNS, SUMMARY_COLUMNS
+from prefixstudy.schema import LATENCY_METRICS, PERCENTILES, SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS
 
 
 def _per_s(n: float, seconds: float) -> float:
@@ -62,9 +62,25 @@ def summarize_point(requests: pd.DataFrame, meta: dict, tolerance: float = 0.05,
                                     "e2e_first_ms", "e2e_last_ms")})
     row["saturated"], row["saturation_reason"] = sat["saturated"], sat["reason"]
     row["error"] = meta.get("error", "") or ""
-    for c in SERVER_COLUMNS:  # HTTP backends put them in the point's meta (None: the server has no such metric)
+    # HTTP backends put the server's in the point's meta, engines that split their hits by tier
+    # put those there (None: the engine has no such number).
+    for c in (*SERVER_COLUMNS, *TIER_COLUMNS):
         row[c] = math.nan if meta.get(c) is None else float(meta[c])
     return {c: row.get(c, math.nan) for c in SUMMARY_COLUMNS}
+
+
+def tier_hit_rates(summary_rows: pd.DataFrame, requests: pd.DataFrame) -> tuple[float, float]:
+    """Share of prompt tokens the engine says it served from its GPU prefix cache and from its CPU
+    tier (summary's cached_tokens_gpu / cached_tokens_cpu, summed over ``summary_rows``), over the
+    prompt tokens of the measured requests in ``requests`` that got a first token (the engine
+    counts a request's cached tokens when it first outputs).  NaN where the engine does not say."""
+    got = requests[~requests["warmup"].astype(bool) & (requests["output_tokens"] > 0)]
+    prompt = float(got["prompt_tokens"].sum())
+    out = []
+    for c in ("cached_tokens_gpu", "cached_tokens_cpu"):
+        v = summary_rows[c].to_numpy(float) if c in summary_rows else np.array([math.nan])
+        out.append(float(v.sum() / prompt) if prompt and len(v) and np.isfinite(v).all() else math.nan)
+    return out[0], out[1]
 
 
 def _at(df: pd.DataFrame, point: dict) -> pd.DataFrame:

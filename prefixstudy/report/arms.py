@@ -36,6 +36,18 @@ def _gain(r: pd.Series) -> str:
             f"{fmt(100 * r['gain_mean_e2e_hi'], '.1f')}]")
 
 
+def _finite(r: pd.Series, col: str) -> bool:
+    return col in r and r[col] is not None and math.isfinite(float(r[col]))
+
+
+def _by_tier(r: pd.Series) -> str:
+    """The engine's own split of the hit rate: GPU prefix cache + CPU tier ("–": it does not say)."""
+    if not _finite(r, "hit_rate_gpu"):
+        return "–"
+    gpu = fmt(r["hit_rate_gpu"], ".3f")
+    return f"{gpu} + {fmt(r['hit_rate_cpu'], '.3f')}" if _finite(r, "hit_rate_cpu") else gpu
+
+
 def sentences(arms: pd.DataFrame) -> list[str]:
     """Per arm, at the highest rate where neither it nor the baseline saturated (else the highest):
     its mean E2E against the baseline's and the paired gain with its interval."""
@@ -48,7 +60,9 @@ def sentences(arms: pd.DataFrame) -> list[str]:
         out.append(f"{MODE_LABELS[arm]} against {MODE_LABELS[base]} at {r['rate']:g} req/s set "
                    f"({fmt(r['arrival_rate'], '.2f')} actual): mean E2E {fmt(r['mean_e2e_ms'], '.1f')} ms vs "
                    f"{fmt(r['baseline_mean_e2e_ms'], '.1f')} ms, gain {_gain(r)} (paired over "
-                   f"{int(r['n_pairs'])} requests, 95 % interval on this machine), hit rate {fmt(r['hit_rate'], '.3f')}.")
+                   f"{int(r['n_pairs'])} requests, 95 % interval on this machine), hit rate {fmt(r['hit_rate'], '.3f')}"
+                   + (f", {fmt(r['hit_rate_cpu'], '.3f')} of it from the CPU tier (the engine's count)"
+                      if _finite(r, "hit_rate_cpu") else "") + ".")
     return out
 
 
@@ -63,6 +77,7 @@ def table(arms: pd.DataFrame) -> pd.DataFrame:
             "baseline mean E2E (ms)": fmt(r["baseline_mean_e2e_ms"], ".0f"),
             "gain, mean E2E": _gain(r),
             "hit rate (expected)": f"{fmt(r['hit_rate'], '.3f')} ({fmt(r['hit_rate_expected'], '.3f')})",
+            "hit rate, engine: GPU + CPU tier": _by_tier(r),
             "saturated": ", ".join(w for w, s in (("arm", r["saturated"]), ("baseline", r["baseline_saturated"])) if s)
                          or "no",
         })

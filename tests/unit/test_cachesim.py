@@ -63,3 +63,51 @@ def test_requests_in_flight_pin_their_blocks_and_push_the_cache_out():
     assert simulate_timed(reqs, 4, 5) == ([0, 0, 0, 0], 4)
     # With room for everything, timing changes nothing.
     assert simulate_timed(reqs, 4, None) == ([0, 0, 0, 4], 0)
+
+
+# ----------------------------------------------------------------- the CPU tier (vLLM's OffloadingConnector)
+
+def test_a_tier_serves_the_whole_prompt_the_pool_stops_one_token_short_of():
+    # 8 tokens = 2 whole blocks of 4: the pool never serves the last token's block; the tier's
+    # lookup covers the whole prompt (vLLM counts it cached and recomputes the last token).
+    a = list(range(8))
+    assert simulate([req(a), req(a)], 4, None) == ([0, 4], 0)
+    assert simulate([req(a), req(a)], 4, None, tier_blocks=None) == ([0, 8], 0)
+
+
+def test_the_tier_holds_what_the_pool_evicted_while_it_fits():
+    # 4-token blocks, 5 = 4 usable; two groups of 8 shared + 4 unique tokens (3 blocks a request)
+    # alternate.  Worked by hand: group 1 evicts group 0's second block and suffix from the pool,
+    # so group 0 comes back to 1 block in the pool (4 tokens); the tier, 6 blocks (both groups'
+    # 3), serves its second block too (8).  A 3-block tier holds only the last request's blocks.
+    reqs = [req([g] * 8 + [100 + i] * 4) for i, g in enumerate([0, 1, 0, 1])]
+    assert simulate(reqs, 4, 5) == ([0, 0, 4, 4], 6)
+    assert simulate(reqs, 4, 5, tier_blocks=6) == ([0, 0, 8, 8], 6)
+    assert simulate(reqs, 4, 5, tier_blocks=3) == ([0, 0, 4, 4], 6)
+
+
+def test_a_store_larger_than_the_tier_is_dropped_whole():
+    c = BlockCache(4, None, tier_blocks=2)
+    assert c.run(list(range(13))) == 0  # 3 whole prompt blocks do not fit in 2: nothing stored
+    assert len(c.tier.blocks) == 0
+    c = BlockCache(4, None, tier_blocks=3)
+    c.run(list(range(13)))
+    assert len(c.tier.blocks) == 3
+
+
+def test_start_says_which_part_the_tier_served():
+    c = BlockCache(4, 3, tier_blocks=None)  # 2 usable pool blocks
+    c.run([1] * 8)
+    c.run([2] * 8)  # evicts both of [1]*8's blocks from the pool
+    hit, slots = c.start([1] * 8)
+    assert (hit, c.last_tier_hit) == (8, 8)
+
+
+def test_tier_blocks_from_the_tier_size_as_vllm_divides_it():
+    from prefixstudy.cachesim import tier_blocks_for
+
+    # Mistral-7B in bf16, 16-token blocks: 2 (K, V) x 32 layers x 8 KV heads x 128 x 2 bytes x 16.
+    per_block = 2 * 32 * 8 * 128 * 2 * 16
+    assert per_block == 2 << 20
+    assert (tier_blocks_for(32, per_block), tier_blocks_for(8, per_block)) == (16384, 4096)
+    assert tier_blocks_for(8, per_block, blocks_per_chunk=2) == 2048

@@ -397,7 +397,7 @@ CASES = {
         {"unit": "blocks", "values": [], "runs": []})).parent, "--out", t / "res"],
         "merge: give either run folders or capacity sweep folders (with capacity.json), not both"),
     "capacity-bad-unit": (lambda t: ["capacity", config(t), "--capacity", "pages=1", "--out", t / "res"],
-                          "--capacity 'pages=1': expected UNIT=V1,V2,... with UNIT one of blocks, bytes, share"),
+                          "--capacity 'pages=1': expected UNIT=V1,V2,... with UNIT one of blocks, bytes, share, offload_gib, tier_blocks"),
     # --- engine arguments vLLM does not know (imports vllm: the slow case) ---
     "engine-extra-arg-unknown": (lambda t: run_cfg(t, {"engine": {"extra_args": {"no_such_vllm_arg": 1}}}),
                                  "field 'engine.extra_args.no_such_vllm_arg': unknown vLLM engine argument"),

@@ -132,7 +132,7 @@ class Serving:
 
 def test_the_profile_sets_the_reset_path_and_the_block_size():
     assert HttpEngineConfig(server="sglang").reset_path == "/flush_cache"
-    assert HttpEngineConfig().reset_path == "/reset_prefix_cache"
+    assert HttpEngineConfig().reset_path == "/reset_prefix_cache?reset_external=true"  # the CPU tier too
     assert HttpEngineConfig(server="sglang", reset_path="/mine").reset_path == "/mine"
 
 

@@ -1,0 +1,141 @@
+"""A CPU tier under the prefix cache, end to end on the echo backend: the engine's cached tokens by
+tier in summary.csv, and the cache model's expected and estimated hits with the tier in them.
+
+Worked by hand: 16-token blocks, 2 groups of 64 shared + 16 unique tokens, 1 output token (5 whole
+blocks a request), in round-robin order, each group's prefix primed first.  The GPU pool has 8
+blocks (7 usable, vLLM's null block aside): one request's 5 and two more, so the other group's
+prefix is mostly evicted before it comes back.  A 64-block tier holds every prompt block the
+point stores (2 x 4 prefix + 8 x 1 unique = 16), so every request finds its whole 64-token prefix
+in one tier or the other: hit 64 / 80 = 0.8, the infinite-cache bound.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from prefixstudy.config import load_config
+from prefixstudy.executors import point_line
+from prefixstudy.results import load
+from prefixstudy.study import run_study
+
+ECHO = {"engine": {"kind": "echo", "block_size": 16, "num_blocks": 8}, "executor": "local",
+        "arrivals.process": "constant", "dataset.kind": "groups", "dataset.groups": 2, "dataset.prefix_len": 64,
+        "dataset.suffix_len": 16, "dataset.output_len": 1, "dataset.mix": {"order": "round_robin"},
+        "sweep.num_requests": 8, "sweep.warmup_requests": 0, "sweep.rates": [5, 10]}
+
+
+def study(tmp_path, tier_blocks: int):
+    cfg = load_config(None, {**ECHO, "out": str(tmp_path),
+                             "arms": [{"name": "on-tier", "engine": {"tier_blocks": tier_blocks}}]})
+    return load(run_study(cfg, progress=False))
+
+
+@pytest.fixture(scope="module")
+def tiered(tmp_path_factory):
+    return study(tmp_path_factory.mktemp("tier64"), 64)
+
+
+def test_the_tier_serves_what_the_pool_evicted_and_the_engine_says_which(tiered):
+    s = tiered.summary.set_index(["mode", "rate"])
+    for rate in (5.0, 10.0):
+        on, tier, off = s.loc[("on", rate)], s.loc[("on-tier", rate)], s.loc[("off", rate)]
+        # The pool alone keeps 3 blocks of the first request's prefix and 2 of every later one's:
+        # 48 + 7 x 32 = 272 of 640 prompt tokens.
+        assert (on["hit_rate_measured"], on["cached_tokens_gpu"]) == (272 / 640, 272)
+        assert math.isnan(on["cached_tokens_cpu"])  # no tier: the engine has no such number
+        # The same pool under the tier holds the same blocks (loaded blocks are cached as computed
+        # ones), so the GPU part is ON's and the tier serves the rest of each 64-token prefix.
+        assert (tier["cached_tokens_gpu"], tier["cached_tokens_cpu"]) == (272, 8 * 64 - 272)
+        assert tier["hit_rate_measured"] == tier["hit_rate_expected"] == tier["hit_rate_estimated"] == 0.8
+        assert (off["cached_tokens_gpu"], off["hit_rate_measured"]) == (0, 0.0)
+    assert tiered.summary["hit_rate_ok"].all()
+
+
+def test_the_estimate_replays_the_tier_request_by_request(tiered):
+    r = tiered.requests[~tiered.requests["warmup"]]
+    t = r[r["mode"] == "on-tier"]
+    assert (t["num_cached_tokens"] == t["estimated_cached_tokens"]).all()
+    assert (t["expected_cached_tokens"] == 64).all()
+
+
+def test_no_eviction_flag_where_the_tier_holds_what_the_pool_evicted(tiered):
+    rows = {(r["mode"], r["rate"]): r.to_dict() for _, r in tiered.summary.iterrows()}
+    assert "EVICTION (cache holds 0.425 of 0.800)" in point_line("on", 5.0, rows[("on", 5.0)])
+    line = point_line("on-tier", 5.0, rows[("on-tier", 5.0)])
+    assert "EVICTION" not in line and "MISMATCH" not in line and "hit 0.800" in line
+
+
+def test_every_point_starts_with_an_empty_tier(tiered):
+    # The 10 req/s point replays the 5 req/s point's rows: a tier kept from it would serve their
+    # whole prompts (80 tokens, above the bound).  Both points are the same, request by request.
+    r = tiered.requests[(tiered.requests["mode"] == "on-tier") & ~tiered.requests["warmup"]]
+    by_rate = {rate: g.sort_values("request_index")["num_cached_tokens"].tolist() for rate, g in r.groupby("rate")}
+    assert by_rate[5.0] == by_rate[10.0] == [64] * 8
+
+
+def test_a_tier_too_small_for_the_working_set_is_caught_by_the_estimate(tmp_path):
+    # 6 blocks hold one request's 5 and one more: the primes leave the first group's last two
+    # prefix blocks in the tier, so only the first request gets its 4th block from there (16 tokens).
+    s = study(tmp_path, 6).summary.set_index(["mode", "rate"])
+    tier = s.loc[("on-tier", 5.0)]
+    assert (tier["cached_tokens_gpu"], tier["cached_tokens_cpu"]) == (272, 16)
+    assert tier["hit_rate_estimated"] == tier["hit_rate_measured"] == 288 / 640 < tier["hit_rate_expected"] == 0.8
+
+
+def test_arms_csv_and_the_report_carry_the_engine_s_split(tiered):
+    from prefixstudy.report import arms as report_arms
+
+    a = tiered.arms.set_index(["arm", "rate"])
+    tier, on = a.loc[("on-tier", 5.0)], a.loc[("on", 5.0)]
+    assert (tier["hit_rate_gpu"], tier["hit_rate_cpu"], tier["hit_rate"]) == (272 / 640, 240 / 640, 0.8)
+    assert on["hit_rate_gpu"] == 272 / 640 and math.isnan(on["hit_rate_cpu"])
+    t = report_arms.table(tiered.arms)
+    col = "hit rate, engine: GPU + CPU tier"
+    assert set(t.loc[t["arm"] == "on-tier", col]) == {"0.425 + 0.375"}
+    assert set(t.loc[t["arm"] == "on", col]) == {"0.425"}
+    said = " ".join(report_arms.sentences(tiered.arms))
+    assert "hit rate 0.800, 0.375 of it from the CPU tier (the engine's count)" in said
+
+
+# ----------------------------------------------------------------- capacity: the tier's size as an axis
+
+def test_capacity_sweeps_the_tier_beside_the_gpu_cache(tmp_path):
+    from prefixstudy.capacity import capacity_table, run_capacity_sweep
+
+    cfg = load_config(None, {**ECHO, "out": str(tmp_path), "sweep.rates": [5],
+                             "arms": [{"name": "on-tier", "engine": {}}]})
+    t = capacity_table(run_capacity_sweep(cfg, "tier_blocks", [0, 6, 64], progress=False))
+    t = t.set_index(["capacity", "mode"])
+    # ON is the GPU cache alone at every tier size; the arm gets the tier: none, too small, enough.
+    assert [t.loc[(c, "on"), "hit_rate_measured"] for c in (0, 6, 64)] == [272 / 640] * 3
+    assert [t.loc[(c, "on-tier"), "hit_rate_measured"] for c in (0, 6, 64)] == [272 / 640, 288 / 640, 0.8]
+    assert [t.loc[(c, "on-tier"), "tier_blocks"] for c in (0, 6, 64)] == [0, 6, 64]
+    assert [t.loc[(c, "on-tier"), "cached_tokens_cpu"] for c in (6, 64)] == [16, 240]
+    assert math.isnan(t.loc[(0, "on-tier"), "cached_tokens_cpu"])  # no tier: the engine has no such number
+    assert (t.loc[(64, "on"), "tier_blocks"], t.loc[(64, "off"), "hit_rate_measured"]) == (0, 0.0)
+    assert t["hit_rate_ok"].all()
+
+
+def test_tier_capacities_are_checked_before_anything_starts():
+    from prefixstudy.capacity import capacity_config, parse_capacity
+    from prefixstudy.errors import UserError
+
+    assert parse_capacity("offload_gib=0,4,8,16,32") == ("offload_gib", [0, 4, 8, 16, 32])
+    with pytest.raises(UserError, match=r"^--capacity 'offload_gib=-1': values must be finite numbers >= 0 \(0: no tier\)$"):
+        parse_capacity("offload_gib=-1")
+    with pytest.raises(UserError, match=r"^--capacity 'blocks=0': values must be finite numbers > 0$"):
+        parse_capacity("blocks=0")
+    echo = load_config(None, ECHO)
+    with pytest.raises(UserError, match=r"^--capacity tier_blocks: the tier goes to the study's own arms that cache"):
+        capacity_config(echo, "tier_blocks", 8)
+    with pytest.raises(UserError, match=r"^--capacity offload_gib: engine.kind echo has no such tier"):
+        capacity_config(load_config(None, {**ECHO, "arms": [{"name": "t"}]}), "offload_gib", 8)
+    # vLLM: the tier is the arm's offload (kv_offloading_size), 0 takes it away; ON and OFF keep none.
+    vllm = load_config(None, {"engine": {"kind": "vllm"}, "device": "cuda",
+                              "arms": [{"name": "on-cpu", "offload": {"size_gib": 2}}]})
+    sub = capacity_config(vllm, "offload_gib", 16)
+    assert sub.arm_engine("on-cpu").extra_args == {"kv_offloading_size": 16, "kv_offloading_backend": "native"}
+    assert "kv_offloading_size" not in sub.arm_engine("on").extra_args
+    assert "kv_offloading_size" not in capacity_config(vllm, "offload_gib", 0).arm_engine("on-cpu").extra_args

@@ -43,6 +43,10 @@ class CostModel:
     source: str = ""
     timing: str = ""
     note: str = ""
+    # What it prices and how it got there (``sim.run``): the calibration's model and hardware
+    # (``source``), the simulated ones (``target``), each term's scale factor (``scale``, 1 where
+    # nothing changed) and what the transfer extrapolates (``extrapolations``).
+    transfer: dict = field(default_factory=dict)
 
     def __call__(self, f) -> float:
         return self.c0_ms + sum(c * getattr(f, t) for t, c in self.coef_ms.items())

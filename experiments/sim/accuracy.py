@@ -76,7 +76,8 @@ def held_out(study_dir: Path) -> list[dict]:
 def transferred(src_dir: Path, dst_dir: Path) -> list[dict]:
     cfg = load_config(dst_dir / "config.yaml")
     arch = load_arch(cfg.model)
-    src, dst = Deployment(arch, *calibration_hardware(src_dir)[:2]), Deployment(arch, *calibration_hardware(dst_dir)[:2])
+    src = Deployment(arch, *calibration_hardware(src_dir)[:2])
+    dst = Deployment(arch, *calibration_hardware(dst_dir)[:2])
     model = transfer(fit(load_steps(src_dir), source=str(src_dir)), src, dst, mean_context_tokens(load_rows(cfg)))
     return simulate_points(dst_dir, lambda mode, rate: model, f"transfer from {src_dir.name}")
 
@@ -103,7 +104,8 @@ def add_cost_error(df: pd.DataFrame) -> pd.DataFrame:
                 cfg = load_config(d / "config.yaml")
                 arch = load_arch(cfg.model)
                 fits[key] = transfer(fit(load_steps(src)), Deployment(arch, *calibration_hardware(src)[:2]),
-                                     Deployment(arch, *calibration_hardware(d)[:2]), mean_context_tokens(load_rows(cfg)))
+                                     Deployment(arch, *calibration_hardware(d)[:2]),
+                                     mean_context_tokens(load_rows(cfg)))
         out.append(step_error(fits[key], at)["total_rel_err"])
     return df.assign(cost_busy_err=out)
 

@@ -75,10 +75,10 @@ def same_model(a: Arch, b: Arch) -> bool:
     return replace(a, name="") == replace(b, name="")
 
 
-def describe(dep: Deployment, model: str) -> dict:
-    a = dep.arch
+def priced(model: str, a: Arch, gpu: str, tp: int) -> dict:
+    """What a cost model prices, as the manifest and cost_model.json record it."""
     return {"model": model, "arch": a.name, "params": a.total_params, "layers": a.layers, "hidden": a.hidden,
-            "heads": a.heads, "kv_heads": a.kv_heads, "head_dim": a.head_dim, "gpu": dep.gpu.name, "tp": dep.tp}
+            "heads": a.heads, "kv_heads": a.kv_heads, "head_dim": a.head_dim, "gpu": gpu, "tp": tp}
 
 
 def extrapolations(src: Arch, dst: Arch) -> list[str]:

@@ -22,9 +22,8 @@ from prefixstudy.model.gpus import GPU, find_gpu, get_gpu
 from prefixstudy.model.roofline import Deployment
 from prefixstudy.results.provenance import base_manifest, package_version
 from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
-from prefixstudy.sim import hardware
 from prefixstudy.sim.cost import CostModel, fit_study
-from prefixstudy.sim.hardware import extrapolations, same_model, transfer
+from prefixstudy.sim.hardware import extrapolations, priced, same_model, transfer
 from prefixstudy.sim.study import (DEFAULT_BLOCK_SIZE, SimTarget, block_count, model_dir_or_error, sessions,
                                    sweep_points)
 from prefixstudy.workloads import describe, load_rows
@@ -105,11 +104,11 @@ def make_target(cfg: StudyConfig, calibration: Path, gpu_name: str | None, tp: i
         raise UserError(f"field 'model': {cfg.model} is not the model the calibration ran ({src_model}), and the "
                         f"calibration ran on the CPU: no roofline carries its step costs to another model")
     cost = cost or fit_study(calibration)
-    target = {"model": cfg.model, "gpu": gpu.name if gpu else "cpu", "tp": tp}
     if gpu is not None and (other_model or (gpu.name, tp) != (src_gpu.name, src_tp)):
         src, dst = Deployment(src_arch, src_gpu, src_tp), Deployment(arch, gpu, tp)
         cost = transfer(cost, src, dst, mean_context_tokens(rows))
-        source, target = hardware.describe(src, src_model), hardware.describe(dst, cfg.model)
+    source = priced(src_model, src_arch, source["gpu"], src_tp)
+    target = priced(cfg.model, arch, gpu.name if gpu else "cpu", tp)
     notes = extrapolations(src_arch, arch)
     for note in notes:
         log.warning("warning: simulating %s on a calibration of %s extrapolates: %s", cfg.model, src_model, note)

@@ -414,13 +414,14 @@ CASES = {
                                       "config.json: field 'sliding_window': sliding-window attention is not covered"),
     "simulate-mla-model": (lambda t: simulate_model(t, {"kv_lora_rank": 512, "q_lora_rank": 1536}),
                            "config.json: field 'kv_lora_rank': multi-head latent attention (MLA) is not covered"),
-    "simulate-mixed-layer-kinds": (lambda t: simulate_model(t, {"layer_types": ["full_attention", "sliding_attention"]}),
+    "simulate-mixed-layer-kinds": (
+        lambda t: simulate_model(t, {"layer_types": ["full_attention", "sliding_attention"]}),
                                    "config.json: field 'layer_types': sliding_attention layers are not covered"),
     "simulate-quantized-model": (lambda t: simulate_model(t, {"quantization_config": {"quant_method": "awq"}}),
                                  "config.json: field 'quantization_config': a quantized checkpoint is not covered"),
     "simulate-other-model-on-a-cpu-calibration": (
-        lambda t: ["simulate", config(t, {"model": str(MISTRAL)}), "--calibration", REPO / "experiments/results/cpu-default",
-                   "--out", t / "res", "--no-report"],
+        lambda t: ["simulate", config(t, {"model": str(MISTRAL)}), "--calibration",
+                   REPO / "experiments/results/cpu-default", "--out", t / "res", "--no-report"],
         "is not the model the calibration ran ("),
     "simulate-cost-model-without-its-target": (
         lambda t: ["simulate", config(t), "--calibration", raw(t, "cost_model.json", json.dumps(

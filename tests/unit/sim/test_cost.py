@@ -118,8 +118,8 @@ def test_twice_the_layers_at_the_same_width_scales_each_term_by_hand():
     t = transfer(FIT, Deployment(MISTRAL, H200, 1), Deployment(DEEP, H200, 1), 1285.5)
     assert t.transfer["scale"] == pytest.approx({"c0": 105 / 53, "prefill_tokens": 2.0, "num_prefill_reqs": 2.0,
                                                  "decode_tokens": 105 / 53, "context_tokens": 2.0}, rel=1e-12)
-    assert t.coef_ms == pytest.approx({"prefill_tokens": 0.04, "num_prefill_reqs": 0.72, "decode_tokens": 0.07 * 105 / 53,
-                                       "context_tokens": 2e-5}, rel=1e-12)
+    assert t.coef_ms == pytest.approx({"prefill_tokens": 0.04, "num_prefill_reqs": 0.72,
+                                       "decode_tokens": 0.07 * 105 / 53, "context_tokens": 2e-5}, rel=1e-12)
     # The host overhead is carried; only the weight read of c0 doubles (less the shared lm_head).
     assert t.c0_ms == pytest.approx(4.5 - 2.963975 + 2.963975 * 105 / 53, rel=1e-6)
 
@@ -157,5 +157,6 @@ def test_fewer_kv_heads_halve_the_context_term_and_are_named_as_an_extrapolation
 def test_a_model_beyond_twice_the_weights_is_named_as_an_extrapolation():
     assert extrapolations(MISTRAL, MISTRAL) == [] and extrapolations(MISTRAL, DEEP) == []  # 105/53 = 1.98x
     assert extrapolations(MISTRAL, replace(MISTRAL, layers=96)) == [
-        "the target has 2.96x the calibration model's weights: its GEMMs run at shapes whose efficiency was not measured"]
+        "the target has 2.96x the calibration model's weights: its GEMMs run at shapes whose efficiency was "
+        "not measured"]
     assert same_model(MISTRAL, replace(MISTRAL, name="a copy")) and not same_model(MISTRAL, DEEP)

@@ -216,7 +216,9 @@ def test_another_model_on_a_cpu_calibration_is_refused(calibration, tmp_path):
 
 def test_the_same_model_on_a_cpu_calibration_records_unit_scales(calibration, tmp_path):
     sim = load(simulate(load_config(None, OVERRIDES), calibration, out=tmp_path / "out")).manifest["sim"]
-    assert sim["source"] == {"model": TINY, "gpu": "cpu", "tp": 1} and sim["target"] == sim["source"]
+    assert {k: sim["source"][k] for k in ("model", "gpu", "tp", "layers", "hidden")} == \
+        {"model": TINY, "gpu": "cpu", "tp": 1, "layers": 2, "hidden": 256}
+    assert sim["target"] == sim["source"]
     assert sim["scale"] == {"c0": 1.0, "prefill_tokens": 1.0, "decode_tokens": 1.0} and sim["extrapolations"] == []
 
 
@@ -240,7 +242,8 @@ def test_an_extrapolating_transfer_warns_in_one_line_and_records_it(tmp_path, ca
     assert [r.getMessage() for r in caplog.records] == [
         f"warning: simulating {big} on a calibration of /work/main/prefixstudy/configs/models/mistral-7b-v0.3 "
         f"extrapolates: {n}" for n in notes]
-    assert [n.split(":")[0] for n in notes] == ["the target has 2.91x the calibration model's weights",
-                                                "attention layout differs (query heads per KV head 8 vs 4, head_dim 128 vs 128)"]
+    assert [n.split(":")[0] for n in notes] == [
+        "the target has 2.91x the calibration model's weights",
+        "attention layout differs (query heads per KV head 8 vs 4, head_dim 128 vs 128)"]
     # Projections per layer: 104 x 2^21 weights with 8 KV heads, 102 x 2^21 with 4 (k and v 512 wide).
     assert target.cost.transfer["scale"]["prefill_tokens"] == pytest.approx(96 * 102 / (32 * 104), rel=1e-12)

@@ -86,6 +86,50 @@ def iteration_frame(mode: str, rate: float, samples: list[IterationSample], t0: 
     return typed_iterations(df)
 
 
+def warmup_rows(rows: list[DatasetRow], prefixes: dict[int, list[int]], n: int,
+                token_range: tuple[int, int]) -> list[DatasetRow]:
+    """Same group prefixes, fresh suffixes drawn from ``token_range`` [lo, hi): warm-ups must not
+    pre-cache measured suffixes.  Only first turns serve as models (a later turn's row holds just
+    its new user tokens).  The runner and the simulator (``sim.study``) both send these."""
+    rng = np.random.default_rng(10_007)
+    lo, hi = token_range
+    firsts = [r for r in rows if r.parent < 0]
+    out = []
+    for i in range(n):
+        base = firsts[i % len(firsts)]
+        keep = len(prefixes.get(base.group, []))
+        suffix = rng.integers(lo, hi, size=len(base.prompt_token_ids) - keep).tolist()
+        out.append(DatasetRow(f"warmup{i}", base.prompt_token_ids[:keep] + suffix, base.output_len, base.group))
+    return out
+
+
+def point_plan(cfg: StudyConfig, dataset: list[DatasetRow], rate: float,
+               repeat: int) -> tuple[list[DatasetRow], list[int], np.ndarray]:
+    """A point's rows, each one's parent (point index, -1: none) and send offsets (s; NaN for
+    later turns, which are sent when their parent finishes).  First turns take the arrival
+    schedule in order; a trace replays its recorded times unless told to draw them.  Each repeat
+    draws its own schedule; ON and OFF of one repeat the same one (they are paired by index).
+    The runner and the simulator (``sim.study``) both follow it."""
+    n, L = cfg.sweep.requests_for(rate), len(dataset)
+    rows = [dataset[i % L] for i in range(n)]
+    # The dataset wraps around: a parent sits as many rows back as in the dataset.
+    parents = [i - (i % L - r.parent) if r.parent >= 0 else -1 for i, r in enumerate(rows)]
+    d = cfg.dataset
+    offsets = trace_offsets(dataset, n, rate, d.trace.replay if d.trace else "scaled") \
+        if d.kind == "trace" else None
+    if offsets is None:
+        firsts = [i for i in range(n) if parents[i] < 0]
+        offsets = np.full(n, np.nan)
+        offsets[firsts] = arrivals.schedule(len(firsts), rate, cfg.arrivals.process,
+                                            cfg.arrivals.burstiness, cfg.arrivals.seed + repeat)
+    return rows, parents, offsets
+
+
+def token_range(rows: list[DatasetRow]) -> tuple[int, int]:
+    """[lo, hi) of the dataset's token ids: warm-up suffixes drawn from it stay valid ids."""
+    return min(min(r.prompt_token_ids) for r in rows), max(max(r.prompt_token_ids) for r in rows) + 1
+
+
 class ModeSession:
     """One engine, one mode, many points.  Use as ``async with``."""
 
@@ -98,9 +142,7 @@ class ModeSession:
         self.replica_factory = replica_factory  # cfg.replicas > 1: where the fleet's replicas live
         self.engine = make_engine(cfg, mode, ray_workers=ray_workers, replica_factory=replica_factory)
         self.prefixes = group_prefixes(rows)
-        # Warm-up suffixes are drawn from the dataset's own token range, so they stay valid ids.
-        self.token_range = (min(min(r.prompt_token_ids) for r in rows),
-                            max(max(r.prompt_token_ids) for r in rows) + 1)
+        self.token_range = token_range(rows)
         self.progress = progress  # callable(n_done) or None
         self._seq = 0
         self._sent: list[_Sent] = []
@@ -144,39 +186,6 @@ class ModeSession:
         self._seq += 1  # request ids stay unique across points on one engine
         return f"{self.mode}-{rate:g}-r{repeat}-{kind}{i}-{self._seq}"
 
-    def _warmup_rows(self, n: int) -> list[DatasetRow]:
-        """Same group prefixes, fresh suffixes: warm-ups must not pre-cache measured suffixes.
-        Only first turns serve as models (a later turn's row holds just its new user tokens)."""
-        rng = np.random.default_rng(10_007)
-        lo, hi = self.token_range
-        firsts = [r for r in self.rows if r.parent < 0]
-        out = []
-        for i in range(n):
-            base = firsts[i % len(firsts)]
-            keep = len(self.prefixes.get(base.group, []))
-            suffix = rng.integers(lo, hi, size=len(base.prompt_token_ids) - keep).tolist()
-            out.append(DatasetRow(f"warmup{i}", base.prompt_token_ids[:keep] + suffix, base.output_len, base.group))
-        return out
-
-    def _plan(self, rate: float, repeat: int) -> tuple[list[DatasetRow], list[int], np.ndarray]:
-        """The point's rows, each one's parent (point index, -1: none) and send offsets (s; NaN
-        for later turns, which are sent when their parent finishes).  First turns take the arrival
-        schedule in order; a trace replays its recorded times unless told to draw them.  Each repeat
-        draws its own schedule; ON and OFF of one repeat the same one (they are paired by index)."""
-        n, L = self.cfg.sweep.requests_for(rate), len(self.rows)
-        rows = [self.rows[i % L] for i in range(n)]
-        # The dataset wraps around: a parent sits as many rows back as in the dataset.
-        parents = [i - (i % L - r.parent) if r.parent >= 0 else -1 for i, r in enumerate(rows)]
-        d = self.cfg.dataset
-        offsets = trace_offsets(self.rows, n, rate, d.trace.replay if d.trace else "scaled") \
-            if d.kind == "trace" else None
-        if offsets is None:
-            firsts = [i for i in range(n) if parents[i] < 0]
-            offsets = np.full(n, np.nan)
-            offsets[firsts] = arrivals.schedule(len(firsts), rate, self.cfg.arrivals.process,
-                                                self.cfg.arrivals.burstiness, self.cfg.arrivals.seed + repeat)
-        return rows, parents, offsets
-
     async def run_point(self, rate: float, repeat: int = 0) -> PointResult:
         try:
             return await self._run_point(rate, repeat)
@@ -186,7 +195,7 @@ class ModeSession:
 
     async def _run_point(self, rate: float, repeat: int) -> PointResult:
         eng = self.engine
-        rows, parents, offsets = self._plan(rate, repeat)
+        rows, parents, offsets = point_plan(self.cfg, self.rows, rate, repeat)
         n = len(rows)
         started_at = time.time()
         await eng.reset_prefix_cache()
@@ -278,7 +287,8 @@ class ModeSession:
                         raise PrimeFailed(f"priming group {g} failed ({tr.error})")
         records: list[RequestRecord] = []
         tw = time.monotonic()
-        for i, row in enumerate(self._warmup_rows(self.cfg.sweep.warmup_requests)):
+        wrows = warmup_rows(self.rows, self.prefixes, self.cfg.sweep.warmup_requests, self.token_range)
+        for i, row in enumerate(wrows):
             rid = self._rid("warmup", rate, i, repeat)
             tr = await self._one(row, rid, time.monotonic(), deadline=deadline) if time.monotonic() < deadline else \
                 RequestTrace(float("nan"), error=f"unfinished: not sent, {WARMUP_LATE}")

@@ -24,6 +24,7 @@ from prefixstudy.config import load_config
 from prefixstudy.metrics.summary import summarize_point
 from prefixstudy.results import read_summary
 from prefixstudy.model.arch import load_arch
+from prefixstudy.model.roofline import Deployment
 from prefixstudy.sim.cost import fit, load_steps, step_error
 from prefixstudy.sim.hardware import transfer
 from prefixstudy.sim.run import calibration_hardware, mean_context_tokens
@@ -75,8 +76,9 @@ def held_out(study_dir: Path) -> list[dict]:
 def transferred(src_dir: Path, dst_dir: Path) -> list[dict]:
     cfg = load_config(dst_dir / "config.yaml")
     arch = load_arch(cfg.model)
-    src, dst = calibration_hardware(src_dir)[:2], calibration_hardware(dst_dir)[:2]
-    model = transfer(fit(load_steps(src_dir), source=str(src_dir)), arch, src, dst, mean_context_tokens(load_rows(cfg)))
+    src = Deployment(arch, *calibration_hardware(src_dir)[:2])
+    dst = Deployment(arch, *calibration_hardware(dst_dir)[:2])
+    model = transfer(fit(load_steps(src_dir), source=str(src_dir)), src, dst, mean_context_tokens(load_rows(cfg)))
     return simulate_points(dst_dir, lambda mode, rate: model, f"transfer from {src_dir.name}")
 
 
@@ -100,8 +102,10 @@ def add_cost_error(df: pd.DataFrame) -> pd.DataFrame:
             if key not in fits:
                 src = STUDIES[r["check"].removeprefix("transfer from ")]
                 cfg = load_config(d / "config.yaml")
-                fits[key] = transfer(fit(load_steps(src)), load_arch(cfg.model), calibration_hardware(src)[:2],
-                                     calibration_hardware(d)[:2], mean_context_tokens(load_rows(cfg)))
+                arch = load_arch(cfg.model)
+                fits[key] = transfer(fit(load_steps(src)), Deployment(arch, *calibration_hardware(src)[:2]),
+                                     Deployment(arch, *calibration_hardware(d)[:2]),
+                                     mean_context_tokens(load_rows(cfg)))
         out.append(step_error(fits[key], at)["total_rel_err"])
     return df.assign(cost_busy_err=out)
 

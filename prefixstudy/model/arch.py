@@ -1,7 +1,9 @@
 """What the model is: parameter counts and KV bytes per token of a dense decoder.
 
 Reads a Hugging Face ``config.json`` (Llama, Mistral or Qwen2) into an ``Arch``; a
-missing or bad field is a ``UserError`` naming it.  Pure arithmetic, no GPU.
+missing or bad field is a ``UserError`` naming it, and so is a field that marks what the
+arithmetic does not cover (mixture of experts, latent attention, sliding windows, other layer
+kinds, quantized weights).  Pure arithmetic, no GPU.
 """
 
 from __future__ import annotations
@@ -14,6 +16,13 @@ from typing import Any
 from prefixstudy.errors import UserError, read_text
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# Fields that mark an architecture the arithmetic does not cover (a true value of any refuses it).
+UNCOVERED = (
+    ("num_local_experts", "mixture-of-experts"), ("num_experts", "mixture-of-experts"),
+    ("n_routed_experts", "mixture-of-experts"), ("moe_intermediate_size", "mixture-of-experts"),
+    ("kv_lora_rank", "multi-head latent attention (MLA)"), ("q_lora_rank", "multi-head latent attention (MLA)"),
+    ("quantization_config", "a quantized checkpoint"),
+)
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
 
@@ -92,9 +101,17 @@ def arch_from_config(cfg: dict[str, Any], source: str = "config.json") -> Arch:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserError(f"{source}: field 'model_type' is {model_type!r}; "
                         f"supported dense decoders: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    for moe_key in ("num_local_experts", "num_experts"):
-        if cfg.get(moe_key):
-            raise UserError(f"{source}: field '{moe_key}': mixture-of-experts models are not supported")
+    for key, what in UNCOVERED:
+        if cfg.get(key):
+            raise UserError(f"{source}: field '{key}': {what} is not covered (the roofline and the simulator "
+                            f"assume a dense decoder with full attention and bf16 weights)")
+    if cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is not False:
+        raise UserError(f"{source}: field 'sliding_window': sliding-window attention is not covered (the roofline "
+                        f"and the simulator assume full attention)")
+    kinds = set(cfg.get("layer_types") or ()) - {"full_attention"}
+    if kinds:
+        raise UserError(f"{source}: field 'layer_types': {', '.join(sorted(map(str, kinds)))} layers are not "
+                        f"covered (the roofline and the simulator assume full attention)")
 
     def pos_int(key: str, default: Any = None) -> int:
         v = cfg.get(key, default)

@@ -43,6 +43,10 @@ class CostModel:
     source: str = ""
     timing: str = ""
     note: str = ""
+    # What it prices and how it got there (``sim.run``): the calibration's model and hardware
+    # (``source``), the simulated ones (``target``), each term's scale factor (``scale``, 1 where
+    # nothing changed) and what the transfer extrapolates (``extrapolations``).
+    transfer: dict = field(default_factory=dict)
 
     def __call__(self, f) -> float:
         return self.c0_ms + sum(c * getattr(f, t) for t, c in self.coef_ms.items())
@@ -75,13 +79,6 @@ def load_steps(study_dir: Path) -> pd.DataFrame:
     for old, new in OLD_NAMES.items():
         if new not in df and old in df:
             df[new] = df[old]
-    if "num_reqs" not in df:
-        if {"num_prefill_reqs", "num_decode_reqs"} <= set(df):
-            df["num_reqs"] = df["num_prefill_reqs"] + df["num_decode_reqs"]
-        elif "num_running" in df:
-            df["num_reqs"] = df["num_running"]  # after the step: a finished request is not counted
-        else:
-            df["num_reqs"] = df["decode_tokens"] + (df["prefill_tokens"] > 0)
     if "repeat" not in df:
         df["repeat"] = 0
     return df

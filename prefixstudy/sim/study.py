@@ -13,7 +13,6 @@ import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 
@@ -25,6 +24,7 @@ from prefixstudy.sim.cost import CostModel
 from prefixstudy.sim.driver import SimRequest, Simulator, SimTrace
 from prefixstudy.sim.hardware import num_gpu_blocks
 from prefixstudy.sim.vllm_setup import SchedulerSpec, build_scheduler, vllm_config
+from prefixstudy.runner import make_record, point_plan, token_range, warmup_rows
 from prefixstudy.schema import PointResult, typed_iterations, typed_requests
 from prefixstudy.workloads.base import DatasetRow, expected_cached, group_prefixes
 
@@ -101,24 +101,17 @@ class SimSession:
 
     def run_point(self, rate: float, repeat: int = 0) -> PointResult:
         """One point; ``repeat`` k draws the arrival schedule with seed + k, as the runner does."""
-        from prefixstudy.runner import ModeSession
-
         started_at, wall0 = time.time(), time.perf_counter()
         sw = self.cfg.sweep
         self.sim.reset_prefix_cache()
         warm_groups = {g for g, p in self.prefixes.items() if p} if sw.prime_prefixes else set()
         self._one_at_a_time("prime", rate, [(self.prefixes[g], 1) for g in sorted(warm_groups)])
-        # The runner's own warm-up rows (same prefixes, fresh suffixes), taken from it, not re-derived.
-        lo = min(min(r.prompt_token_ids) for r in self.rows)
-        hi = max(max(r.prompt_token_ids) for r in self.rows) + 1
-        shim = SimpleNamespace(rows=self.rows, prefixes=self.prefixes, token_range=(lo, hi))
-        wrows = ModeSession._warmup_rows(shim, sw.warmup_requests)
+        # The runner's own warm-up rows (same prefixes, fresh suffixes) and plan, not re-derived.
+        wrows = warmup_rows(self.rows, self.prefixes, sw.warmup_requests, token_range(self.rows))
         tw = self.sim.clock_s
         wtr = self._one_at_a_time("warmup", rate, [(r.prompt_token_ids, r.output_len) for r in wrows])
         warm_groups |= {r.group for r in wrows}
-        # The runner's own plan (rows, each later turn's parent, first turns' offsets or a trace's
-        # recorded times), taken from it, not re-derived.
-        rows, parents, offsets = ModeSession._plan(SimpleNamespace(rows=self.rows, cfg=self.cfg), rate, repeat)
+        rows, parents, offsets = point_plan(self.cfg, self.rows, rate, repeat)
         n = len(rows)
         t0 = self.sim.clock_s
         ids = [f"{self.mode}-{rate:g}-m{i}-{self._seq}" for i in range(n)]
@@ -142,8 +135,7 @@ class SimSession:
                 "engine_startup_s": 0.0, "sim_wall_s": time.perf_counter() - wall0, "sim_steps": len(self.sim.steps)}
         req = typed_requests(pd.DataFrame([{**asdict(r), "repeat": repeat} for r in records]))
         its = _iterations(self.mode, rate, self.sim.steps, t0).assign(repeat=repeat)
-        # Releases of prefixstudy before repeats have no PointResult.repeat: pass it only when set.
-        return PointResult(self.mode, rate, req, typed_iterations(its), meta, *([repeat] if repeat else []))
+        return PointResult(self.mode, rate, req, typed_iterations(its), meta, repeat)
 
 
 def _record(mode, rate, index, rid, row, warmup, scheduled_s, t0, tr: SimTrace, expected, timeout_s,
@@ -151,8 +143,6 @@ def _record(mode, rate, index, rid, row, warmup, scheduled_s, t0, tr: SimTrace, 
     """The runner's record of one request, from virtual stamps.  Tokens later than the request's
     timeout after its send never reach the real client: they are cut and the request is unfinished.
     A request due after the point's deadline is never sent, as in the runner."""
-    from prefixstudy.runner import make_record
-
     if tr.arrival_s > deadline_s:
         rt = RequestTrace(math.nan, error="unfinished: not sent before max_point_duration_s")
         return make_record(mode, rate, index, rid, row, warmup, scheduled_s, t0, rt, expected,
@@ -179,9 +169,8 @@ def _iterations(mode: str, rate: float, steps: list[dict], t0: float) -> pd.Data
 
 
 def sweep_points(cfg: StudyConfig) -> list[tuple[float, int]]:
-    """(rate, repeat) of the sweep: ``sweep.points()`` where the config has repeats, else repeat 0."""
-    points = getattr(cfg.sweep, "points", None)
-    return points() if callable(points) else [(r, 0) for r in cfg.sweep.rates]
+    """(rate, repeat) of the sweep, in the order the runner runs them."""
+    return cfg.sweep.points()
 
 
 def sessions(cfg: StudyConfig, rows: list[DatasetRow], target: SimTarget) -> list[SimSession]:

@@ -20,6 +20,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "prefixstudy/configs/models/tiny-llama"
+MISTRAL = REPO / "prefixstudy/configs/models/mistral-7b-v0.3"
 GOOD_ROW = {"request_id": "a", "prompt_token_ids": [1, 2, 3], "output_len": 4}
 
 
@@ -73,6 +74,14 @@ def model_dir(tmp: Path, config_json: str | bytes | None) -> Path:
     if config_json is not None:
         raw(d, "config.json", config_json)
     return d
+
+
+def simulate_model(tmp: Path, fields: dict) -> list:
+    """``prefixstudy simulate`` of Mistral-7B's config.json with ``fields`` added, on h200-tp1."""
+    mistral = json.loads((MISTRAL / "config.json").read_text())
+    d = model_dir(tmp, json.dumps({**mistral, **fields}))
+    return ["simulate", config(tmp, {"model": str(d)}), "--calibration", REPO / "experiments/results/h200-tp1",
+            "--out", tmp / "res", "--no-report"]
 
 
 def run_cfg(tmp: Path, patch: dict | None = None, *flags) -> list:
@@ -398,6 +407,26 @@ CASES = {
         "merge: give either run folders or capacity sweep folders (with capacity.json), not both"),
     "capacity-bad-unit": (lambda t: ["capacity", config(t), "--capacity", "pages=1", "--out", t / "res"],
                           "--capacity 'pages=1': expected UNIT=V1,V2,... with UNIT one of blocks, bytes, share, offload_gib, tier_blocks"),
+    # --- `prefixstudy simulate`: architectures the roofline does not cover, transfers it cannot make ---
+    "simulate-moe-model": (lambda t: simulate_model(t, {"num_local_experts": 8, "num_experts_per_tok": 2}),
+                           "config.json: field 'num_local_experts': mixture-of-experts is not covered"),
+    "simulate-sliding-window-model": (lambda t: simulate_model(t, {"sliding_window": 4096}),
+                                      "config.json: field 'sliding_window': sliding-window attention is not covered"),
+    "simulate-mla-model": (lambda t: simulate_model(t, {"kv_lora_rank": 512, "q_lora_rank": 1536}),
+                           "config.json: field 'kv_lora_rank': multi-head latent attention (MLA) is not covered"),
+    "simulate-mixed-layer-kinds": (
+        lambda t: simulate_model(t, {"layer_types": ["full_attention", "sliding_attention"]}),
+                                   "config.json: field 'layer_types': sliding_attention layers are not covered"),
+    "simulate-quantized-model": (lambda t: simulate_model(t, {"quantization_config": {"quant_method": "awq"}}),
+                                 "config.json: field 'quantization_config': a quantized checkpoint is not covered"),
+    "simulate-other-model-on-a-cpu-calibration": (
+        lambda t: ["simulate", config(t, {"model": str(MISTRAL)}), "--calibration",
+                   REPO / "experiments/results/cpu-default", "--out", t / "res", "--no-report"],
+        "is not the model the calibration ran ("),
+    "simulate-cost-model-without-its-target": (
+        lambda t: ["simulate", config(t), "--calibration", raw(t, "cost_model.json", json.dumps(
+            {"c0_ms": 1.0, "coef_ms": {"prefill_tokens": 0.01}})), "--out", t / "res", "--no-report"],
+        "cost_model.json: field 'transfer.target' missing"),
     # --- engine arguments vLLM does not know (imports vllm: the slow case) ---
     "engine-extra-arg-unknown": (lambda t: run_cfg(t, {"engine": {"extra_args": {"no_such_vllm_arg": 1}}}),
                                  "field 'engine.extra_args.no_such_vllm_arg': unknown vLLM engine argument"),

@@ -100,10 +100,11 @@ def test_failed_engine_point_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatc
 def test_warmups_share_the_group_prefix_but_no_measured_suffix():
     from prefixstudy.config import load_config
     from prefixstudy.workloads.fixed import make_dataset
-    from prefixstudy.runner import ModeSession
+    from prefixstudy.runner import ModeSession, warmup_rows
 
     rows = make_dataset(4, prefix_len=20, suffix_len=4, output_len=3, groups=2)
-    warm = ModeSession(load_config(None), "on", rows)._warmup_rows(3)
+    session = ModeSession(load_config(None), "on", rows)
+    warm = warmup_rows(rows, session.prefixes, 3, session.token_range)
     assert [(w.group, len(w.prompt_token_ids)) for w in warm] == [(0, 24), (1, 24), (0, 24)]
     assert all(w.prompt_token_ids[:20] == rows[w.group].prompt_token_ids[:20] for w in warm)
     measured = {tuple(r.prompt_token_ids[20:]) for r in rows}

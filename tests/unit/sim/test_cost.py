@@ -1,6 +1,9 @@
-"""The step-cost fit, the old-layout loader and the roofline transfer, on numbers worked out by hand."""
+"""The step-cost fit, the old-layout loader and the roofline transfer (GPU, TP, model), on numbers worked out
+by hand."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -8,7 +11,8 @@ import pytest
 from prefixstudy.model.arch import load_arch
 from prefixstudy.model.gpus import get_gpu
 from prefixstudy.sim.cost import CostModel, busy_steps, fit, load_steps, step_error
-from prefixstudy.sim.hardware import num_gpu_blocks, roofline_terms, transfer
+from prefixstudy.model.roofline import Deployment
+from prefixstudy.sim.hardware import extrapolations, num_gpu_blocks, roofline_terms, same_model, transfer
 
 from pathlib import Path
 
@@ -82,18 +86,77 @@ def test_h200_block_count():
 
 
 def test_roofline_terms_of_mistral_on_h200():
-    r1, r2 = roofline_terms(MISTRAL, H200, 1, 0.0), roofline_terms(MISTRAL, H200, 2, 0.0)
-    assert r1["prefill_tokens"] == pytest.approx(0.0146573, rel=1e-5)  # 2 x 7.248e9 FLOPs / 989 TFLOPS
-    assert r1["c0"] == pytest.approx(3.020010)  # 14.5 GB of weights / 4.8 TB/s
+    r1, r2 = roofline_terms(Deployment(MISTRAL, H200, 1), 0.0), roofline_terms(Deployment(MISTRAL, H200, 2), 0.0)
+    assert r1["prefill_tokens"] == pytest.approx(0.0141139, rel=1e-5)  # 2 x 6.979e9 projection FLOPs / 989 TFLOPS
+    assert r1["c0"] == pytest.approx(2.963975, rel=1e-6)  # (6.979e9 + 0.134e9 lm_head) x 2 B / 4.8 TB/s
     # TP 2: half the FLOPs, + 64 all-reduces of 4096 x 2 B, half of it sent each way, at 450 GB/s
-    assert r2["prefill_tokens"] == pytest.approx(0.0073286 + 0.0011651, rel=1e-4)
-    assert r2["c0"] == pytest.approx(1.510005 + 64 * 0.010, rel=1e-6)
+    assert r2["prefill_tokens"] == pytest.approx(0.0070569 + 0.0011651, rel=1e-4)
+    assert r2["c0"] == pytest.approx(1.4819874 + 64 * 0.010, rel=1e-6)
 
 
 def test_transfer_keeps_efficiency_and_overhead():
     m = CostModel(4.5, {"prefill_tokens": 0.0211, "decode_tokens": 0.065})
-    assert transfer(m, MISTRAL, (H200, 1), (H200, 1), 1285.5).coef_ms == pytest.approx(m.coef_ms)
-    t = transfer(m, MISTRAL, (H200, 1), (H200, 2), 1285.5)
-    # overhead 4.5 - 3.020 ms stays; the TP 2 roofline c0 is 1.510 + 0.640 ms
-    assert t.c0_ms == pytest.approx(4.5 - 3.020010 + 2.150005, rel=1e-6)
-    assert t.coef_ms["prefill_tokens"] == pytest.approx(0.0211 * 0.0084937 / 0.0146573, rel=1e-4)
+    same = transfer(m, Deployment(MISTRAL, H200, 1), Deployment(MISTRAL, H200, 1), 1285.5)
+    assert same.coef_ms == pytest.approx(m.coef_ms) and same.c0_ms == pytest.approx(4.5)
+    t = transfer(m, Deployment(MISTRAL, H200, 1), Deployment(MISTRAL, H200, 2), 1285.5)
+    # overhead 4.5 - 2.964 ms stays; the TP 2 roofline c0 is 1.482 + 0.640 ms
+    assert t.c0_ms == pytest.approx(4.5 - 2.963975 + 2.1219874, rel=1e-6)
+    assert t.coef_ms["prefill_tokens"] == pytest.approx(0.0211 * 0.0082220 / 0.0141139, rel=1e-4)
+    assert t.transfer["c0_overhead_ms"] == pytest.approx(4.5 - 2.963975, rel=1e-6)
+
+
+# Mistral's projections: 32 layers x 104 x 2^21 weights; its lm_head: 64 x 2^21 (32768 x 4096).
+# Twice the layers at the same width: (2 x 3328 + 64) / (3328 + 64) = 105/53 of the weights.
+DEEP = replace(MISTRAL, layers=64)
+FIT = CostModel(4.5, {"prefill_tokens": 0.02, "num_prefill_reqs": 0.36, "decode_tokens": 0.07,
+                      "context_tokens": 1e-5})
+
+
+def test_twice_the_layers_at_the_same_width_scales_each_term_by_hand():
+    """With a context term the decode coefficient is projection and lm_head FLOPs only."""
+    assert MISTRAL.matmul_params == 3328 * 2**21 and MISTRAL.lm_head_params == 64 * 2**21
+    t = transfer(FIT, Deployment(MISTRAL, H200, 1), Deployment(DEEP, H200, 1), 1285.5)
+    assert t.transfer["scale"] == pytest.approx({"c0": 105 / 53, "prefill_tokens": 2.0, "num_prefill_reqs": 2.0,
+                                                 "decode_tokens": 105 / 53, "context_tokens": 2.0}, rel=1e-12)
+    assert t.coef_ms == pytest.approx({"prefill_tokens": 0.04, "num_prefill_reqs": 0.72,
+                                       "decode_tokens": 0.07 * 105 / 53, "context_tokens": 2e-5}, rel=1e-12)
+    # The host overhead is carried; only the weight read of c0 doubles (less the shared lm_head).
+    assert t.c0_ms == pytest.approx(4.5 - 2.963975 + 2.963975 * 105 / 53, rel=1e-6)
+
+
+def test_twice_the_layers_at_tp2_doubles_the_all_reduces_too():
+    """TP 2: prefill is FLOPs + all-reduce bytes, both x 2 with the layers; c0's all-reduce
+    latencies (2 per layer) double, its weight read grows 105/53."""
+    t = transfer(FIT, Deployment(MISTRAL, H200, 2), Deployment(DEEP, H200, 2), 1285.5)
+    assert t.transfer["scale"]["prefill_tokens"] == pytest.approx(2.0, rel=1e-12)
+    assert t.transfer["scale"]["c0"] == pytest.approx((1.4819874 * 105 / 53 + 128 * 0.010) / 2.1219874, rel=1e-6)
+
+
+def test_without_a_context_term_decode_scales_with_its_kv_read():
+    """The decode coefficient carries the mean KV read: at 1285.5 context tokens, FLOPs
+    2 x 7.114e9 / 989e12 s and KV 1285.5 x 131,072 B / 4.8e12 B/s on Mistral, both grown for DEEP."""
+    m = CostModel(4.5, {"prefill_tokens": 0.02, "decode_tokens": 0.07})
+    t = transfer(m, Deployment(MISTRAL, H200, 1), Deployment(DEEP, H200, 1), 1285.5)
+    flops_ms, kv_ms = 2 * 7113539584 / 989e12 * 1e3, 1285.5 * 131072 / 4.8e12 * 1e3
+    assert t.transfer["scale"]["decode_tokens"] == pytest.approx(
+        (flops_ms * 105 / 53 + 2 * kv_ms) / (flops_ms + kv_ms), rel=1e-12)
+
+
+def test_fewer_kv_heads_halve_the_context_term_and_are_named_as_an_extrapolation():
+    gqa = replace(MISTRAL, kv_heads=4)
+    t = transfer(FIT, Deployment(MISTRAL, H200, 1), Deployment(gqa, H200, 1), 1285.5)
+    assert t.transfer["scale"]["context_tokens"] == pytest.approx(0.5, rel=1e-12)
+    assert extrapolations(MISTRAL, gqa) == [
+        "attention layout differs (query heads per KV head 8 vs 4, head_dim 128 vs 128): the attention kernels' "
+        "efficiency is carried from another layout"]
+    # TP 8 over 4 KV heads: each GPU holds one whole head (vLLM replicates them), a quarter of the KV.
+    assert roofline_terms(Deployment(gqa, H200, 8), 0.0)["context_tokens"] == pytest.approx(
+        65536 / 4 / 4.8e12 * 1e3, rel=1e-12)
+
+
+def test_a_model_beyond_twice_the_weights_is_named_as_an_extrapolation():
+    assert extrapolations(MISTRAL, MISTRAL) == [] and extrapolations(MISTRAL, DEEP) == []  # 105/53 = 1.98x
+    assert extrapolations(MISTRAL, replace(MISTRAL, layers=96)) == [
+        "the target has 2.96x the calibration model's weights: its GEMMs run at shapes whose efficiency was "
+        "not measured"]
+    assert same_model(MISTRAL, replace(MISTRAL, name="a copy")) and not same_model(MISTRAL, DEEP)

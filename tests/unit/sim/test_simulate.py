@@ -163,3 +163,87 @@ def test_a_simulated_session_sends_its_next_turn_after_the_parent_with_the_histo
         t0_done = m.scheduled_s.iloc[0] + m.e2e_ms.iloc[0] / 1e3
         assert m.scheduled_s.iloc[1] == pytest.approx(t0_done + 0.5)
         assert m.ttft_ms.iloc[1] == pytest.approx(1 + 0.01 * (84 - cached))  # one prefill step
+
+
+H200_TP1 = Path(__file__).resolve().parents[3] / "experiments/results/h200-tp1"
+
+
+def test_another_model_on_the_committed_h200_calibration_is_priced_by_its_roofline(tmp_path):
+    """Mistral-7B's h200-tp1 fit carried to the same model with twice the layers: the manifest and
+    cost_model.json name both models and each term's scale (hand-computed in test_cost: weights x
+    105/53, prefill tokens and per-prefill cost x 2, decode by its FLOPs and mean KV read), and the
+    first step, one 80-token prefill, costs what the scaled fit says.  A cost_model.json the run
+    wrote prices the same steps again when given as the calibration."""
+    deep = tmp_path / "mistral-64-layers"
+    deep.mkdir()
+    mistral = json.loads((Path(TINY).parent / "mistral-7b-v0.3/config.json").read_text())
+    (deep / "config.json").write_text(json.dumps({**mistral, "num_hidden_layers": 64}))
+    over = {"model": str(deep), "study": "xmodel", "dataset.prefix_len": 64, "dataset.suffix_len": 16,
+            "dataset.output_len": 4, "sweep.rates": [1], "sweep.num_requests": 2, "sweep.warmup_requests": 0,
+            "sweep.modes": ["off"], "sweep.repeats": 1, "arrivals.process": "constant", "engine.block_size": 16,
+            "engine.gpu_memory_utilization": 0.9}
+    cfg = load_config(None, over)
+    res = load(simulate(cfg, H200_TP1, out=tmp_path / "out"))
+    sim = res.manifest["sim"]
+    assert sim["source"]["model"] == "/work/main/prefixstudy/configs/models/mistral-7b-v0.3"
+    assert (sim["source"]["layers"], sim["target"]["layers"], sim["target"]["model"]) == (32, 64, str(deep))
+    assert (sim["source"]["gpu"], sim["target"]["gpu"], sim["target"]["tp"]) == ("H200-SXM", "H200-SXM", 1)
+    flops_ms, kv_ms = 2 * 7113539584 / 989e12 * 1e3, 82 * 131072 / 4.8e12 * 1e3  # context 80 + 4 / 2
+    assert sim["scale"] == pytest.approx({"c0": 105 / 53, "prefill_tokens": 2.0, "num_prefill_reqs": 2.0,
+                                          "decode_tokens": (flops_ms * 105 / 53 + 2 * kv_ms) / (flops_ms + kv_ms)})
+    assert sim["extrapolations"] == []
+    saved = json.loads((res.path / "cost_model.json").read_text())
+    assert saved["transfer"]["source"] == sim["source"] and saved["transfer"]["scale"] == sim["scale"]
+    fit = json.loads((H200_TP1 / "manifest.json").read_text())["step_fit"]
+    first = res.iterations.sort_values("t_s").iloc[0]
+    assert (first.prompt_tokens, first.num_prefill_reqs) == (80, 1)
+    c0 = fit["a_ms"] - 2.963975 + 2.963975 * 105 / 53
+    assert first.step_ms == pytest.approx(c0 + 2 * fit["b_ms_per_prefill_token"] * 80
+                                          + 2 * fit["e_ms_per_prefill_req"], rel=1e-6)
+    again = load(simulate(cfg, res.path / "cost_model.json", out=tmp_path / "again"))
+    assert again.manifest["sim"]["scale"] == pytest.approx({"c0": 1.0, "prefill_tokens": 1.0, "num_prefill_reqs": 1.0,
+                                                            "decode_tokens": 1.0})
+    assert list(again.iterations.step_ms) == pytest.approx(list(res.iterations.step_ms), rel=1e-12)
+
+
+def test_another_model_on_a_cpu_calibration_is_refused(calibration, tmp_path):
+    cfg = load_config(None, {**OVERRIDES, "model": str(Path(TINY).parent / "mistral-7b-v0.3")})
+    with pytest.raises(UserError, match=r"^field 'model': .*mistral-7b-v0.3 is not the model the calibration ran "
+                                        r"\(.*tiny-llama\), and the calibration ran on the CPU: no roofline"):
+        simulate(cfg, calibration, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_same_model_on_a_cpu_calibration_records_unit_scales(calibration, tmp_path):
+    sim = load(simulate(load_config(None, OVERRIDES), calibration, out=tmp_path / "out")).manifest["sim"]
+    assert {k: sim["source"][k] for k in ("model", "gpu", "tp", "layers", "hidden")} == \
+        {"model": TINY, "gpu": "cpu", "tp": 1, "layers": 2, "hidden": 256}
+    assert sim["target"] == sim["source"]
+    assert sim["scale"] == {"c0": 1.0, "prefill_tokens": 1.0, "decode_tokens": 1.0} and sim["extrapolations"] == []
+
+
+def test_an_extrapolating_transfer_warns_in_one_line_and_records_it(tmp_path, caplog):
+    """Three times Mistral's layers (2.96x its weights) and 4 KV heads instead of 8: the target is
+    priced, with one warning line per extrapolation, the same sentences in the transfer record."""
+    import logging
+
+    from prefixstudy.sim.run import make_target
+    from prefixstudy.workloads import load_rows
+
+    big = tmp_path / "mistral-96-layers"
+    big.mkdir()
+    mistral = json.loads((Path(TINY).parent / "mistral-7b-v0.3/config.json").read_text())
+    (big / "config.json").write_text(json.dumps({**mistral, "num_hidden_layers": 96, "num_key_value_heads": 4}))
+    cfg = load_config(None, {"model": str(big), "dataset.prefix_len": 64, "dataset.suffix_len": 16,
+                             "dataset.output_len": 4, "engine.block_size": 16, "engine.gpu_memory_utilization": 0.9})
+    with caplog.at_level(logging.WARNING, logger="prefixstudy.sim.run"):
+        target = make_target(cfg, H200_TP1, None, None, load_rows(cfg))
+    notes = target.cost.transfer["extrapolations"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"warning: simulating {big} on a calibration of /work/main/prefixstudy/configs/models/mistral-7b-v0.3 "
+        f"extrapolates: {n}" for n in notes]
+    assert [n.split(":")[0] for n in notes] == [
+        "the target has 2.91x the calibration model's weights",
+        "attention layout differs (query heads per KV head 8 vs 4, head_dim 128 vs 128)"]
+    # Projections per layer: 104 x 2^21 weights with 8 KV heads, 102 x 2^21 with 4 (k and v 512 wide).
+    assert target.cost.transfer["scale"]["prefill_tokens"] == pytest.approx(96 * 102 / (32 * 104), rel=1e-12)

@@ -34,8 +34,9 @@ check-chromium:
 test: check-chromium $(STAMP)
 	$(BIN)/python -m pytest -q -ra --timeout 1200
 
+# No engine, `vllm serve` or Ray cluster; two workers, each test file kept on one (its module fixtures run once).
 test-fast: check-chromium $(STAMP)
-	$(BIN)/python -m pytest -q -m "not engine"
+	$(BIN)/python -m pytest -q -m "not engine" -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/dispatch.py

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests/data/mooncake_synthetic.jsonl"
 BASE = {"executor": "local", "engine.max_num_seqs": 1, "engine.max_num_batched_tokens": 2048,
+        "engine.enforce_eager": True,
         "arrivals.process": "constant", "sweep.warmup_requests": 0, "sweep.modes": ["on"], "sweep.rates": [4],
         "sweep.max_point_duration_s": 300, "sweep.request_timeout_s": 120}
 

@@ -23,6 +23,7 @@ from prefixstudy.results import load
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
 BASE = ["--set", "engine.gpu_memory_utilization=0.1", "--set", "sweep.warmup_requests=1",
+        "--set", "engine.enforce_eager=true",
         "--set", "executor=local", "--no-report"]
 
 

@@ -26,7 +26,8 @@ ARGS = ["--modes", "on", "--rates", "1,2", "--num-requests", "10",
         "--set", "replicas=2", "--set", "router.policies=[round_robin]",
         "--set", "dataset.kind=groups", "--set", "dataset.groups=3", "--set", "dataset.prefix_len=256",
         "--set", "dataset.suffix_len=16", "--set", "dataset.output_len=16", "--set", "sweep.warmup_requests=0",
-        "--set", "engine.kv_cache_memory_bytes=134217728", "--no-report", "--quiet"]
+        "--set", "engine.kv_cache_memory_bytes=134217728", "--set", "engine.enforce_eager=true",
+        "--no-report", "--quiet"]
 
 
 def _kill_replica_during_first_point(out: Path, seen: dict, stop: threading.Event) -> None:

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.engine
 
 # The shipped default's engine (tiny Llama, dummy weights, 512 MiB KV cache), as both backends take it.
 ENGINE = {"dtype": "float32", "load_format": "dummy", "skip_tokenizer_init": True, "max_num_batched_tokens": 4096,
-          "max_num_seqs": 64, "max_model_len": 2048, "kv_cache_memory_bytes": 536870912}
+          "max_num_seqs": 64, "max_model_len": 2048, "kv_cache_memory_bytes": 536870912,
+          "enforce_eager": True}
 SMALL = {"dataset": {"prefix_len": 1198, "suffix_len": 16, "output_len": 32},
          "sweep": {"rates": [2, 8], "num_requests": 8, "warmup_requests": 1}, "executor": "local"}
 

@@ -41,7 +41,7 @@ BIN = Path(sys.executable).parent
 # tiny-llama, 1198 + 16 prompt tokens, CPU block size 128: ON serves 9 blocks = 1152 of 1214 from cache.
 HIT_ON = 1152 / 1214
 TINY = ["--set", "sweep.num_requests=6", "--set", "sweep.warmup_requests=1", "--set", "dataset.output_len=16",
-        "--set", "engine.gpu_memory_utilization=0.1"]
+        "--set", "engine.gpu_memory_utilization=0.1", "--set", "engine.enforce_eager=true"]
 SEQUENTIAL_2CPU = ("auto: 2 CPUs; 2 CPU engines side by side need 2 x (1 + 2) = 6 CPUs (engine cores + load "
                    "generator and engine loop); modes run one after the other")
 
@@ -336,6 +336,7 @@ def ray_head(tmp_path):
         shutil.rmtree(temp, ignore_errors=True)
 
 
+@pytest.mark.engine  # a Ray head node
 @pytest.mark.timeout(300)
 def test_ray_job_submit_entrypoint(ray_head, tmp_path):
     """The README's `ray job submit --working-dir . -- prefixstudy run ...`, from a clean copy of the repo."""
@@ -361,6 +362,7 @@ def test_ray_job_submit_entrypoint(ray_head, tmp_path):
     assert "joined True 1 1.0" in r.stdout
 
 
+@pytest.mark.engine  # a Ray cluster, though no vLLM engine
 @pytest.mark.timeout(180)
 def test_a_stopped_mode_frees_its_gpus_for_the_next():
     """On 2 GPUs at TP 2 the modes run one after the other: OFF's placement group can only form

@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 # As tests/integration/test_http_study.py: the shipped default's engine, small points.
 ENGINE = {"dtype": "float32", "load_format": "dummy", "skip_tokenizer_init": True, "max_num_batched_tokens": 4096,
-          "max_num_seqs": 64, "max_model_len": 2048, "kv_cache_memory_bytes": 536870912}
+          "max_num_seqs": 64, "max_model_len": 2048, "kv_cache_memory_bytes": 536870912,
+          "enforce_eager": True}
 
 
 def study_path(tmp_path: Path, **sweep) -> Path:

@@ -24,7 +24,9 @@ MISTRAL = REPO / "prefixstudy/configs/models/mistral-7b-v0.3"
 GOOD_ROW = {"request_id": "a", "prompt_token_ids": [1, 2, 3], "output_len": 4}
 
 
-def cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
+def cli(*args, timeout: float = 600) -> subprocess.CompletedProcess:
+    # The timeout only stops a hung run: the case that imports vLLM took over 120 s on two cores
+    # shared with five other test runs (load average 10).
     # env is an explicit copy: without one, the vfork()ed child execs with the live ``environ``, and
     # a thread left by an earlier in-process engine that calls setenv() meanwhile frees that array
     # (a CI run failed one case with "OSError: [Errno 14] Bad address" from the exec).

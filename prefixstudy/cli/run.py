@@ -35,7 +35,7 @@ def _csv_rates(ctx, param, value):
         return None
     parts = value.split(",")
     inf = [p.strip().lower() in ("inf", "infinity") for p in parts]
-    finite = _csv_floats(ctx, param, ",".join(p for p, i in zip(parts, inf) if not i)) if not all(inf) else []
+    finite = _csv_floats(ctx, param, ",".join(p for p, i in zip(parts, inf, strict=True) if not i)) if not all(inf) else []
     return finite + [float("inf")] * any(inf)
 
 

@@ -23,7 +23,7 @@ def breakdown(requests: pd.DataFrame, by: str) -> pd.DataFrame:
     for vals, g in ok.groupby(key, sort=True):
         prompt = g["prompt_tokens"].sum()
         est = g["estimated_cached_tokens"] if "estimated_cached_tokens" in g else None
-        rows.append({**dict(zip(key, vals)), "n": len(g), "prompt_tokens_mean": g["prompt_tokens"].mean(),
+        rows.append({**dict(zip(key, vals, strict=True)), "n": len(g), "prompt_tokens_mean": g["prompt_tokens"].mean(),
                      "cached_share": g["num_cached_tokens"].sum() / prompt,
                      "estimated_share": (est.sum() / prompt) if est is not None and (est >= 0).all() else float("nan"),
                      "expected_share": g["expected_cached_tokens"].sum() / prompt,

@@ -61,7 +61,7 @@ class StepFit:
     draws: np.ndarray = field(default_factory=lambda: np.zeros((0, len(COEF_NAMES))))  # bootstrap coefficients
 
     def as_dict(self) -> dict:
-        return {**dict(zip(COEF_NAMES, (float(c) for c in self.coef))), "r2": self.r2, "n": self.n,
+        return {**dict(zip(COEF_NAMES, (float(c) for c in self.coef), strict=True)), "r2": self.r2, "n": self.n,
                 "rmse_ms": self.rmse_ms, "method": "nnls",
                 "residual_ms": dict(self.residual_ms)}
 
@@ -240,7 +240,7 @@ def engine_columns(iterations: pd.DataFrame, fit: StepFit | None) -> pd.DataFram
     busy = busy_steps(iterations) if len(iterations) else iterations
     for key, g in iterations.groupby(KEY, sort=True):
         b = busy[(busy["mode"] == key[0]) & (busy["rate"] == key[1]) & (busy["repeat"] == key[2])]
-        row = dict(zip(KEY, key), step_timing=str(g["timing"].iloc[0]), busy_steps=len(b))
+        row = dict(zip(KEY, key, strict=True), step_timing=str(g["timing"].iloc[0]), busy_steps=len(b))
         share = slow = lo = hi = slo = shi = math.nan
         if fit is not None and len(b):
             a = step_arrays(b)

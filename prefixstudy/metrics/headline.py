@@ -193,7 +193,7 @@ def knee(head: pd.DataFrame, mode: str) -> tuple[float, float, float]:
     h = _ran(head, mode)
     share = h[f"{mode}_saturated_share"] if f"{mode}_saturated_share" in h else h[f"{mode}_saturated"].astype(float)
     last = math.nan
-    for x, s in zip(h["arrival_rate"], share):
+    for x, s in zip(h["arrival_rate"], share, strict=True):
         if s > 0.5:
             return ((last + x) / 2 if math.isfinite(last) else math.nan, last, x)
         last = float(x)

@@ -78,7 +78,7 @@ def percentiles(values, qs: Sequence[float] = (50, 90, 99)) -> dict[float, float
     a = a[np.isfinite(a)]
     if not a.size:
         return {q: math.nan for q in qs}
-    return dict(zip(qs, (float(v) for v in np.percentile(a, list(qs)))))
+    return dict(zip(qs, (float(v) for v in np.percentile(a, list(qs))), strict=True))
 
 
 # ----------------------------------------------------------------- prefix cache hits

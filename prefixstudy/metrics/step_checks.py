@@ -92,7 +92,7 @@ def window_agreement(busy: pd.DataFrame, coef: np.ndarray, window: int = WINDOW,
     X, cached, y = w[:, 1:-2], w[:, -2], w[:, -1]
     fit = engine_fit.fit_arrays(X, y)
     coef = np.asarray(coef, dtype=float)
-    out |= {"coef": dict(zip(engine_fit.COEF_NAMES, map(float, fit.coef))), "r2": fit.r2,
+    out |= {"coef": dict(zip(engine_fit.COEF_NAMES, map(float, fit.coef), strict=True)), "r2": fit.r2,
             "rmse_ms_window_fit": fit.rmse_ms, "rmse_ms_step_fit": float(np.sqrt(((y - X @ coef) ** 2).mean()))}
     modes = sorted(set(busy["mode"]))
     out["modes"] = {}

@@ -125,7 +125,7 @@ def knee_rate(points: pd.DataFrame, mode: str) -> float:
     """
     p = points[points["mode"] == mode].sort_values("rate")
     knee = math.nan
-    for rate, sat in zip(p["rate"], p["saturated"]):
+    for rate, sat in zip(p["rate"], p["saturated"], strict=True):
         if bool(sat):
             break
         knee = float(rate)

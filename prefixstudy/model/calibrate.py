@@ -64,7 +64,7 @@ def deployment_from_study(config: dict[str, Any], device_name: str, gpus: dict[s
 def _unsaturated(summary: pd.DataFrame) -> list[tuple[str, float]]:
     sat = summary["saturated"].astype(str).str.lower().isin(["true", "1"])
     rows = summary[~sat]
-    return sorted({(str(m), float(r)) for m, r in zip(rows["mode"], rows["rate"])})
+    return sorted({(str(m), float(r)) for m, r in zip(rows["mode"], rows["rate"], strict=True)})
 
 
 def _decode_steps(iterations: pd.DataFrame, points: list[tuple[str, float]]) -> pd.DataFrame:
@@ -73,7 +73,7 @@ def _decode_steps(iterations: pd.DataFrame, points: list[tuple[str, float]]) -> 
     it = iterations
     if it.empty or any(c not in it for c in cols):
         return pd.DataFrame(columns=cols)
-    keep = [(m, r) in set(points) for m, r in zip(it["mode"].astype(str), it["rate"].astype(float))]
+    keep = [(m, r) in set(points) for m, r in zip(it["mode"].astype(str), it["rate"].astype(float), strict=True)]
     it = it[keep]
     it = it[(it["prompt_tokens"] == 0) & (it["generation_tokens"] > 0)]
     return it[it["step_ms"].notna() & (it["step_ms"] > 0)]
@@ -252,7 +252,7 @@ def plot_calibration(df: pd.DataFrame) -> "Figure":
     fig = Figure(figsize=(12, 3.6), layout="constrained")
     axes = fig.subplots(1, len(quantities))
     colors = {"on": "tab:blue", "off": "tab:orange"}
-    for ax, q in zip(axes, quantities):
+    for ax, q in zip(axes, quantities, strict=True):
         for mode, grp in df[df["quantity"] == q].groupby("mode"):
             grp = grp.sort_values("rate")
             c = colors.get(str(mode), "tab:gray")

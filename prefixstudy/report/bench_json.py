@@ -146,8 +146,8 @@ def _detailed(m: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
     ttft = m["ttft_ms"].to_numpy(float) / 1e3
     return {
         "input_lens": m["prompt_tokens"].astype(int).tolist(),
-        "output_lens": [int(n) if g else 0 for n, g in zip(m["output_tokens"], good)],
-        "ttfts": [float(t) if g and math.isfinite(t) else 0.0 for t, g in zip(ttft, good)],
+        "output_lens": [int(n) if g else 0 for n, g in zip(m["output_tokens"], good, strict=True)],
+        "ttfts": [float(t) if g and math.isfinite(t) else 0.0 for t, g in zip(ttft, good, strict=True)],
         "start_times": [_f(s) for s in m["sent_s"]],  # seconds since the point's start
         "errors": m["error"].fillna("").astype(str).tolist(),
     }
@@ -159,7 +159,7 @@ def _latency_arrays(m: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
     m = m.sort_values("request_index")
     good = m.index.isin(ok.index)
     return {
-        "latencies": [float(e) / 1e3 if g and math.isfinite(e) else 0.0 for e, g in zip(m["e2e_ms"], good)],
+        "latencies": [float(e) / 1e3 if g and math.isfinite(e) else 0.0 for e, g in zip(m["e2e_ms"], good, strict=True)],
         "queue_times": [_f(q / 1e3) for q in m["dispatch_lag_ms"]],
     }
 

@@ -63,8 +63,8 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
                  formats: Sequence[str] = FORMATS) -> list[SavedFigure]:
     done = d.done
     sat_rates = sorted(set(done.loc[done["saturated"], "rate"]))
-    sat_map = {(m, float(r)): bool(s) for m, r, s in zip(done["mode"], done["rate"], done["saturated"])}
-    rate_map = dict(zip(d.points["nominal_rate"], d.points["rate"]))
+    sat_map = {(m, float(r)): bool(s) for m, r, s in zip(done["mode"], done["rate"], done["saturated"], strict=True)}
+    rate_map = dict(zip(d.points["nominal_rate"], d.points["rate"], strict=True))
     req_ok = counted(norm_rate(d.study.requests))
     req_ok["rate"] = [rate_map.get(r, r) for r in req_ok["rate"]]
     it = norm_rate(d.study.iterations)

@@ -34,7 +34,7 @@ def compare_latency(points_by_study: Mapping[str, pd.DataFrame], metric: str, ta
     """
     fig = new_figure(12.0, 5.0)
     axes = fig.subplots(1, 2)
-    for ax, stat in zip(axes, ("mean", tail)):
+    for ax, stat in zip(axes, ("mean", tail), strict=True):
         col = f"{stat}_{metric}_ms"
         for i, (label, p) in enumerate(points_by_study.items()):
             ls, mk = STUDY_STYLES[i % len(STUDY_STYLES)]
@@ -51,7 +51,7 @@ def compare_gain(gains_by_study: Mapping[str, pd.DataFrame]) -> Figure:
     """Several studies: caching gain of mean E2E (left) and mean TTFT (right) with CI bands."""
     fig = new_figure(12.0, 5.0)
     axes = fig.subplots(1, 2)
-    for ax, metric in zip(axes, ("e2e_ms", "ttft_ms")):
+    for ax, metric in zip(axes, ("e2e_ms", "ttft_ms"), strict=True):
         for i, (label, g) in enumerate(gains_by_study.items()):
             ls, mk = STUDY_STYLES[i % len(STUDY_STYLES)]
             g = g[g["metric"] == metric].sort_values("rate")
@@ -110,9 +110,9 @@ def _analyze_all(results_dirs: Sequence[str | Path], slo: dict[str, float], thre
 
 
 def _figure_specs(labels: list[str], datas: list[ReportData]) -> list[tuple]:
-    pts = {lab: d.done for lab, d in zip(labels, datas)}
+    pts = {lab: d.done for lab, d in zip(labels, datas, strict=True)}
     gains = {}
-    for lab, d in zip(labels, datas):
+    for lab, d in zip(labels, datas, strict=True):
         sat = d.points.groupby("rate")["saturated"].any().rename("saturated").reset_index()
         gains[lab] = d.gains.merge(sat, on="rate", how="left")
     curves = {}
@@ -133,7 +133,7 @@ def _figure_specs(labels: list[str], datas: list[ReportData]) -> list[tuple]:
 
 def side_by_side(labels: list[str], datas: list[ReportData]) -> pd.DataFrame:
     rows = []
-    for lab, d in zip(labels, datas):
+    for lab, d in zip(labels, datas, strict=True):
         h, rt = d.headline, tables.rate_text
         rows.append({"study": lab, "run": str(d.study.path), "vLLM": str(d.study.manifest.get("vllm_version") or "n/a"),
                      "knee ON (req/s)": rt(d.knees["on"]), "knee OFF (req/s)": rt(d.knees["off"]),
@@ -156,7 +156,7 @@ def build_compare(results_dirs: Sequence[str | Path], out_dir: str | Path,
     figs = save_all(_figure_specs(labels, datas), out_dir / PLOTS_DIR, formats)
     blocks: list[tuple] = [("meta", f"Compared {len(datas)} studies on "
                             f"{_dt.datetime.now().astimezone().isoformat(timespec='seconds')}.")]
-    for lab, d in zip(labels, datas):
+    for lab, d in zip(labels, datas, strict=True):
         blocks += [("h2", lab), ("meta", tables.meta_line(d.study))]
         if arm_report.shown(d.study.arms):
             blocks += [("headline", t) for t in arm_report.sentences(d.study.arms)]

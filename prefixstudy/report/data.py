@@ -84,7 +84,7 @@ def summary_points(study: StudyResults) -> pd.DataFrame:
         p[c] = p[c].astype(object).where(p[c].notna(), blank).astype(str) if c in p else blank
     p["saturated"] = p["saturated"].map(_as_bool).astype(bool)
     p["saturation_reason"] = [f"r{int(k)}: {r}" if r and p["repeat"].max() > 0 else r
-                              for k, r in zip(p["repeat"], p["saturation_reason"])]
+                              for k, r in zip(p["repeat"], p["saturation_reason"], strict=True)]
     num = [c for c in p.columns if c not in KEY + ["repeat"] and pd.api.types.is_numeric_dtype(p[c])
            and not pd.api.types.is_bool_dtype(p[c])]
     g = p.groupby(KEY, sort=True)
@@ -218,7 +218,7 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     slo = dict(slo or {})
     req, it = norm_rate(study.requests), norm_rate(study.iterations)
     head = norm_rate(study.headline)
-    rate_map = {float(r): float(a) for r, a in zip(head.get("rate", []), head.get("arrival_rate", []))
+    rate_map = {float(r): float(a) for r, a in zip(head.get("rate", []), head.get("arrival_rate", []), strict=True)
                 if math.isfinite(a)}
     nominal = _with_extras(summary_points(study), req, it, slo)
     points = to_actual(nominal, rate_map)
@@ -233,7 +233,7 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     fit, notes = step_fit(study.manifest)
     s = norm_rate(study.summary)
     rep_sat = {(str(m), float(r), int(k)): _as_bool(v)
-               for m, r, k, v in zip(s["mode"], s["rate"], s.get("repeat", pd.Series(0, index=s.index)), s["saturated"])}
+               for m, r, k, v in zip(s["mode"], s["rate"], s.get("repeat", pd.Series(0, index=s.index)), s["saturated"], strict=True)}
     coef = (np.array([float(fit.iloc[0].get(k, 0.0) or 0.0) for k in engine_fit.COEF_NAMES])
             if len(fit) else None)
     checks = step_checks.check_steps(typed_iterations(it), coef) if len(it) else None

@@ -258,7 +258,7 @@ def max_rate_vs_threshold(curves: Mapping[str, pd.DataFrame], knees: Mapping[str
     """
     fig = new_figure(11.0, 4.8)
     axes = fig.subplots(1, len(curves), squeeze=False)[0]
-    for ax, (title, c) in zip(axes, curves.items()):
+    for ax, (title, c) in zip(axes, curves.items(), strict=True):
         for mode in arms_in(c):
             g = c[c["mode"] == mode].sort_values("threshold_ms")
             if g.empty:
@@ -348,12 +348,12 @@ def engine_timeseries(iterations: pd.DataFrame, rate: float, saturated: Mapping[
         sat = bool(saturated.get(mode, False))
         label = MODE_LABELS[mode] + (" (saturated)" if sat else "")
         t, ys = _thin(g["t_s"].to_numpy(float), [g[c].to_numpy() for c, _ in rows], max_points)
-        for ax, y in zip(axes, ys):
+        for ax, y in zip(axes, ys, strict=True):
             ax.plot(t, y, color=MODE_COLORS[mode], lw=0.9, label=label, ls="--" if sat else "-")
             if sat:
                 ax.plot(t[-1], y[-1], marker=SAT_MARKER, color=MODE_COLORS[mode],
                         ms=SAT_SIZE, markeredgecolor="black", ls="none")
-    for ax, (_, ylabel) in zip(axes, rows):
+    for ax, (_, ylabel) in zip(axes, rows, strict=True):
         ax.set_ylabel(ylabel, fontsize=9)
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("time since the point's start (s)")
@@ -382,7 +382,7 @@ def e2e_cdf(requests_ok: pd.DataFrame, saturated: Mapping[tuple[str, float], boo
     fig = new_figure(12.0, 5.0)
     axes = fig.subplots(1, 2, sharey=True, sharex=True)
     norm = colors.Normalize(vmin=0, vmax=max(len(rates) - 1, 1))
-    for ax, mode in zip(axes, MODES):
+    for ax, mode in zip(axes, MODES, strict=True):
         full = matplotlib.colormaps[CDF_CMAPS[mode]]
         cmap = colors.ListedColormap(full(np.linspace(0.35, 1.0, 256)))  # skip the near-white end
         shade = lambda i: cmap(norm(i))  # noqa: E731

@@ -46,9 +46,9 @@ def display_table(df: pd.DataFrame, columns: list[str], sat: pd.Series) -> pd.Da
     mean E2E of rows where ``sat`` (aligned with ``df``) is true."""
     sat = sat.fillna(False).astype(bool).to_numpy()
     out = fmt_df(df[columns].reset_index(drop=True))
-    out["rate"] = [mark(float(r), s) for r, s in zip(df["rate"], sat)]
+    out["rate"] = [mark(float(r), s) for r, s in zip(df["rate"], sat, strict=True)]
     if "mean_e2e_ms" in out:
-        out["mean_e2e_ms"] = [f"≥ {v}" if s else v for v, s in zip(out["mean_e2e_ms"], sat)]
+        out["mean_e2e_ms"] = [f"≥ {v}" if s else v for v, s in zip(out["mean_e2e_ms"], sat, strict=True)]
     return out
 
 
@@ -124,7 +124,7 @@ def imbalance_by_policy(table: pd.DataFrame, policies: list[str]) -> Figure:
     """Max / mean over replicas of requests routed (left) and of busy time (right), vs rate."""
     fig = new_figure(11.0, 4.6)
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, (col, what) in zip(axes, (("requests_imbalance", "requests routed"), ("busy_imbalance", "busy time"))):
+    for ax, (col, what) in zip(axes, (("requests_imbalance", "requests routed"), ("busy_imbalance", "busy time")), strict=True):
         _lines(ax, table, policies, col)
         ax.axhline(1.0, color="gray", lw=0.8, ls=":")
         _rate_axis(ax, table)
@@ -146,7 +146,7 @@ def replica_load(summary: pd.DataFrame, policies: list[str]) -> Figure:
     fig = new_figure(max(8.0, 0.5 * n * len(groups) + 3), 4.2 * len(modes))
     axes = fig.subplots(len(modes), 1, squeeze=False)[:, 0]
     width = 0.8 / n
-    for ax, mode in zip(axes, modes):
+    for ax, mode in zip(axes, modes, strict=True):
         shades = colormaps[CDF_CMAPS[mode]](np.linspace(0.45, 0.95, n))
         for i, (policy, rate) in enumerate(groups):
             g = summary[(summary["policy"] == policy) & (summary["rate"] == rate) & (summary["mode"] == mode)]

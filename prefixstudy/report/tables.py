@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from prefixstudy.metrics.saturation import COMPLETION_MIN, GROWTH_MIN, GROWTH_REL, TREND_REL
-from prefixstudy.report.data import KEY, ReportData
+from prefixstudy.report.data import ReportData
 from prefixstudy.report.render import SAT_MARK
 from prefixstudy.results import StudyResults
 from prefixstudy.schema import MODES
@@ -151,7 +151,7 @@ def points_table(d: ReportData) -> pd.DataFrame:
     p = d.points
     t = pd.DataFrame({
         "mode": p["mode"].str.upper(),
-        "rate (req/s)": [mark(r, s) for r, s in zip(p["rate"], p["saturated"])],
+        "rate (req/s)": [mark(r, s) for r, s in zip(p["rate"], p["saturated"], strict=True)],
         "status": p["status"],
         "ok": p["n_ok"].map(lambda v: fmt(v, ".0f")),
         "achieved (req/s)": p["achieved_rate"].map(lambda v: fmt(v, ".2f")),
@@ -162,12 +162,12 @@ def points_table(d: ReportData) -> pd.DataFrame:
         "p90 TTFT (ms)": p["p90_ttft_ms"].map(fmt),
         "p99 TTFT (ms)": p["p99_ttft_ms"].map(fmt),
         "queue / prefill / decode (ms)": [f"{fmt(a)} / {fmt(b)} / {fmt(c)}" for a, b, c in
-                                          zip(p["mean_queue_ms"], p["mean_prefill_ms"], p["mean_decode_ms"])],
+                                          zip(p["mean_queue_ms"], p["mean_prefill_ms"], p["mean_decode_ms"], strict=True)],
     })
     if "goodput_rps" in p:
         t["goodput (req/s)"] = p["goodput_rps"].map(lambda v: fmt(v, ".2f"))
     t["saturated"] = [("yes" + (f": {r}" if r else "")) if s else "no"
-                      for s, r in zip(p["saturated"], p["saturation_reason"])]
+                      for s, r in zip(p["saturated"], p["saturation_reason"], strict=True)]
     return t
 
 
@@ -175,7 +175,7 @@ def prefill_table(d: ReportData) -> pd.DataFrame:
     p = d.points
     return pd.DataFrame({
         "mode": p["mode"].str.upper(),
-        "rate (req/s)": [mark(r, s) for r, s in zip(p["rate"], p["saturated"])],
+        "rate (req/s)": [mark(r, s) for r, s in zip(p["rate"], p["saturated"], strict=True)],
         "request level: mean prefill / mean E2E": p["prefill_share"].map(pct),
         "engine level: Σ(prefill cost) / Σstep": p["prefill_share_engine"].map(pct),
         "decode slowdown": p["decode_slowdown"].map(lambda v: fmt(v, ".2f") + "×" if v == v else "–"),
@@ -229,10 +229,10 @@ def all_points_table(d: ReportData) -> pd.DataFrame:
     return pd.DataFrame({
         "point": [f"{m.upper()} @ {n:g} req/s" + (f" repeat {int(k)}" if mp["repeat"].max() > 0 else "")
                   + (f" (actual {r:.2f})" if r != n else "")
-                  for m, n, k, r in zip(mp["mode"], mp["nominal_rate"], mp["repeat"], mp["rate"])],
+                  for m, n, k, r in zip(mp["mode"], mp["nominal_rate"], mp["repeat"], mp["rate"], strict=True)],
         "status": mp["status"],
         "saturated": ["yes" if sat.get((m, float(n), int(k)), False) else "no"
-                      for m, n, k in zip(mp["mode"], mp["nominal_rate"], mp["repeat"])],
+                      for m, n, k in zip(mp["mode"], mp["nominal_rate"], mp["repeat"], strict=True)],
         "error": mp["error"],
     })
 

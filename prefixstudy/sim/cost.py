@@ -98,7 +98,7 @@ def fit(df: pd.DataFrame, source: str = "") -> CostModel:
         raise UserError(f"--calibration {source}: only {len(steps)} busy steps, too few to fit a step cost")
     f = engine_fit.fit_arrays(X, y)
     timing = ",".join(sorted(set(steps["timing"])))
-    coef = {t: float(c) for t, c in zip(TERMS, f.coef[1:]) if c > 0}
+    coef = {t: float(c) for t, c in zip(TERMS, f.coef[1:], strict=True) if c > 0}
     return CostModel(float(f.coef[0]), coef, f.r2, f.n, f.residual_ms, source, timing)
 
 

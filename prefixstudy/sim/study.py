@@ -123,7 +123,7 @@ class SimSession:
         exp = expected_cached(rows, self.prefixes, self.target.block_size, warm_groups) if self.cfg.arm(self.mode).prefix_caching \
             else [0] * n
         records = [_record(self.mode, rate, i, f"warmup{i}", r, True, math.nan, tw, t, 0, sw.request_timeout_s)
-                   for i, (r, t) in enumerate(zip(wrows, wtr))]
+                   for i, (r, t) in enumerate(zip(wrows, wtr, strict=True))]
         for i in range(n):
             tr = traces[ids[i]]
             row = replace(rows[i], prompt_token_ids=tr.prompt_token_ids) if tr.prompt_token_ids else rows[i]

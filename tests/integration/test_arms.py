@@ -15,6 +15,7 @@ pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = {"sweep.rates": [2], "sweep.num_requests": 6, "sweep.warmup_requests": 1, "dataset.output_len": 16,
+         "engine.enforce_eager": True,
          "engine.gpu_memory_utilization": 0.1, "executor": "local",
          "arms": [{"name": "off-chunk512", "prefix_caching": False, "engine": {"max_num_batched_tokens": 512}}]}
 

@@ -60,7 +60,7 @@ def test_a_sweep_stopped_before_its_second_policy_resumes_from_its_parent(tmp_pa
         {"policy": "prefix_affinity", "dir": "policy-prefix_affinity"}]
     routing_report(parent)
     table = pd.read_csv(parent / "routing.csv")
-    assert sorted(zip(table["policy"], table["mode"])) == [
+    assert sorted(zip(table["policy"], table["mode"], strict=True)) == [
         ("prefix_affinity", "on"), ("round_robin", "off"), ("round_robin", "on")]
     # Affinity keeps each of the 3 groups on one replica: after the primes every request hits.
     aff = table[table["policy"] == "prefix_affinity"].iloc[0]

@@ -101,7 +101,7 @@ def stub(kind: str, die_after: int | None = None) -> ThreadingHTTPServer:
 
         def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            if self.path == "/reset_prefix_cache":
+            if self.path.split("?")[0] == "/reset_prefix_cache":  # vLLM takes ?reset_external=true
                 self._json({"success": True})
             elif self.path == "/v1/completions":
                 completions(self, kind)
@@ -208,7 +208,7 @@ def test_a_server_that_dies_mid_run_stops_it_with_the_resume_line(tmp_path):
     assert len(lines) == 1, r.stderr
     line = lines[0]
     assert line.startswith("error: cache OFF: the engine died and did not come back (")
-    assert f"not healthy after 1 s" in line
+    assert "not healthy after 1 s" in line
     assert line.endswith(f"; finished points are saved; continue with: prefixstudy run --resume {d}")
     m = json.loads((d / "manifest.json").read_text())
     assert m["status"] == "failed"

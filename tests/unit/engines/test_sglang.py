@@ -37,7 +37,7 @@ class StubSGLang:
         best = 0
         for p in self.prompts if self.radix else ():
             n = 0
-            for a, b in zip(p, prompt):
+            for a, b in zip(p, prompt, strict=True):
                 if a != b:
                     break
                 n += 1

@@ -15,7 +15,7 @@ def test_the_installed_vllm_has_every_internal_we_read():
 
 def test_an_unsupported_vllm_is_one_line_naming_what_is_missing(monkeypatch):
     import vllm.outputs
-    import vllm.v1.metrics.stats as stats
+    from vllm.v1.metrics import stats
 
     class OldOutput:  # a RequestOutput from before num_cached_tokens
         def __init__(self, request_id, prompt, outputs):

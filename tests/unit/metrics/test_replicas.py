@@ -21,7 +21,7 @@ def requests(replicas: list[int], cached: list[int], e2e: list[float]) -> pd.Dat
 def steps(replica: int, ms: list[float]) -> pd.DataFrame:
     t = [sum(ms[:i]) / 1e3 for i in range(len(ms))]
     return pd.DataFrame({"mode": "on", "rate": 4.0, "repeat": 0, "replica": replica, "step_start_s": t,
-                         "t_s": [a + b / 1e3 for a, b in zip(t, ms)], "step_ms": ms})
+                         "t_s": [a + b / 1e3 for a, b in zip(t, ms, strict=True)], "step_ms": ms})
 
 
 def test_replica_table_and_balance():
@@ -73,7 +73,7 @@ def test_replica_summary_one_row_per_policy_mode_rate_replica():
     req, its = two_repeats()
     off = req.assign(mode="off", num_cached_tokens=0)
     s = replica_summary({"a": (req, its, None), "b": (pd.concat([req, off], ignore_index=True), its, None)})
-    assert list(zip(s["policy"], s["mode"], s["replica"])) == [
+    assert list(zip(s["policy"], s["mode"], s["replica"], strict=True)) == [
         ("a", "on", 0), ("a", "on", 1), ("b", "off", 0), ("b", "off", 1), ("b", "on", 0), ("b", "on", 1)]
     b_off = s[(s["policy"] == "b") & (s["mode"] == "off")].set_index("replica")
     assert b_off["hit_rate_measured"].tolist() == [0.0, 0.0] and b_off["busy_s"].tolist() == [0.0, 0.0]  # no steps

@@ -46,7 +46,7 @@ def test_groups_rows_share_each_groups_prefix_and_draw_lengths():
     assert [r.group for r in rows] == [0, 1, 2, 0, 1, 2] and {r.output_len for r in rows} == {5}
     for g in range(3):
         a, b = rows[g].prompt_token_ids, rows[g + 3].prompt_token_ids
-        p = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        p = next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
         assert p in (64, 128) and 4 <= len(a) - p <= 9
 
 

@@ -2,8 +2,8 @@
 
 The headline block at the top of README.md (between ``<!-- readme_numbers: headline -->`` and
 ``<!-- /readme_numbers -->``), and the per-rate tables of experiments/results/README.md (between
-``<!-- readme_numbers: table STUDY -->`` and the same end marker), are rendered here from experiments/results/h200-tp1 (headline.csv,
-summary.csv, manifest.json's step fit) and h200-tp2 (headline.csv), with the same definitions the
+``<!-- readme_numbers: table STUDY -->`` and the same end marker), are rendered here from experiments/results/h200-tp1
+(headline.csv, summary.csv, manifest.json's step fit) and h200-tp2 (headline.csv), with the same definitions the
 report uses (``metrics.headline``: knee, rate at a threshold; the threshold is twice OFF's p90 E2E
 at the lowest rate, the repeats' mean, as the report's default).
 
@@ -72,7 +72,8 @@ def headline_block(results: Path = RESULTS) -> str:
         f"from {_ci(mid['off_mean_e2e_ms'], mid['off_mean_e2e_lo'], mid['off_mean_e2e_hi'])} to "
         f"{_ci(mid['on_mean_e2e_ms'], mid['on_mean_e2e_lo'], mid['on_mean_e2e_hi'])} ms, **{_gain(mid)}**: "
         f"prompts took {100 * mid['off_engine_prefill_share']:.0f} % [{100 * mid['off_engine_prefill_share_lo']:.0f}, "
-        f"{100 * mid['off_engine_prefill_share_hi']:.0f}] of OFF's engine time and every OFF decode step was {mid['off_decode_slowdown']:.2f}× as long as it "
+        f"{100 * mid['off_engine_prefill_share_hi']:.0f}] of OFF's engine time and every OFF decode step was "
+        f"{mid['off_decode_slowdown']:.2f}× as long as it "
         f"would have been without the prefills it carried;",
     ]
     if len(all_sat):

@@ -189,7 +189,7 @@ class ModeSession:
     async def run_point(self, rate: float, repeat: int = 0) -> PointResult:
         try:
             return await self._run_point(rate, repeat)
-        except Exception as e:  # the engine died or refused: the point is a failed row, the sweep goes on
+        except Exception as e:  # noqa: BLE001 - the engine died or refused: the point is a failed row, the sweep goes on
             return PointResult.failed(self.mode, rate, f"{type(e).__name__}: {e}", repeat,
                                       traceback=traceback.format_exc(limit=5))
 
@@ -376,7 +376,7 @@ class ModeSession:
             if stop_requested():  # Ctrl-C / SIGTERM: the run stops, this is no point's deadline
                 raise
             tr.error = "unfinished: cancelled at max_point_duration_s"
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any engine error is a failed row, never a crash
             tr.error = f"{type(e).__name__}: {e}".strip()[:500]
         # What the engine saw, for the cache estimates (ids it generated, where the backend says).
         self._sent.append(_Sent(sent, index, SentRequest(row.prompt_token_ids, tr.output_token_ids or None,

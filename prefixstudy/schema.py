@@ -236,4 +236,4 @@ class PointResult:
 def point_key(p: dict) -> tuple[str, float, int]:
     """A point's identity, from a manifest entry or a summary row (runs before repeats: repeat 0)."""
     rep = p.get("repeat", 0)
-    return (p["mode"], float(p["rate"]), 0 if rep is None or rep != rep else int(rep))
+    return (p["mode"], float(p["rate"]), 0 if rep is None or rep != rep else int(rep))  # noqa: PLR0124 - NaN test

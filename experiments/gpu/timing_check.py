@@ -127,6 +127,6 @@ if __name__ == "__main__":
     pd.set_option("display.width", 160)
     for p in paths:
         print(p)
-        table = {"steps": lambda: check_steps(Path(p)), "trace": lambda: trace_table(p), "split": lambda: split_table(p),
-                 "gpu": lambda: gpu_table(p)}
+        table = {"steps": lambda p=p: check_steps(Path(p)), "trace": lambda p=p: trace_table(p),
+                 "split": lambda p=p: split_table(p), "gpu": lambda p=p: gpu_table(p)}
         print(table[what]().to_string(index=what in ("trace", "gpu")))

@@ -137,7 +137,8 @@ def table(pp: pd.DataFrame) -> str:
              "|" + "---|" * 14]
     for _, r in pp.iterrows():
         lines.append(f"| {r['check']} | {r['study']} | {r['mode']} | {r['rate']:g} | {r['n_repeats']} | "
-                     f"{r['mean_e2e_ms_sim']:.0f} / {r['mean_e2e_ms_meas']:.0f} | {r['e2e_meas_min']:.0f}–{r['e2e_meas_max']:.0f} | "
+                     f"{r['mean_e2e_ms_sim']:.0f} / {r['mean_e2e_ms_meas']:.0f} | "
+                     f"{r['e2e_meas_min']:.0f}–{r['e2e_meas_max']:.0f} | "
                      f"{_pct(r['mean_e2e_ms_err'])} | {_pct(r['p90_e2e_ms_err'])} | "
                      f"{r['mean_ttft_ms_sim']:.1f} / {r['mean_ttft_ms_meas']:.1f} | {_pct(r['mean_tpot_ms_err'])} | "
                      f"{r['hit_rate_measured_sim']:.3f} / {r['hit_rate_measured_meas']:.3f} | "

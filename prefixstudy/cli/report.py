@@ -76,7 +76,8 @@ def compare(results_dirs, out_dir, slo, threshold_ms, seed):
 @click.option("--slo", default=None, help=_SLO_HELP + " Fills request_goodput (default: the run's --goodput).")
 @click.option("--save-detailed", is_flag=True, help="Add the per-request arrays, as vLLM's --save-detailed.")
 @click.option("--layout", type=click.Choice(["flat", "sweep"]), default="flat", show_default=True,
-              help="flat: one file per point and repeat; sweep: vLLM's bench sweep folders (a run per repeat), for `vllm bench sweep plot`.")
+              help="flat: one file per point and repeat; sweep: vLLM's bench sweep folders (a run per repeat), "
+                   "for `vllm bench sweep plot`.")
 def export_bench(results_dir, out_dir, slo, save_detailed, layout):
     """Write every point (each repeat apart) as a `vllm bench serve` result JSON."""
     from prefixstudy.report.bench_json import export_bench as _export

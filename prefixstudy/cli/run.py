@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import warnings
@@ -23,7 +24,7 @@ def _csv_floats(ctx, param, value):
             r = float(part)
         except ValueError:
             raise click.BadParameter(f"'{part}' is not a number") from None
-        if not r > 0 or r != r or r == float("inf"):
+        if not r > 0 or math.isnan(r) or r == float("inf"):
             raise click.BadParameter(f"rates must be finite and > 0 req/s, got {part}")
         out.append(r)
     return out
@@ -207,10 +208,9 @@ def _overrides(sets, **flags) -> dict:
     out = _parse_sets(sets)
     keys = {"rates": "sweep.rates", "modes": "sweep.modes", "num_requests": "sweep.num_requests", "out": "out",
             "executor": "executor", "ray_address": "ray.address", "parallel": "ray.parallel"}
-    for flag, value in flags.items():
-        if value is not None:
-            if flag == "modes":
-                value = [m.strip() for m in value.split(",")]
+    for flag, given in flags.items():
+        if given is not None:
+            value = [m.strip() for m in given.split(",")] if flag == "modes" else given
             out[keys[flag]] = str(value) if flag == "out" else value
     return out
 

@@ -4,8 +4,8 @@ It keeps a real prefix cache of block hashes (``cachesim.BlockCache``: whole blo
 the last prompt token, generated tokens cached too, and with ``num_blocks`` set a pool of that
 many blocks evicted least recently used, as vLLM's; with ``tier_blocks`` a CPU tier of that many
 blocks under it, as vLLM's OffloadingConnector keeps one), so the runner's accounting, hit-rate
-checks and results can be tested exactly without vLLM; with zero costs it answers at once, which is what ``benchmarks/dispatch.py``
-measures the arrival loop against.  It is not a performance model: see ``prefixstudy.model``.
+checks and results can be tested exactly without vLLM; with zero costs it answers at once, which is what
+``benchmarks/dispatch.py`` measures the arrival loop against.  It is not a performance model: see ``prefixstudy.model``.
 """
 
 from __future__ import annotations

@@ -216,7 +216,7 @@ class HttpEngine:
                     if r.status == 200:
                         return
                     last = f"HTTP {r.status}"
-            except Exception as e:  # not listening yet
+            except Exception as e:  # noqa: BLE001 - not listening yet: any error means not healthy yet, the deadline decides
                 last = type(e).__name__
             await asyncio.sleep(0.5)
         hint = (f"; the base URL is the server's root, without /v1: {self.base.removesuffix('/v1')}"
@@ -247,7 +247,7 @@ class HttpEngine:
         try:
             async with await self._idempotent("get", f"{self.base}{self.config.metrics_path}") as r:
                 return await r.text() if r.status == 200 else None
-        except Exception:
+        except Exception:  # noqa: BLE001 - metrics are best effort: unreadable metrics are None
             return None
 
     async def reset_prefix_cache(self) -> None:
@@ -355,9 +355,11 @@ class HttpEngine:
                 try:
                     obj = json.loads(data)
                 except ValueError:
-                    raise ServerReplyError(f"invalid JSON in the stream: {_first_line(data.decode(errors='replace'), 100)}") from None
+                    raise ServerReplyError("invalid JSON in the stream: "
+                                           f"{_first_line(data.decode(errors='replace'), 100)}") from None
                 if not isinstance(obj, dict):
-                    raise ServerReplyError(f"not an event object in the stream: {_first_line(data.decode(errors='replace'), 100)}")
+                    raise ServerReplyError("not an event object in the stream: "
+                                           f"{_first_line(data.decode(errors='replace'), 100)}")
                 if obj.get("error"):
                     raise ServerReplyError(f"server error: {_first_line(str(obj['error']))}")
                 choices = obj.get("choices")

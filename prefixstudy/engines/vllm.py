@@ -145,7 +145,7 @@ def _first_line(e: Exception) -> str:
         try:
             first = errors()[0]
             return f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}"
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort at a shorter message; falls back to str(e)
             pass
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__

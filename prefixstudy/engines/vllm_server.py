@@ -83,7 +83,7 @@ def _die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort in the child before exec; must never stop the launch
         pass
 
 
@@ -148,7 +148,7 @@ class VllmServerEngine:
         with logf:
             self.proc = subprocess.Popen(cmd, env=env,
                                          stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+                                         start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509 - prctl(PDEATHSIG) only, no locks
         atexit.register(self.shutdown)
         url = f"http://{self.config.host}:{port}"
         cfg = HttpEngineConfig(targets={self.mode: url}, block_size=self.config.block_size,
@@ -158,7 +158,7 @@ class VllmServerEngine:
         self.http.alive = lambda: self.proc is not None and self.proc.poll() is None
         try:
             await self.http.start()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any start failure: server shut down, re-raised as StudyFailed with its log
             self.shutdown()
             # The log travels with the failure (a Ray actor's temp file is on a node that may be
             # gone by the time anyone looks); the run keeps it.  Without an exception line in it

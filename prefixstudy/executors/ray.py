@@ -355,12 +355,12 @@ class RayExecutor:
             for a in self.actors:
                 try:
                     ray.kill(a, no_restart=True)
-                except Exception:
+                except Exception:  # noqa: BLE001 - best-effort cleanup
                     pass
             for pg in self.pgs:
                 try:
                     ray.util.remove_placement_group(pg)
-                except Exception:
+                except Exception:  # noqa: BLE001 - best-effort cleanup
                     pass
             if owned:
                 ray.shutdown()

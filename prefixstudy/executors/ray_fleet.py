@@ -47,7 +47,7 @@ class ReplicaActor:
 
         try:
             await self.engine.start()
-        except Exception as e:  # the cause, and this actor's log, travel to the generator (then the driver)
+        except Exception as e:  # noqa: BLE001 - the cause, and this actor's log, travel to the generator (then the driver)
             log = self.own_log.since()
             raise StudyFailed(describe_failure(e, log), log=log) from None
         pg = get_current_placement_group()
@@ -71,7 +71,7 @@ class ReplicaActor:
         tr = RequestTrace(time.monotonic())  # arrival here: the hop from the router is not measured
         try:
             await self.engine.generate(prompt, output_len, request_id, tr)
-        except Exception as e:  # the request failed, the actor lives: a row with the cause
+        except Exception as e:  # noqa: BLE001 - the request failed, the actor lives: a row with the cause
             tr.error = f"{type(e).__name__}: {e}".strip()[:500]
         return tr
 
@@ -163,7 +163,7 @@ class RemoteReplica:
 
         try:
             ray.kill(self.handle, no_restart=True)
-        except Exception:  # already gone
+        except Exception:  # noqa: BLE001 - best-effort cleanup: already gone
             pass
 
 

@@ -89,7 +89,7 @@ def window_agreement(busy: pd.DataFrame, coef: np.ndarray, window: int = WINDOW,
     out: dict = {"window": window, "n_windows": len(w), "tolerance": tolerance}
     if len(w) < MIN_WINDOWS:
         return out | {"ok": None, "modes": {}}
-    X, cached, y = w[:, 1:-2], w[:, -2], w[:, -1]
+    X, y = w[:, 1:-2], w[:, -1]
     fit = engine_fit.fit_arrays(X, y)
     coef = np.asarray(coef, dtype=float)
     out |= {"coef": dict(zip(engine_fit.COEF_NAMES, map(float, fit.coef), strict=True)), "r2": fit.r2,

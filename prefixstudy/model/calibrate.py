@@ -253,8 +253,8 @@ def plot_calibration(df: pd.DataFrame) -> "Figure":
     axes = fig.subplots(1, len(quantities))
     colors = {"on": "tab:blue", "off": "tab:orange"}
     for ax, q in zip(axes, quantities, strict=True):
-        for mode, grp in df[df["quantity"] == q].groupby("mode"):
-            grp = grp.sort_values("rate")
+        for mode, unsorted in df[df["quantity"] == q].groupby("mode"):
+            grp = unsorted.sort_values("rate")
             c = colors.get(str(mode), "tab:gray")
             ax.plot(grp["rate"], grp["measured_ms"], "o", color=c, label=f"{mode} measured")
             ax.plot(grp["rate"], grp["predicted_ms"], "-", color=c, label=f"{mode} model")

@@ -52,8 +52,8 @@ def sentences(arms: pd.DataFrame) -> list[str]:
     """Per arm, at the highest rate where neither it nor the baseline saturated (else the highest):
     its mean E2E against the baseline's and the paired gain with its interval."""
     out = []
-    for arm, g in arms.groupby("arm", sort=False):
-        g = g.sort_values("rate")
+    for arm, grp in arms.groupby("arm", sort=False):
+        g = grp.sort_values("rate")
         calm = g[~g["gain_is_bound"].astype(bool)]
         r = (calm if len(calm) else g).iloc[-1]
         base = r["baseline"]
@@ -89,8 +89,8 @@ def figure(arms: pd.DataFrame) -> Figure:
     gain over the baseline with its paired interval; both against the actual arrival rate."""
     fig = new_figure(12.0, 4.8)
     left, right = fig.subplots(1, 2)
-    for arm, g in arms.groupby("arm", sort=False):
-        g = g.sort_values("arrival_rate")
+    for arm, grp in arms.groupby("arm", sort=False):
+        g = grp.sort_values("arrival_rate")
         x, c = g["arrival_rate"].to_numpy(float), MODE_COLORS[arm]
         for ax, col, lo, hi in ((left, "mean_e2e_ms", "mean_e2e_lo", "mean_e2e_hi"),
                                 (right, "gain_mean_e2e", "gain_mean_e2e_lo", "gain_mean_e2e_hi")):
@@ -102,8 +102,8 @@ def figure(arms: pd.DataFrame) -> Figure:
             bound = g["gain_is_bound"].to_numpy(bool)
             ax.plot(x[bound], y[bound], ls="none", marker=SAT_MARKER, color=c, ms=SAT_SIZE,
                     markeredgecolor="black", markeredgewidth=0.8)
-    for base, g in arms.groupby("baseline", sort=False):
-        g = g.drop_duplicates("rate").sort_values("arrival_rate")
+    for base, grp in arms.groupby("baseline", sort=False):
+        g = grp.drop_duplicates("rate").sort_values("arrival_rate")
         left.plot(g["arrival_rate"], g["baseline_mean_e2e_ms"], "--", marker="s", ms=4, color=MODE_COLORS[base],
                   label=f"{MODE_LABELS[base]} (baseline)")
     right.axhline(0, color="black", lw=0.8)

@@ -304,7 +304,7 @@ def export_bench(study: StudyResults, out_dir: Path | None = None, points: pd.Da
     for _, p in points.sort_values(["mode", "rate", "repeat"]).iterrows():
         mode, rate, repeat = str(p["mode"]), float(p["rate"]), int(p["repeat"])
 
-        def at(df: pd.DataFrame) -> pd.DataFrame:
+        def at(df: pd.DataFrame, mode=mode, rate=rate, repeat=repeat) -> pd.DataFrame:
             return df[(df["mode"] == mode) & np.isclose(df["rate"], rate) & (df["repeat"] == repeat)]
 
         sat = p.get("saturated")

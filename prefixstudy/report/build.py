@@ -129,7 +129,7 @@ def model_section(d: ReportData) -> tuple[list[str], pd.DataFrame | None]:
                                   d.study.config, device)
     except UserError as e:  # the study lacks what the model needs: say what, in words
         return [f"The first-principles model (prefixstudy.model) could not be calibrated on this study: {e}."], None
-    except Exception as e:  # the model is someone else's stage: report, don't crash the report
+    except Exception as e:  # noqa: BLE001 - the model is someone else's stage: report, don't crash the report
         return [f"The first-principles model (prefixstudy.model) could not be evaluated on {device} "
                 f"({e.__class__.__name__}: {e})."], None
     if df is None or len(df) == 0:

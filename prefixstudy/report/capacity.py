@@ -25,8 +25,8 @@ def capacity_figure(table: pd.DataFrame):
     means = on.groupby(["rate", "capacity"], sort=True)[[x, "hit_rate_measured", "hit_rate_expected", "e2e_gain"]].mean()
     fig = new_figure(10, 4.2)
     hit, gain = fig.subplots(1, 2)
-    for rate, g in means.groupby(level="rate"):
-        g = g.sort_values(x)
+    for rate, grp in means.groupby(level="rate"):
+        g = grp.sort_values(x)
         hit.plot(g[x], g["hit_rate_measured"], marker="o", label=f"{rate:g} req/s")
         gain.plot(g[x], 100 * g["e2e_gain"], marker="o", label=f"{rate:g} req/s")
     bound = means.groupby(level="capacity").agg({x: "mean", "hit_rate_expected": "mean"}).sort_values(x)

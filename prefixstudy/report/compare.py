@@ -52,9 +52,9 @@ def compare_gain(gains_by_study: Mapping[str, pd.DataFrame]) -> Figure:
     fig = new_figure(12.0, 5.0)
     axes = fig.subplots(1, 2)
     for ax, metric in zip(axes, ("e2e_ms", "ttft_ms"), strict=True):
-        for i, (label, g) in enumerate(gains_by_study.items()):
+        for i, (label, grp) in enumerate(gains_by_study.items()):
             ls, mk = STUDY_STYLES[i % len(STUDY_STYLES)]
-            g = g[g["metric"] == metric].sort_values("rate")
+            g = grp[grp["metric"] == metric].sort_values("rate")
             c = PEER_COLORS[i % len(PEER_COLORS)] if i else GAIN_COLORS[metric]
             ax.fill_between(g["rate"], 100 * g["ci_lo"], 100 * g["ci_hi"], color=c, alpha=0.15)
             ax.plot(g["rate"], 100 * g["gain"], ls=ls, marker=mk, color=c, label=label)

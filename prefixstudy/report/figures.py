@@ -174,8 +174,8 @@ def latency_vs_rate(points: pd.DataFrame, metric: str, title: str,
         mode_line(ax, points, mode, f"mean_{metric}_ms", label=f"{MODE_LABELS[mode]} mean")
         mode_line(ax, points, mode, f"{tail}_{metric}_ms", ls="--", label=f"{MODE_LABELS[mode]} {tail}")
     if peers is not None and len(peers):
-        for i, (label, g) in enumerate(peers.groupby("label", sort=False)):
-            g = g.sort_values("rate")
+        for i, (label, grp) in enumerate(peers.groupby("label", sort=False)):
+            g = grp.sort_values("rate")
             c = PEER_COLORS[i % len(PEER_COLORS)]
             for col, ls, what in ((f"mean_{metric}_ms", "-", "mean"), (f"{tail}_{metric}_ms", "--", tail)):
                 if col in g and g[col].notna().any():
@@ -291,8 +291,8 @@ def caching_gain(gains: pd.DataFrame, saturated_rates: Sequence[float] = ()) -> 
     fig = new_figure()
     ax = fig.add_subplot()
     sat = set(float(r) for r in saturated_rates)
-    for metric, g in gains.groupby("metric", sort=False):
-        g = g.sort_values("rate")
+    for metric, grp in gains.groupby("metric", sort=False):
+        g = grp.sort_values("rate")
         c = GAIN_COLORS.get(metric, "tab:gray")
         name = metric.removesuffix("_ms").upper()
         x = g["rate"].to_numpy(float)
@@ -385,7 +385,7 @@ def e2e_cdf(requests_ok: pd.DataFrame, saturated: Mapping[tuple[str, float], boo
     for ax, mode in zip(axes, MODES, strict=True):
         full = matplotlib.colormaps[CDF_CMAPS[mode]]
         cmap = colors.ListedColormap(full(np.linspace(0.35, 1.0, 256)))  # skip the near-white end
-        shade = lambda i: cmap(norm(i))  # noqa: E731
+        shade = lambda i, cmap=cmap: cmap(norm(i))  # noqa: E731
         for i, rate in enumerate(rates):
             at = requests_ok[(requests_ok["rate"] == rate) & (requests_ok["mode"] == mode)]
             v = np.sort(at[metric].to_numpy(float))

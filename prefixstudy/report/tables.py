@@ -178,7 +178,7 @@ def prefill_table(d: ReportData) -> pd.DataFrame:
         "rate (req/s)": [mark(r, s) for r, s in zip(p["rate"], p["saturated"], strict=True)],
         "request level: mean prefill / mean E2E": p["prefill_share"].map(pct),
         "engine level: Σ(prefill cost) / Σstep": p["prefill_share_engine"].map(pct),
-        "decode slowdown": p["decode_slowdown"].map(lambda v: fmt(v, ".2f") + "×" if v == v else "–"),
+        "decode slowdown": p["decode_slowdown"].map(lambda v: fmt(v, ".2f") + "×" if v == v else "–"),  # noqa: PLR0124 - NaN test
     })
 
 

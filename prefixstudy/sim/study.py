@@ -120,7 +120,8 @@ class SimSession:
                 for i, r in enumerate(rows)]
         self.sim.steps = []
         traces = self.sim.run(reqs, deadline_s=t0 + sw.max_point_duration_s)
-        exp = expected_cached(rows, self.prefixes, self.target.block_size, warm_groups) if self.cfg.arm(self.mode).prefix_caching \
+        exp = expected_cached(rows, self.prefixes, self.target.block_size, warm_groups) \
+            if self.cfg.arm(self.mode).prefix_caching \
             else [0] * n
         records = [_record(self.mode, rate, i, f"warmup{i}", r, True, math.nan, tw, t, 0, sw.request_timeout_s)
                    for i, (r, t) in enumerate(zip(wrows, wtr, strict=True))]

@@ -77,8 +77,8 @@ def test_engine_steps_are_timed_inside_the_engine(tiny_study):
     res = prefixstudy.load(tiny_study)
     it = res.iterations
     assert set(it["timing"]) == {"engine"} and (it["step_ms"] > 0).all()
-    for _, g in it.groupby(["mode", "rate"]):
-        g = g.sort_values("t_s")
+    for _, grp in it.groupby(["mode", "rate"]):
+        g = grp.sort_values("t_s")
         assert (g["step_start_s"].to_numpy()[1:] >= g["t_s"].to_numpy()[:-1] - 1e-9).all()
     by = it.groupby(["mode", "rate"])[["prefill_tokens", "cached_tokens", "decode_tokens"]].sum()
     for rate in (2.0, 8.0):  # 8 measured requests a point, 1214 prompt tokens (1152 cached on ON), 32 out

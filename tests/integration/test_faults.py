@@ -37,7 +37,7 @@ def start(args, out: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "prefixstudy", "run", "default",
                              "--out", str(out), *BASE, *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            preexec_fn=_default_signals)
+                            preexec_fn=_default_signals)  # noqa: PLW1509 - only resets SIGINT in the child
 
 
 def wait_for_point(proc: subprocess.Popen, marker: str, timeout: float = 300) -> list[str]:

@@ -92,7 +92,8 @@ def test_ctrl_c_kills_the_server_it_launched(tmp_path):
     path = study_path(tmp_path, rates=[1], num_requests=200, modes=["on"], warmup_requests=0)
     proc = subprocess.Popen([sys.executable, "-m", "prefixstudy", "run", str(path), "--no-report"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_default_signals)
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=_default_signals)  # noqa: PLW1509 - only resets SIGINT in the child
     try:
         # Wait until the server answers requests (its engine core is up) and the point is under way.
         deadline, servers = time.monotonic() + 400, []

@@ -36,8 +36,8 @@ CONSTRAINTS = REPO / "docker/constraints.txt"
 def constraints() -> dict[str, str]:
     """docker/constraints.txt as {name: version}; every line is an exact pin."""
     out = {}
-    for line in CONSTRAINTS.read_text().splitlines():
-        line = line.split("#")[0].strip()
+    for raw in CONSTRAINTS.read_text().splitlines():
+        line = raw.split("#")[0].strip()
         if line:
             m = re.fullmatch(r"([A-Za-z0-9_.-]+)==([\w.+]+)", line)
             assert m, f"{CONSTRAINTS.name}: not an exact pin: {line!r}"

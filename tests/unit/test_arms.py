@@ -266,7 +266,8 @@ def test_ray_runs_arms_side_by_side_only_when_every_arm_s_engine_fits():
     assert plan_parallel("auto", 3, three_gpus, True, 1, 1)["reason"] == \
         "auto: the cluster fits 3 engines of 1 GPU(s) side by side"
     assert plan_parallel("on", 3, [{"CPU": 3}], False, 1, 1)["reason"] == "parallel on: all 3 engines run side by side"
-    with pytest.raises(UserError, match=r"^--parallel on: the Ray cluster has room for 2 engines, not 3 \(1 GPUs on one node each\)$"):
+    with pytest.raises(UserError,
+                       match=r"^--parallel on: the Ray cluster has room for 2 engines, not 3 \(1 GPUs on one node each\)$"):
         plan_parallel("on", 3, two_gpus, True, 1, 1)
     assert plan_parallel("auto", 3, [{"CPU": 8}], False, 1, 1)["reason"] == (
         "auto: 8 CPUs; 3 CPU engines side by side need 3 x (1 + 2) = 9 CPUs (engine cores + load generator and "

@@ -408,7 +408,8 @@ CASES = {
         {"unit": "blocks", "values": [], "runs": []})).parent, "--out", t / "res"],
         "merge: give either run folders or capacity sweep folders (with capacity.json), not both"),
     "capacity-bad-unit": (lambda t: ["capacity", config(t), "--capacity", "pages=1", "--out", t / "res"],
-                          "--capacity 'pages=1': expected UNIT=V1,V2,... with UNIT one of blocks, bytes, share, offload_gib, tier_blocks"),
+                          "--capacity 'pages=1': expected UNIT=V1,V2,... with UNIT one of blocks, bytes, share, "
+                          "offload_gib, tier_blocks"),
     # --- `prefixstudy simulate`: architectures the roofline does not cover, transfers it cannot make ---
     "simulate-moe-model": (lambda t: simulate_model(t, {"num_local_experts": 8, "num_experts_per_tok": 2}),
                            "config.json: field 'num_local_experts': mixture-of-experts is not covered"),

@@ -251,4 +251,4 @@ def test_caching_gain_draws_rates_without_a_gain():
     gains = pd.DataFrame({"rate": [20.0, 40.0], "metric": ["e2e_ms"] * 2, "gain": [None, 0.5],
                           "ci_lo": [None, 0.4], "ci_hi": [None, 0.6]})  # object columns: a TypeError before
     (line,) = [ln for ln in figures.caching_gain(gains).axes[0].lines if ln.get_label() == "mean E2E gain"]
-    assert [round(v, 6) if v == v else "nan" for v in line.get_ydata()] == ["nan", 50.0]
+    assert [round(v, 6) if v == v else "nan" for v in line.get_ydata()] == ["nan", 50.0]  # noqa: PLR0124 - NaN test

@@ -37,7 +37,7 @@ class StubSGLang:
         best = 0
         for p in self.prompts if self.radix else ():
             n = 0
-            for a, b in zip(p, prompt, strict=True):
+            for a, b in zip(p, prompt, strict=False):
                 if a != b:
                     break
                 n += 1
@@ -57,7 +57,7 @@ class StubSGLang:
             self.cached_tokens += cached
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            for i in range(body["max_tokens"]):
+            for _ in range(body["max_tokens"]):
                 await asyncio.sleep(self.delay)
                 chunk = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": "t", "logprobs": None,
                                                                                 "finish_reason": None}]}

@@ -20,7 +20,8 @@ class Sink:
                       "where the task was running was 23.1GB / 24GB"),
      "Ray: OutOfMemoryError: Task was killed due to the node running low on memory.; run fewer engines side by "
      "side (--parallel off, or fewer replicas) or --executor local"),
-    (RayError("The GCS went away.\nDetails follow"), "Ray: RayError: The GCS went away.; try again, or run with --executor local"),
+    (RayError("The GCS went away.\nDetails follow"),
+     "Ray: RayError: The GCS went away.; try again, or run with --executor local"),
 ])
 def test_a_ray_error_of_its_own_is_one_line(monkeypatch, error, line):
     monkeypatch.setattr(ray_executor, "connect", lambda address, num_cpus=None: False)

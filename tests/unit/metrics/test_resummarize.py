@@ -64,7 +64,8 @@ def test_committed_summary_is_reproduced(run):
         if a.dtype.kind in "fiu" and b.dtype.kind in "fiu":
             np.testing.assert_allclose(a.astype(float), b.astype(float), rtol=1e-9, equal_nan=True, err_msg=c)
         else:
-            assert got[c].astype(object).fillna("").astype(str).tolist() == committed[c].astype(object).fillna("").astype(str).tolist(), c
+            assert (got[c].astype(object).fillna("").astype(str).tolist()
+                    == committed[c].astype(object).fillna("").astype(str).tolist()), c
 
 
 def test_runs_found():

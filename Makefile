@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench clean check-chromium
+.PHONY: install demo lint test test-fast bench clean check-chromium
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -31,11 +31,15 @@ check-chromium:
 	  || command -v google-chrome >/dev/null 2>&1 \
 	  || { echo "make test needs chromium (the HTML report test renders in it): apt-get install chromium" >&2; exit 1; }
 
-test: check-chromium $(STAMP)
+# Lint first: seconds, and a finding is cheaper to read before a 20-minute run than after it.
+lint: $(STAMP)
+	$(BIN)/ruff check --quiet .
+
+test: check-chromium lint
 	$(BIN)/python -m pytest -q -ra --timeout 1200
 
 # No engine, `vllm serve` or Ray cluster; two workers, each test file kept on one (its module fixtures run once).
-test-fast: check-chromium $(STAMP)
+test-fast: check-chromium lint
 	$(BIN)/python -m pytest -q -m "not engine" -n 2 --dist loadfile
 
 bench: $(STAMP)

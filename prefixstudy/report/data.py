@@ -218,7 +218,7 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     slo = dict(slo or {})
     req, it = norm_rate(study.requests), norm_rate(study.iterations)
     head = norm_rate(study.headline)
-    rate_map = {float(r): float(a) for r, a in zip(head.get("rate", []), head.get("arrival_rate", []), strict=True)
+    rate_map = {float(r): float(a) for r, a in zip(head.get("rate", []), head.get("arrival_rate", []), strict=False)
                 if math.isfinite(a)}
     nominal = _with_extras(summary_points(study), req, it, slo)
     points = to_actual(nominal, rate_map)

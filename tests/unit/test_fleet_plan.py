@@ -41,7 +41,9 @@ def test_h200_replicas_config_dry_run():
     assert r.exit_code == 0, r.output
     assert r.output == ("ok: study h200-replicas, 480 dataset rows, modes on,off, rates 4,16,32 req/s "
                         "x 2 repeats, 2 replicas routed by round_robin,prefix_affinity, executor ray; "
-                        "nothing run (--dry-run)\n")
+                        "nothing run (--dry-run)\n"
+                        "note: it cannot run on this machine: field 'device': cuda asked for, but torch sees no "
+                        "CUDA GPU here; a Ray cluster's GPUs would do\n")
     cfg = load_config(REPO / "prefixstudy/configs/h200-replicas.yaml")
     assert (cfg.replicas, cfg.engine.tensor_parallel_size, cfg.dataset.groups, cfg.dataset.prefix_len) == (2, 1, 16, 1800)
 

@@ -134,6 +134,12 @@ class SweepConfig(BaseModel):
             return [{True: "on", False: "off"}.get(m, m) if isinstance(m, bool) else m for m in v]
         return v
 
+    @field_validator("baseline", mode="before")
+    @classmethod
+    def _yaml_on_off_baseline(cls, v):
+        # As for modes: `baseline: off` reaches us as False.
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
     @field_validator("modes")
     @classmethod
     def _unique_modes(cls, v: list[str]) -> list[str]:

@@ -122,6 +122,8 @@ def test_yaml_bare_on_off_are_modes(tmp_path):
     assert load_config(p).ray.parallel == "on"
     p.write_text("ray:\n  parallel: off\n")
     assert load_config(p).ray.parallel == "off"
+    p.write_text("sweep:\n  modes: [on, off]\n  baseline: off\n")
+    assert load_config(p).sweep.baseline == "off"
 
 
 def test_capacity_sweep_and_breakdown_commands_on_the_echo_backend(tmp_path):

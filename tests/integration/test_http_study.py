@@ -18,7 +18,7 @@ import prefixstudy
 from prefixstudy.config import load_config
 from prefixstudy.engines.http import HttpEngine, HttpEngineConfig
 from prefixstudy.engines.vllm_server import free_port, kill_group, server_command
-from prefixstudy.schema import SERVER_COLUMNS, SUMMARY_COLUMNS
+from prefixstudy.schema import SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS
 from prefixstudy.study import run_study
 
 pytestmark = pytest.mark.engine
@@ -88,8 +88,8 @@ def test_http_hits_match_the_in_process_engine(http_study):
 
 def test_http_accounting_and_server_counters(http_study):
     s = http_study.summary.set_index(["mode", "rate"])
-    assert list(http_study.summary.columns) == SUMMARY_COLUMNS and SUMMARY_COLUMNS[-len(SERVER_COLUMNS):] == \
-        list(SERVER_COLUMNS)
+    tail = [*SERVER_COLUMNS, *TIER_COLUMNS]  # added at the end, so older summaries keep their columns
+    assert list(http_study.summary.columns) == SUMMARY_COLUMNS and SUMMARY_COLUMNS[-len(tail):] == tail
     assert set(s["status"]) == {"ok"} and s["n_sent"].tolist() == [8] * 4 and s["n_ok"].tolist() == [8] * 4
     assert s.loc["on", "hit_rate_measured"].tolist() == [pytest.approx(1152 / 1214)] * 2
     assert s.loc["off", "hit_rate_measured"].tolist() == [0.0, 0.0] and s["hit_rate_ok"].all()

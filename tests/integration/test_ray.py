@@ -129,7 +129,10 @@ def test_seed_config_dry_run():
     r = CliRunner().invoke(main, ["run", str(REPO / "prefixstudy/configs/seed-a100x8-tp8.yaml"), "--dry-run"])
     assert r.exit_code == 0, r.output
     assert r.output == ("ok: study seed-a100x8-tp8, 1920 dataset rows, modes on,off, "
-                        "rates 0.5,1,2,4,8,16,24,32,48,64 req/s, executor ray; nothing run (--dry-run)\n")
+                        "rates 0.5,1,2,4,8,16,24,32,48,64 req/s, executor ray; nothing run (--dry-run)\n"
+                        # This machine has no CUDA GPU: the dry run says so and still checks the rest.
+                        "note: it cannot run on this machine: field 'device': cuda asked for, but torch sees no CUDA GPU here; "
+                        "a Ray cluster's GPUs would do\n")
     cfg = load_config(REPO / "prefixstudy/configs/seed-a100x8-tp8.yaml")
     e = cfg.engine
     assert (e.tensor_parallel_size, e.dtype, e.max_num_batched_tokens, e.max_num_seqs, e.gpu_memory_utilization) \
@@ -144,7 +147,9 @@ def test_h200x8_configs(name, tp, parallel):
     """Issue 8's runs, ready for an 8 x H200 machine: the seed workload at 0.5 to 64 req/s."""
     r = CliRunner().invoke(main, ["run", str(REPO / f"prefixstudy/configs/{name}.yaml"), "--dry-run"])
     assert r.output == (f"ok: study {name}, 1920 dataset rows, modes on,off, "
-                        "rates 0.5,1,2,4,8,16,32,64 req/s, executor ray; nothing run (--dry-run)\n")
+                        "rates 0.5,1,2,4,8,16,32,64 req/s, executor ray; nothing run (--dry-run)\n"
+                        "note: it cannot run on this machine: field 'device': cuda asked for, but torch sees no CUDA GPU here; "
+                        "a Ray cluster's GPUs would do\n")
     cfg = load_config(REPO / f"prefixstudy/configs/{name}.yaml")
     assert (cfg.engine.tensor_parallel_size, cfg.ray.parallel, cfg.dataset.prefix_len, cfg.dataset.suffix_len,
             cfg.dataset.output_len) == (tp, parallel, 1198, 16, 143)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from prefixstudy.engines.base import caching  # noqa: F401 - the arms' view of it
 from prefixstudy.errors import UserError
 
 if TYPE_CHECKING:
@@ -82,13 +83,6 @@ def arm_engine(engine, arm: ArmConfig):
         out = type(engine).model_validate(overlay_data(engine, arm))
     out.prefix_caching = arm.prefix_caching
     return out
-
-
-def caching(engine, mode: str) -> bool:
-    """Prefix caching of an engine built for ``mode``: the arm's when resolved, else by the
-    built-in name (anything but ``off`` caches)."""
-    flag = getattr(engine, "prefix_caching", None)
-    return flag if flag is not None else mode != "off"
 
 
 def _source(source: str, overrides: dict | None, *fields: str) -> str:

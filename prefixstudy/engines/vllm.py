@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import inspect
+import json
 import logging
 import os
 import tempfile
@@ -274,6 +275,16 @@ class VllmEngine:
         self.startup_s = time.monotonic() - t0
         log.info("engine %s up in %.1f s (block size %s, %s blocks)", self.mode, self.startup_s, self.block_size,
                  self.num_blocks)
+
+    def pool_key(self) -> str:
+        """What this engine is, for ``engines.pool``: the arguments vLLM builds it from."""
+        kwargs = engine_args(self.model, self.config, self.mode) | self.extra
+        return json.dumps(kwargs, sort_keys=True, default=str)
+
+    def adopt(self, other: "VllmEngine") -> None:
+        """Serve ``other``'s study in its place (same ``pool_key``): its arm's name, and no start paid."""
+        self.mode, self.config = other.mode, other.config
+        self.startup_s = 0.0
 
     def begin_iterations(self) -> None:
         self._step_offset = step_log.size(self.step_log)

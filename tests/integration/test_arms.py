@@ -10,27 +10,30 @@ import pandas as pd
 import pytest
 
 import prefixstudy
+from tests.tiny import TINY_ENGINE
 
 pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = {"sweep.rates": [2], "sweep.num_requests": 6, "sweep.warmup_requests": 1, "dataset.output_len": 16,
-         "engine.enforce_eager": True,
-         "engine.gpu_memory_utilization": 0.1, "executor": "local",
+         **TINY_ENGINE,
          "arms": [{"name": "off-chunk512", "prefix_caching": False, "engine": {"max_num_batched_tokens": 512}}]}
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def study(tmp_path_factory, pooled_study):
+    """ON and OFF on the session's shared engines (SMALL's engine arguments are TINY_ENGINE's), the
+    third arm on an engine of its own."""
     from prefixstudy.config import load_config
-    from prefixstudy.study import run_study
 
     cfg = load_config(REPO / "prefixstudy/configs/default.yaml", {**SMALL, "out": str(tmp_path_factory.mktemp("res"))})
     assert cfg.sweep.modes == ["on", "off", "off-chunk512"]
-    return prefixstudy.load(run_study(cfg, progress=False))
+    return prefixstudy.load(pooled_study(cfg))
 
 
 def test_three_arms_each_ran_its_own_engine_with_its_own_arguments(study):
+    started = {p["mode"]: p["engine_startup_s"] for p in study.manifest["points"]}
+    assert started["on"] == started["off"] == 0.0 and started["off-chunk512"] > 1.0
     s = study.summary.set_index("mode")
     assert sorted(s.index) == ["off", "off-chunk512", "on"]
     assert s["n_ok"].to_dict() == {"on": 6, "off": 6, "off-chunk512": 6}

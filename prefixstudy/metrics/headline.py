@@ -28,11 +28,33 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.metrics import engine_fit
-from prefixstudy.metrics.bootstrap import gain, interval, over_repeats, rate_seed
+from prefixstudy.metrics.bootstrap import Stat, gain, interval, over_repeats, rate_seed
 from prefixstudy.metrics.requests import counted, hit_rates
 from prefixstudy.metrics.summary import tier_hit_rates
 
 MODES = ("on", "off")
+
+
+def _column(b: np.ndarray, j: int) -> np.ndarray:
+    """Column j of resamples (B, n, k) as a contiguous (B, n): each row reduces as ``r[:, j]`` does."""
+    return np.ascontiguousarray(b[:, :, j])
+
+
+def _gains(on: np.ndarray, off: np.ndarray) -> np.ndarray:
+    """``gain`` elementwise."""
+    ok = (off != 0) & np.isfinite(off) & np.isfinite(on)
+    return np.divide(off - on, off, out=np.full(np.shape(off), math.nan), where=ok)
+
+
+# Mean and p90 of E2E; the paired gain of each (ON in column 0, its baseline in column 1).
+MEAN_P90 = Stat(lambda r: np.array([r[:, 0].mean(), np.percentile(r[:, 0], 90)]),
+                lambda b: np.stack([_column(b, 0).mean(axis=1), np.percentile(_column(b, 0), 90, axis=1)], axis=1))
+PAIRED_GAIN = Stat(
+    lambda r: np.array([gain(r[:, 0].mean(), r[:, 1].mean()),
+                        gain(np.percentile(r[:, 0], 90), np.percentile(r[:, 1], 90))]),
+    lambda b: np.stack([_gains(_column(b, 0).mean(axis=1), _column(b, 1).mean(axis=1)),
+                        _gains(np.percentile(_column(b, 0), 90, axis=1), np.percentile(_column(b, 1), 90, axis=1))],
+                       axis=1))
 
 
 def _runs(ok: pd.DataFrame, cols: list[str]) -> list[np.ndarray]:
@@ -47,9 +69,7 @@ def _latency(ok: pd.DataFrame, mode: str, seed) -> dict:
            f"{mode}_mean_tpot_ms": float(m["tpot_ms"].mean()) if len(m) else math.nan}
     lo, hi = (np.full(2, math.nan),) * 2
     if len(m):
-        _, lo, hi = over_repeats(_runs(m, ["e2e_ms"]),
-                                 lambda r: np.array([r[:, 0].mean(), np.percentile(r[:, 0], 90)]), seed=seed,
-                                 bounds=(0.0, math.inf))
+        _, lo, hi = over_repeats(_runs(m, ["e2e_ms"]), MEAN_P90, seed=seed, bounds=(0.0, math.inf))
     out[f"{mode}_mean_e2e_lo"], out[f"{mode}_mean_e2e_hi"] = float(lo[0]), float(hi[0])
     out[f"{mode}_p90_e2e_lo"], out[f"{mode}_p90_e2e_hi"] = float(lo[1]), float(hi[1])
     per_repeat = m.groupby("repeat")["e2e_ms"].mean()
@@ -68,11 +88,8 @@ def _paired_gain(ok: pd.DataFrame, seed, arm: str = "on", baseline: str = "off")
         return {**out, **{k: math.nan for k in ("gain_mean_e2e", "gain_mean_e2e_lo", "gain_mean_e2e_hi",
                                                  "gain_p90_e2e", "gain_p90_e2e_lo", "gain_p90_e2e_hi")}}
 
-    def stat(r: np.ndarray) -> np.ndarray:
-        return np.array([gain(r[:, 0].mean(), r[:, 1].mean()),
-                         gain(np.percentile(r[:, 0], 90), np.percentile(r[:, 1], 90))])
-
-    est, lo, hi = over_repeats(_runs(p, ["e2e_ms_on", "e2e_ms_off"]), stat, seed=seed, bounds=(-math.inf, 1.0))
+    est, lo, hi = over_repeats(_runs(p, ["e2e_ms_on", "e2e_ms_off"]), PAIRED_GAIN, seed=seed,
+                               bounds=(-math.inf, 1.0))
     out["gain_mean_e2e"], out["gain_p90_e2e"] = float(est[0]), float(est[1])
     out["gain_mean_e2e_lo"], out["gain_mean_e2e_hi"] = float(lo[0]), float(hi[0])
     out["gain_p90_e2e_lo"], out["gain_p90_e2e_hi"] = float(lo[1]), float(hi[1])

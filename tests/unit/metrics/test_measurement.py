@@ -270,3 +270,17 @@ def test_a_t_interval_is_cut_where_the_statistic_cannot_go():
     _, lo, hi = bootstrap.over_repeats(runs, lambda r: np.array([r[:, 0].mean()]), bounds=(0.0, math.inf))
     # 500 +- 12.7062 * 400: the lower end would be -4582 ms
     assert lo[0] == 0.0 and hi[0] == pytest.approx(500 + 12.7062 * 400, abs=0.1)
+
+
+@pytest.mark.parametrize("n", [1, 4, 9, 30, 129, 1000])
+def test_the_headline_statistics_vectorized_give_the_loops_values_bit_for_bit(n):
+    """hierarchical() evaluates a Stat's ``many`` on all resamples at once: the same draws, and the
+    same value per resample as ``one`` (pairwise sums per row, the same order statistics)."""
+    from prefixstudy.metrics.headline import MEAN_P90, PAIRED_GAIN
+
+    rng = np.random.default_rng(n)
+    for k, stat in ((1, MEAN_P90), (2, PAIRED_GAIN)):
+        x = rng.lognormal(5, 1, size=(n, k))
+        fast = bootstrap.hierarchical([x], stat, seed=7, n_boot=200)
+        assert fast.shape == (200, 2)
+        assert np.array_equal(fast, bootstrap.hierarchical([x], stat.one, seed=7, n_boot=200), equal_nan=True)

@@ -60,7 +60,10 @@ class _Head:
         os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
         self._reload()  # token mode and this token, in this process too
         gcs, dash = _free_port(), _free_port()
-        env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", RAY_USAGE_STATS_ENABLED="0")
+        # No idle workers made ahead (Ray would start one per logical CPU, nine Python processes on two
+        # cores, beside whatever else the suite runs): each actor gets its worker when it asks.
+        env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", RAY_USAGE_STATS_ENABLED="0",
+                   RAY_enable_worker_prestart="0", RAY_prestart_worker_first_driver="0")
         self.temp = Path(f"/tmp/ps-ray-{secrets.token_hex(3)}")  # short: Ray's socket paths must stay < 108 chars
         log = tmp / "head.log"
         self.proc = subprocess.Popen(
@@ -86,7 +89,8 @@ class _Head:
             ray.shutdown()
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
-            self.proc.wait(15)
+            # `ray start --block` lingers on SIGTERM (over 15 s on 2 cores); its group goes down with SIGKILL.
+            self.proc.wait(5)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(15)

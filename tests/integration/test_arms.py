@@ -57,19 +57,21 @@ def test_the_arms_saw_the_same_schedule_and_are_compared_with_off(study):
     assert a["hit_rate"].tolist() == [pytest.approx(1152 / 1214), 0.0]
 
 
-def test_ray_places_one_engine_per_arm_side_by_side(tmp_path):
-    """A real local Ray cluster (9 logical CPUs: three engines of 1 + 2), echo engines: one actor per
-    arm, all three at once, each built from its own overlay."""
+def test_ray_places_one_engine_per_arm_side_by_side(ray_address, tmp_path):
+    """A real Ray cluster, the session's shared head (9 logical CPUs: three engines of 1 + 2; see
+    tests/integration/conftest.py), echo engines: one actor per arm, all three at once, each built
+    from its own overlay."""
     from prefixstudy.config import load_config
     from prefixstudy.study import run_study
 
     cfg = load_config(None, {"engine": {"kind": "echo", "block_size": 16}, "executor": "ray", "ray.parallel": "auto",
-                             "ray.num_cpus": 9, "arrivals.process": "constant", "dataset.prefix_len": 56,
+                             "arrivals.process": "constant", "dataset.prefix_len": 56,
                              "dataset.suffix_len": 8, "dataset.output_len": 4, "sweep.num_requests": 6,
                              "sweep.warmup_requests": 1, "sweep.rates": [40], "out": str(tmp_path),
                              "arms": [{"name": "on-bs32", "engine": {"block_size": 32}}]})
     res = prefixstudy.load(run_study(cfg, progress=False))
     m = res.manifest
+    assert (m["ray"]["gcs_address"].rsplit(":", 1)[1], m["ray"]["cluster_cpus"]) == (str(ray_address.port), 9)
     assert m["parallel"] == {"requested": "auto", "used": True,
                              "reason": "auto: 9 CPUs fit 3 CPU engines of 1 + 2 CPUs side by side"}
     engines = {arm: e[0] for arm, e in m["engines"].items()}

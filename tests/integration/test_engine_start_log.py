@@ -26,14 +26,14 @@ CAUSE = f"RuntimeError: Cannot find any model weights with `{TINY}`"
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """One local Ray for both runs (the CLI joins a Ray it finds initialised, and leaves it up):
-    3 logical CPUs, the fleet's generator and its two replicas' placement groups."""
+def ray_cluster(ray_head):
+    """Both runs join the session's shared Ray head (the CLI joins a Ray it finds initialised, and
+    leaves it up): it has room for the fleet's generator and its two replicas' placement groups."""
     import ray
 
     if ray.is_initialized():  # an earlier test's, on another cluster
         ray.shutdown()
-    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False, namespace="prefixstudy")
+    ray.init(address=ray_head.address, log_to_driver=False, namespace="prefixstudy")
     yield
     ray.shutdown()
 

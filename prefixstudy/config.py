@@ -231,10 +231,10 @@ class StudyConfig(BaseModel):
     sweep: SweepConfig = Field(default_factory=SweepConfig)
     checks: CheckConfig = Field(default_factory=CheckConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
-    # Engine replicas per mode, each with its own prefix cache, behind one router (issue 17).
+    # Engine replicas per mode, each with its own prefix cache, behind one router.
     replicas: int = Field(1, ge=1)
     router: RouterConfig = Field(default_factory=RouterConfig)
-    # Added with the peers' flags (--label, --metadata, --percentiles, --goodput): what the run is
+    # The peers' flags (--label, --metadata, --percentiles, --goodput): what the run is
     # called and carries, and what its bench export and report use.
     label: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)

@@ -41,12 +41,12 @@ REQUEST_COLUMNS: dict[str, str] = {
     "prefill_ms": "float64",  # engine: first_token_ts - scheduled_ts
     "decode_ms": "float64",  # engine: last_token_ts - first_token_ts
     "error": "str",  # "" when ok; "unfinished: ..." when cancelled at the point's end
-    # Added for many-prefix, multi-turn and trace workloads (issue 16):
+    # Many-prefix, multi-turn and trace workloads; a file without them reads as none (_COLUMN_DEFAULTS):
     "session": "int64",  # session of a multi-turn workload; -1: none
     "turn": "int64",  # turn within the session, 0 first
     "parent_index": "int64",  # request_index of the previous turn, sent first; -1: none
     "estimated_cached_tokens": "int64",  # what ON should serve with the engine's KV-cache blocks (LRU, cachesim)
-    # Added with replicas behind a router (issue 17); 0 for one engine per mode and older results:
+    # Replicas behind a router; 0 for one engine per mode and for a file without the column:
     "replica": "int64",  # which replica of the mode's fleet answered
 }
 

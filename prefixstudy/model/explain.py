@@ -1,8 +1,8 @@
 """Stage: model.  The text ``prefixstudy model`` prints: a case, its summary, every step of it.
 
-``build_case`` turns the command's inputs into a ``Case`` (the reported case of issue 4
-by default, with its observation); ``render_summary`` and ``render_explain`` return the
-text.  Every number printed is computed here or in ``roofline``; the command only echoes.
+``build_case`` turns the command's inputs into a ``Case`` (by default the reported case,
+Mistral-7B on 8 x A100, TP 8, with its observation); ``render_summary`` and ``render_explain``
+return the text.  Every number printed is computed here or in ``roofline``; the command only echoes.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from prefixstudy.model.gpus import GPU, get_gpu
 from prefixstudy.model.roofline import (Deployment, Efficiency, PrefixSaving, StepTime, decode_work,
                                         prefix_saving, rate_ceiling)
 
-# The reported case of issue 4: Mistral-7B-v0.3 on 8 x A100-SXM4-40GB, TP 8.
+# The reported case: Mistral-7B-v0.3 on 8 x A100-SXM4-40GB, TP 8.
 REPORTED_CASE = dict(
     config_json="experiments/models/mistral-7b-v0.3/config.json",
     gpu="A100-SXM4-40GB", tp=8, prompt_len=1214, prefix_len=1198, output_len=143,

@@ -14,8 +14,8 @@ requests a point's cap stopped (never sent, or still open) are reported apart (`
 BENCH-request_rate=4/summary.json``), which ``vllm bench sweep plot`` reads.  Differences:
 
 * ITL: ``mean_itl_ms`` is the token-weighted mean of the per-request means; median, std and
-  percentiles of every gap come from the point's manifest entry (``itl_ms``, runs made since it
-  was added; older runs have only the mean).  The per-request ``itls`` array is not written.
+  percentiles of every gap come from the point's manifest entry (``itl_ms``; a run whose
+  manifest lacks it has only the mean).  The per-request ``itls`` array is not written.
 * ``max_output_tokens_per_s`` comes from the engine's iteration records (generated tokens per
   1-second bucket), not from client token timestamps; 0 where there are none (HTTP backends).
 * Extra keys, which vLLM writes for ``--metadata`` too: ``enable_prefix_caching``,

@@ -71,7 +71,7 @@ def test_hit_rate_collapses_when_groups_times_prefix_exceed_the_blocks_set(press
 
 
 def test_the_simulator_evicts_as_the_engine_did(pressure, tmp_path):
-    """Issue 14's hit-rate check under cache pressure, on the hardware we have: vLLM's scheduler and
+    """The simulator's hit-rate check under cache pressure, on the hardware we have: vLLM's scheduler and
     block pool in virtual time, calibrated on each capacity's own run, serve the same hits request by
     request as the real engine did (all of them with room, one block and then none without)."""
     from prefixstudy.sim.run import simulate

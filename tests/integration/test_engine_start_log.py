@@ -1,4 +1,4 @@
-"""An engine that fails to start on a Ray actor leaves its reason with the run (issue 17).
+"""An engine that fails to start on a Ray actor leaves its reason with the run.
 
 On 2 x H200 a fleet's engines failed to start and the run said only "Engine core initialization
 failed. See root cause above.": the cause was in Ray's session logs on a machine that was gone.

@@ -72,7 +72,7 @@ def test_results_files_load_with_documented_columns(tiny_study):
 
 
 def test_engine_steps_are_timed_inside_the_engine(tiny_study):
-    """Issue 13: one iteration row per engine step, stamped by the scheduler subclass in the engine
+    """One iteration row per engine step, stamped by the scheduler subclass in the engine
     core; token counts exact, no step overlapping another, idle time inside none."""
     res = prefixstudy.load(tiny_study)
     it = res.iterations

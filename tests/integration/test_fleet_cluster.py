@@ -1,4 +1,4 @@
-"""Replicas behind a router on a real two-node Ray cluster on this machine (issue 17).
+"""Replicas behind a router on a real two-node Ray cluster on this machine.
 
 ``ray.cluster_utils.Cluster`` starts a head (2 CPUs: the router's actor and one replica) and a
 second node (1 CPU: the other replica), each its own raylet, as ``ray start --address`` would.

@@ -143,7 +143,7 @@ def test_seed_config_dry_run():
 @pytest.mark.parametrize("name, tp, parallel", [("seed-h200x8-tp8", 8, "auto"),
                                                 ("seed-h200x8-tp4-parallel", 4, "on")])
 def test_h200x8_configs(name, tp, parallel):
-    """Issue 8's runs, ready for an 8 x H200 machine: the seed workload at 0.5 to 64 req/s."""
+    """The 8 x H200 runs (TP 8; ON and OFF at once at TP 4), ready: the seed workload at 0.5 to 64 req/s."""
     r = CliRunner().invoke(main, ["run", str(REPO / f"prefixstudy/configs/{name}.yaml"), "--dry-run"])
     assert r.output == (f"ok: study {name}, 1920 dataset rows, modes on,off, "
                         "rates 0.5,1,2,4,8,16,32,64 req/s, executor ray; nothing run (--dry-run)\n"

@@ -13,8 +13,8 @@ calibrates on the engine they simulate; 25 % still fails a simulator that loses 
 would read about +70 %), a cost term, or a unit.  The orderings below hold by wide margins and
 are exact, on the one fit the CLI uses.
 
-The calibration reads whatever step timing the study recorded: engine-timed steps once the
-engine core records them (issue 13), the frontend gaps with idle steps filtered until then."""
+The calibration reads whatever step timing the study recorded: engine-timed steps where the
+engine core records them, else the frontend gaps with idle steps filtered."""
 
 import shutil
 

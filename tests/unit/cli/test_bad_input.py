@@ -1,4 +1,4 @@
-"""Bad input (issue 7): a malformed config, dataset or flag is one line on stderr naming the file,
+"""Bad input: a malformed config, dataset or flag is one line on stderr naming the file,
 line or field; exit code 2; no traceback; no results folder.
 
 Every case drives the real CLI in a subprocess, so a traceback that reached the user would show.
@@ -133,7 +133,7 @@ CASES = {
     "unknown-top-level-key": (lambda t: run_cfg(t, {"bogus": 1}), "c.yaml: field 'bogus': unknown key"),
     "unknown-nested-key": (lambda t: run_cfg(t, {"sweep": {"ratez": [1]}}), "c.yaml: field 'sweep.ratez': unknown key"),
     "unknown-deep-section": (lambda t: run_cfg(t, {"nosuch": {"a": 1}}), "c.yaml: field 'nosuch': unknown key"),
-    # --- replicas and routing (issue 17) ---
+    # --- replicas and routing ---
     "replicas-zero": (lambda t: run_cfg(t, {"replicas": 0}), "c.yaml: field 'replicas': Input should be greater than"),
     "router-unknown-policy": (lambda t: run_cfg(t, {"replicas": 2, "router": {"policies": ["random"]}}),
                               "c.yaml: field 'router.policies.0': Input should be 'round_robin'"),
@@ -352,7 +352,7 @@ CASES = {
                              "--set sweep.bogus: field 'sweep.bogus': unknown key"),
     "flag-set-zero-rate": (lambda t: ["run", config(t), "--set", "sweep.rates=[0]", "--out", t / "res"],
                            "--set sweep.rates: field 'sweep.rates'"),
-    # --- the peers' flags (issue 15) ---
+    # --- the peers' flags ---
     "flag-burstiness-with-poisson": (lambda t: run_cfg(t, {"arrivals": {"process": "poisson"}}, "--burstiness", "0.5"),
                                      "c.yaml: field 'arrivals': Value error, burstiness 0.5 applies to gamma arrivals "
                                      "only, and process is poisson"),
@@ -386,7 +386,7 @@ CASES = {
     "resume-config-differs": (
         lambda t: ["run", config(t, {"sweep": {"num_requests": 5}}), "--resume", recorded_run(t)],
         "c.yaml: differs from the config recorded in"),
-    # --- the many-prefix, session and trace workloads (issue 16) ---
+    # --- the many-prefix, session and trace workloads ---
     "trace-line-malformed": (lambda t: run_cfg(t, {"dataset": {"kind": "trace", "path": str(raw(
         t, "t.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n{"timestamp": 1,\n'))}}),
         "t.jsonl:2: malformed JSON"),

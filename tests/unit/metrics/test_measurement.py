@@ -1,4 +1,4 @@
-"""Issue 13's instruments on synthetic series with known answers: saturation, the step-cost fit,
+"""The measurement instruments on synthetic series with known answers: saturation, the step-cost fit,
 the engine prefill share and decode slowdown, block bootstraps, headline.csv, knee and threshold."""
 
 from __future__ import annotations

@@ -3,14 +3,12 @@
 This pins the definitions (counted request, saturation, hit rate, percentiles) across refactors:
 a column whose meaning changes on purpose must be listed here, with the reason.
 
-Changed on purpose, and every committed summary.csv regenerated with it:
-* issue 13: ``saturated`` / ``saturation_reason`` (the rule now looks at the requests in the system,
-  completions and the E2E trend inside the arrival window), and the new columns after them; the
-  engine columns come from the study-wide step-cost fit (``results.finish``), so they are
-  compared after the same fit.
-* issue 15: without engine steps (``vllm-server`` / ``http``), rule 3 of the saturation test counts
-  the client's requests in flight; h200-vllm-server's summary.csv was regenerated with it (its OFF
-  32 req/s points were not flagged before).
+Definitions chosen on purpose, which every committed summary.csv carries:
+* ``saturated`` / ``saturation_reason``: the rule looks at the requests in the system, completions
+  and the E2E trend inside the arrival window; the engine columns come from the study-wide
+  step-cost fit (``results.finish``), so they are compared after the same fit.
+* Without engine steps (``vllm-server`` / ``http``), rule 3 of the saturation test counts the
+  client's requests in flight: it is what flags h200-vllm-server's OFF 32 req/s points.
 * The engine columns (``engine_prefill_share*``, ``decode_slowdown*``) come from a non-negative
   least-squares fit (``metrics.engine_fit``), because a step that computes more cannot cost less:
   where plain least squares made a term negative (h200-multiturn's prefill-request term, the

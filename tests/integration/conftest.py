@@ -147,3 +147,12 @@ def ray_address(ray_head, monkeypatch):
     inside a Ray job) instead of starting a cluster, and leaves it up."""
     monkeypatch.setenv("RAY_ADDRESS", ray_head.address)
     return ray_head
+
+
+@pytest.fixture(scope="session")
+def server_study(tmp_path_factory):
+    """The one `vllm-server` study that test_http_study and test_vllm_server_study read
+    (tests/integration/servers.py): two server starts for both files."""
+    from tests.integration.servers import run_server_study
+
+    return run_server_study(tmp_path_factory.mktemp("server-study"))

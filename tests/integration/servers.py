@@ -14,7 +14,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import psutil
-import pytest
 import yaml
 
 from prefixstudy.engines.vllm_server import SERVER_MODULE
@@ -50,20 +49,13 @@ def servers_under(pid: int) -> list[psutil.Process]:
     return found
 
 
-_shared: dict[str, SimpleNamespace] = {}
+def run_server_study(tmp_path: Path) -> SimpleNamespace:
+    """The shared study (the session fixture ``server_study``, tests/integration/conftest.py):
+    ``results`` (prefixstudy.load of the run) and ``servers_left`` (the `vllm serve` processes
+    still below this one right after the run returned)."""
+    import prefixstudy
+    from prefixstudy.config import load_config
+    from prefixstudy.study import run_study
 
-
-def shared_server_study(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """The shared study, run on first use and kept for the session: ``results`` (prefixstudy.load of
-    the run) and ``servers_left`` (the `vllm serve` processes still below this one right after the
-    run returned).  A module-level cache, not a session fixture imported into two modules: pytest
-    would run such a fixture once per importing module."""
-    if "study" not in _shared:
-        import prefixstudy
-        from prefixstudy.config import load_config
-        from prefixstudy.study import run_study
-
-        cfg = load_config(server_study_path(tmp_path_factory.mktemp("server-study"), **SWEEP))
-        results = prefixstudy.load(run_study(cfg, progress=False))
-        _shared["study"] = SimpleNamespace(results=results, servers_left=servers_under(os.getpid()))
-    return _shared["study"]
+    results = prefixstudy.load(run_study(load_config(server_study_path(tmp_path, **SWEEP)), progress=False))
+    return SimpleNamespace(results=results, servers_left=servers_under(os.getpid()))

@@ -11,15 +11,14 @@ from __future__ import annotations
 import pytest
 
 from prefixstudy.schema import SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS
-from tests.integration.servers import shared_server_study
 
 # xdist_group: under --dist loadgroup, the shared study's users share one worker (it runs once).
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("vllm-server-study")]
 
 
 @pytest.fixture(scope="module")
-def http_study(tmp_path_factory):
-    return shared_server_study(tmp_path_factory).results
+def http_study(server_study):
+    return server_study.results
 
 
 def test_http_hits_match_the_in_process_engine(http_study):

@@ -19,7 +19,7 @@ import yaml
 import prefixstudy
 from prefixstudy.study import run_study
 from prefixstudy.config import load_config
-from tests.integration.servers import server_study_path, servers_under, shared_server_study
+from tests.integration.servers import server_study_path, servers_under
 
 pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parents[2]
@@ -29,10 +29,9 @@ _servers_under = servers_under
 
 # xdist_group: under --dist loadgroup, the shared study's users share one worker (it runs once).
 @pytest.mark.xdist_group("vllm-server-study")
-def test_vllm_server_launches_measures_and_kills(tmp_path_factory):
+def test_vllm_server_launches_measures_and_kills(server_study):
     """ON's server, then OFF's, each with the in-process engine's arguments; 2 points of 8 requests each."""
-    shared = shared_server_study(tmp_path_factory)
-    res = shared.results
+    res = server_study.results
     r = res.measured
     assert r.groupby("mode")["num_cached_tokens"].apply(list).to_dict() == {"on": [1152] * 16, "off": [0] * 16}
     assert (r["output_tokens"] == 32).all() and (r["error"] == "").all()
@@ -41,7 +40,7 @@ def test_vllm_server_launches_measures_and_kills(tmp_path_factory):
     assert s["server_prefix_hits"].apply(list).to_dict() == {"on": [8 * 1152] * 2, "off": [0, 0]}
     assert (res.manifest["engine"], res.manifest["vllm_version"]) == ("vllm-server", "0.32.0")
     assert [p["block_size"] for p in res.manifest["points"]] == [128] * 4
-    assert shared.servers_left == []  # right after the run returned
+    assert server_study.servers_left == []  # right after the run returned
     assert _servers_under(os.getpid()) == []
 
 

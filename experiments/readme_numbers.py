@@ -144,7 +144,8 @@ def study_table(study: str, results: Path = RESULTS) -> str:
         at = summ[summ["rate"] == h["rate"]]
         off = at[at["mode"] == "off"]
         lag = {m: at[at["mode"] == m]["dispatch_lag_p99_ms"].max() for m in ("on", "off")}
-        bound = "≥ " if h["off_saturated"] else ("≤ " if h["on_saturated"] else "")
+        bound = ("⚠ " if h["off_saturated"] and h["on_saturated"]
+                 else "≥ " if h["off_saturated"] else ("≤ " if h["on_saturated"] else ""))
         gain = _cell_ci(h["gain_mean_e2e"], h["gain_mean_e2e_lo"], h["gain_mean_e2e_hi"], ".1f", 100, " %")
         sat = f"{int(off['saturated'].astype(bool).sum())} of {len(off)}" if len(off) else "–"
         out.append("| " + " | ".join([
@@ -163,7 +164,87 @@ def study_table(study: str, results: Path = RESULTS) -> str:
     return "\n".join(out + [END])
 
 
-TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp2")}
+def _load_ok(d: Path):
+    from prefixstudy.results import load
+
+    st = load(d)
+    r = st.requests
+    ok = r[~r["warmup"].astype(bool) & (r["error"].isna() | (r["error"] == ""))]
+    return st, ok
+
+
+def _arm_gain(r: pd.Series) -> str:
+    from prefixstudy.report.arms import _bound
+
+    return _bound(r) + _cell_ci(r["gain_mean_e2e"], r["gain_mean_e2e_lo"], r["gain_mean_e2e_hi"], ".1f", 100, " %")
+
+
+def offload_table(study: str = "h200-offload", results: Path = RESULTS) -> str:
+    """Every arm of an offload study per rate: its mean E2E, its paired gain over the baseline
+    (arms.csv) and over caching ON alone (metrics.headline.tiers_versus_cache, the report's), the
+    hit rate with the engine's split by tier, and how many repeats saturated."""
+    from prefixstudy.metrics.headline import tiers_versus_cache
+
+    st, _ = _load_ok(results / study)
+    arms, summ = st.arms, st.summary
+    tiers = tiers_versus_cache(st.requests, summ[summ["status"] == "ok"], arms).set_index(["arm", "rate"])
+    cols = ["rate set (actual)", "arm", "mean E2E (ms)", "gain over OFF", "gain over ON alone",
+            "hit rate: GPU + CPU tier (possible)", "saturated (repeats)", "lag p99 max (ms)"]
+    out = [table_begin(study), "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    order = {a: i for i, a in enumerate(["off", "on", *[a for a in arms["arm"].unique() if a != "on"]])}
+    rows = []
+    for rate in sorted(summ["rate"].unique()):
+        at = summ[summ["rate"] == rate]
+        for arm in sorted(at["mode"].unique(), key=lambda a: order.get(a, 99)):
+            m = at[at["mode"] == arm]
+            a = arms[(arms["arm"] == arm) & (arms["rate"] == rate)]
+            if arm == "off":
+                h = st.headline[st.headline["rate"] == rate].iloc[0]
+                mean, hit = _cell_ci(h["off_mean_e2e_ms"], h["off_mean_e2e_lo"], h["off_mean_e2e_hi"], ".0f"), "0"
+                vs_off = vs_on = "–"
+            else:
+                r = a.iloc[0]
+                mean = _cell_ci(r["mean_e2e_ms"], r["mean_e2e_lo"], r["mean_e2e_hi"], ".0f")
+                split = (f"{r['hit_rate_gpu']:.3f} + {r['hit_rate_cpu']:.3f}" if math.isfinite(r["hit_rate_cpu"])
+                         else f"{r['hit_rate_gpu']:.3f}")
+                hit = f"{split} ({r['hit_rate_expected']:.3f})"
+                vs_off = _arm_gain(r)
+                vs_on = _arm_gain(tiers.loc[(arm, rate)]) if (arm, rate) in tiers.index else "–"
+            rows.append([f"{rate:g} ({m['arrival_rate'].mean():.2f})", arm, mean, vs_off, vs_on, hit,
+                         f"{int(m['saturated'].astype(bool).sum())} of {len(m)}",
+                         _cell(m["dispatch_lag_p99_ms"].max(), ".2f")])
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out + [END])
+
+
+def tier_cost_table(studies: tuple[str, ...] = ("h200-offload", "h200-offload-fits"), results: Path = RESULTS) -> str:
+    """What a tier hit costs: per study, arm and rate, the measured requests that hit a cache
+    (GPU or tier), the median time they waited between arrival at the engine and their first
+    step (queue, where a tier hit waits for its blocks to load), their median TTFT, and every
+    request's mean TPOT (decode steps, where storing to the tier would show)."""
+    cols = ["study", "rate set (actual)", "arm", "requests that hit", "their median queue (ms)",
+            "their median TTFT (ms)", "mean TPOT, all requests (ms)"]
+    out = [table_begin("tier-cost"), "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for study in studies:
+        st, ok = _load_ok(results / study)
+        for (rate, arm), g in sorted(ok[ok["mode"] != "off"].groupby(["rate", "mode"]),
+                                     key=lambda kv: (kv[0][0], kv[0][1] != "on", kv[0][1])):
+            hit = g[g["num_cached_tokens"] > 0]
+            actual = st.summary[(st.summary["rate"] == rate) & (st.summary["mode"] == arm)]["arrival_rate"].mean()
+            out.append("| " + " | ".join([
+                study, f"{rate:g} ({actual:.2f})", arm, f"{len(hit)} of {len(g)}",
+                _cell(float(hit["queue_ms"].median()) if len(hit) else math.nan, ".1f"),
+                _cell(float(hit["ttft_ms"].median()) if len(hit) else math.nan, ".1f"),
+                _cell(float(g["tpot_ms"].mean()), ".2f")]) + " |")
+    return "\n".join(out + [END])
+
+
+RENDER = {"h200-offload": offload_table, "tier-cost": lambda _: tier_cost_table()}
+TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp2", "h200-multiturn-sync", "h200-offload", "tier-cost")}
+
+
+def render(study: str) -> str:
+    return RENDER.get(study, study_table)(study)
 
 
 def replace_block(text: str, block: str, begin: str = BEGIN) -> str:
@@ -180,7 +261,7 @@ def regenerated() -> dict[Path, str]:
     for path, studies in TABLES.items():
         text = path.read_text()
         for st in studies:
-            text = replace_block(text, study_table(st), table_begin(st))
+            text = replace_block(text, render(st), table_begin(st))
         out[path] = text
     return out
 
@@ -195,7 +276,7 @@ def main() -> int:
         print(headline_block())
         for studies in TABLES.values():
             for st in studies:
-                print(study_table(st))
+                print(render(st))
         return 0
     stale = [p for p, text in regenerated().items() if p.read_text() != text]
     if a.write:

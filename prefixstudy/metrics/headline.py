@@ -190,6 +190,21 @@ def versus_baseline(requests: pd.DataFrame, summary: pd.DataFrame, arms: list[st
     return pd.DataFrame(rows, columns=ARMS_COLUMNS)
 
 
+def tiers_versus_cache(requests: pd.DataFrame, summary: pd.DataFrame, arms: pd.DataFrame,
+                       cache: str = "on") -> pd.DataFrame:
+    """Every arm whose engine counted cached tokens from a CPU tier (arms.csv's ``hit_rate_cpu``)
+    against ``cache``, the same prefix cache without the tier (caching ON): arms.csv's columns,
+    paired by request.  What the tier adds, apart from what the GPU cache already gives; empty
+    where no arm has a tier or ``cache`` did not run."""
+    if not len(arms) or "hit_rate_cpu" not in arms:
+        return pd.DataFrame(columns=ARMS_COLUMNS)
+    tiered = [a for a, g in arms.groupby("arm", sort=False)
+              if a != cache and np.isfinite(g["hit_rate_cpu"].to_numpy(float)).any()]
+    if not tiered or not (summary["mode"] == cache).any():
+        return pd.DataFrame(columns=ARMS_COLUMNS)
+    return versus_baseline(requests, summary, [cache, *tiered], cache)
+
+
 def _ran(head: pd.DataFrame, mode: str) -> pd.DataFrame:
     """The rows of ``head`` at which ``mode`` ran (a rate only the other mode ran says nothing about
     this one), in arrival-rate order."""

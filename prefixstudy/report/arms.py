@@ -2,7 +2,9 @@
 sentences, a table and one figure out; every number from arms.csv (metrics.headline.versus_baseline).
 
 Shown when a study ran more arms than ON against OFF: for a two-arm study headline.csv says it all.
-A gain where either arm saturated is a bound (≥ when only the baseline did, ≤ when the arm did).
+A gain where either arm saturated is a bound (≥ when only the baseline did, ≤ when the arm did;
+⚠ where both did, and it bounds nothing).  An arm with a CPU tier also gets a verdict against the
+same cache without the tier (``tier_sentences``): is the tier worth it here.
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ def shown(arms: pd.DataFrame) -> bool:
 
 
 def _bound(r: pd.Series) -> str:
+    """≥ where only the baseline saturated (its mean would grow), ≤ where only the arm did; where
+    both did the gain bounds nothing, and the saturated column says so."""
     if not r["gain_is_bound"]:
         return ""
+    if r["saturated"] and r["baseline_saturated"]:
+        return "⚠ "
     return "≤ " if r["saturated"] else "≥ "
 
 
@@ -63,6 +69,55 @@ def sentences(arms: pd.DataFrame) -> list[str]:
                    f"{int(r['n_pairs'])} requests, 95 % interval on this machine), hit rate {fmt(r['hit_rate'], '.3f')}"
                    + (f", {fmt(r['hit_rate_cpu'], '.3f')} of it from the CPU tier (the engine's count)"
                       if _finite(r, "hit_rate_cpu") else "") + ".")
+    return out
+
+
+# Below this share of the prompt tokens the tier served nothing worth a word.
+TIER_SERVED_MIN = 0.005
+
+
+def _at(r: pd.Series, cache: str) -> str:
+    who = {(True, True): "both", (True, False): MODE_LABELS[r["arm"]], (False, True): MODE_LABELS[cache]}
+    sat = who.get((bool(r["saturated"]), bool(r["baseline_saturated"])))
+    why = f" ({sat} saturated in a repeat)" if sat else ""
+    return f"{_gain(r)} at {fmt(r['arrival_rate'], '.2f')} req/s{why}"
+
+
+def tier_sizes(config: dict | None) -> dict[str, float]:
+    """Each offload arm's CPU tier in GiB, from the study's saved config."""
+    return {a["name"]: float(a["offload"]["size_gib"]) for a in (config or {}).get("arms") or []
+            if isinstance(a, dict) and isinstance(a.get("offload"), dict) and "size_gib" in a["offload"]}
+
+
+def tier_sentences(tiers: pd.DataFrame, sizes_gib: dict[str, float] | None = None) -> list[str]:
+    """Is a CPU tier worth it here: per arm with a tier, its paired gain in mean E2E over the same
+    cache without the tier (metrics.headline.tiers_versus_cache), rate by rate, and a verdict:
+    yes where the gain's interval lies above 0 at a rate where the arm kept up; it costs where the
+    interval lies below 0 at a rate where neither saturated; else no measurable difference."""
+    out = []
+    for arm, grp in tiers.groupby("arm", sort=False):
+        g = grp.sort_values("rate")
+        cache = str(g["baseline"].iloc[0])
+        kept_up = g[~g["saturated"].astype(bool)]
+        calm = g[~g["gain_is_bound"].astype(bool)]
+        served = float(np.nanmean(g["hit_rate_cpu"].to_numpy(float)))
+        hit, expected = float(np.nanmean(g["hit_rate"].to_numpy(float))), float(np.nanmean(g["hit_rate_expected"]))
+        if served < TIER_SERVED_MIN:
+            verdict = "no: the tier served no prompt tokens, " + (
+                "the GPU cache kept what came back" if hit >= expected - 0.01
+                else "it is too small to hold what the GPU cache evicted before it came back")
+        elif (kept_up["gain_mean_e2e_lo"] > 0).any():
+            verdict = "yes"
+        elif (calm["gain_mean_e2e_hi"] < 0).any():
+            verdict = "no, it costs time"
+        else:
+            verdict = "no measurable difference"
+        size = (sizes_gib or {}).get(arm)
+        name = f"{MODE_LABELS[arm]}" + (f" ({size:g} GiB)" if size is not None else "")
+        out.append(f"Is a CPU tier worth it here? {name}: {verdict}. Against {MODE_LABELS[cache]} alone (the same "
+                   f"GPU cache, no tier), its gain in mean E2E is " + "; ".join(_at(r, cache) for _, r in g.iterrows())
+                   + f" (paired by request, 95 % intervals on this machine); hit rate {fmt(hit, '.3f')} of "
+                   f"{fmt(expected, '.3f')} possible, {fmt(served, '.3f')} from the CPU tier (the engine's count).")
     return out
 
 

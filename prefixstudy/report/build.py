@@ -148,6 +148,8 @@ def _model_blocks(model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
 def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
     f = {x.stem: x for x in figs}
     b: list[tuple] = [("meta", tables.meta_line(d.study))]
+    if len(d.tiers):
+        b += [("headline", t) for t in arm_report.tier_sentences(d.tiers, arm_report.tier_sizes(d.study.config))]
     if arm_report.shown(d.study.arms):
         b += [("headline", t) for t in arm_report.sentences(d.study.arms)]
         b += [("table", arm_report.table(d.study.arms)), ("fig", f["arms"])]

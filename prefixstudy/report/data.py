@@ -46,6 +46,7 @@ class ReportData:
     notes: list[str] = field(default_factory=list)
     repeat_saturated: dict = field(default_factory=dict)  # (mode, configured rate, repeat) -> saturated
     step_checks: dict | None = None  # metrics.step_checks.check_steps of the study's steps
+    tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # arms with a CPU tier vs caching ON alone
 
     @property
     def done(self) -> pd.DataFrame:
@@ -238,8 +239,9 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     coef = (np.array([float(fit.iloc[0].get(k, 0.0) or 0.0) for k in engine_fit.COEF_NAMES])
             if len(fit) else None)
     checks = step_checks.check_steps(typed_iterations(it), coef) if len(it) else None
+    tiers = hl.tiers_versus_cache(req, s[s["status"] == "ok"], study.arms) if len(study.arms) else pd.DataFrame()
     return ReportData(study, study_label(study), points, to_actual(manifest_points(study, nominal), rate_map),
                       knees, fit, gains,
                       to_actual(paired, rate_map), slo, y, y_src, max_rate_curves(done), headline, head, notes,
-                      rep_sat, checks)
+                      rep_sat, checks, tiers)
 

@@ -2,7 +2,8 @@
 "why" in two sentences computed from it, and E2E against the actual arrival rate with intervals.
 
 Conventions: ≥ / ≤ before a number mark a bound (a saturated mode's latency grows with how long
-the point ran, so a gain measured there is a bound); intervals are 95 % (see metrics.headline).
+the point ran, so a gain measured there is a bound), ⚠ a gain where both modes saturated, which
+bounds nothing; intervals are 95 % (see metrics.headline).
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ def _ci(v, lo, hi, spec=".0f", scale=1.0, unit="") -> str:
 
 
 def _bound(h: pd.Series) -> str:
-    """The gain is a lower bound when OFF saturated (OFF would only get slower), an upper bound when
-    only ON did."""
+    """The gain is a lower bound when only OFF saturated (OFF would only get slower), an upper bound
+    when only ON did; where both did it bounds nothing (⚠, as the saturated column says)."""
     if not h["gain_is_bound"]:
         return ""
+    if h["on_saturated"] and h["off_saturated"]:
+        return "⚠ "
     return "≥ " if h["off_saturated"] else "≤ "
 
 

@@ -139,3 +139,67 @@ def test_tier_capacities_are_checked_before_anything_starts():
     assert sub.arm_engine("on-cpu").extra_args == {"kv_offloading_size": 16, "kv_offloading_backend": "native"}
     assert "kv_offloading_size" not in sub.arm_engine("on").extra_args
     assert "kv_offloading_size" not in capacity_config(vllm, "offload_gib", 0).arm_engine("on-cpu").extra_args
+
+
+# ----------------------------------------------------------------- is a CPU tier worth it here
+
+def test_the_tier_is_weighed_against_the_same_cache_without_it(tiered):
+    from prefixstudy.metrics.headline import tiers_versus_cache
+    from prefixstudy.report import arms as report_arms
+
+    t = tiers_versus_cache(tiered.requests, tiered.summary, tiered.arms)
+    assert list(zip(t["arm"], t["baseline"], t["rate"], strict=True)) == [("on-tier", "on", 5.0), ("on-tier", "on", 10.0)]
+    assert list(t["hit_rate_cpu"]) == [240 / 640] * 2 and list(t["hit_rate"]) == [0.8] * 2
+    # The paired gain over ON is arms.csv's gain over OFF re-based on ON, request by request: the
+    # same means, so its sign and size follow from the two rows arms.csv already has.
+    a = tiered.arms.set_index(["arm", "rate"])
+    for _, r in t.iterrows():
+        on, tier = a.loc[("on", r["rate"]), "mean_e2e_ms"], a.loc[("on-tier", r["rate"]), "mean_e2e_ms"]
+        assert r["baseline_mean_e2e_ms"] == pytest.approx(on) and r["mean_e2e_ms"] == pytest.approx(tier)
+        assert r["gain_mean_e2e"] == pytest.approx((on - tier) / on)
+    said = report_arms.tier_sentences(t)
+    assert len(said) == 1 and said[0].startswith("Is a CPU tier worth it here? arm on-tier: ")
+    assert "hit rate 0.800 of 0.800 possible, 0.375 from the CPU tier (the engine's count)." in said[0]
+    # No tier arm, or no ON to weigh it against: nothing to say.
+    assert tiers_versus_cache(tiered.requests, tiered.summary, tiered.arms[tiered.arms["arm"] == "on"]).empty
+    assert tiers_versus_cache(tiered.requests, tiered.summary[tiered.summary["mode"] != "on"], tiered.arms).empty
+
+
+def _tier_row(rate, gain, lo, hi, sat=False, base_sat=False, served=0.65, hit=0.896):
+    return {"rate": rate, "arm": "on-cpu32", "baseline": "on", "arrival_rate": rate * 0.9, "gain_mean_e2e": gain,
+            "gain_mean_e2e_lo": lo, "gain_mean_e2e_hi": hi, "saturated": sat, "baseline_saturated": base_sat,
+            "gain_is_bound": sat or base_sat, "hit_rate": hit, "hit_rate_expected": 0.896, "hit_rate_cpu": served}
+
+
+@pytest.mark.parametrize("rows, verdict", [
+    ([_tier_row(4, 0.165, 0.066, 0.263), _tier_row(16, 0.571, 0.564, 0.577, True, True)], "yes"),
+    # Kept up while ON saturated: a lower bound above 0 is a yes too.
+    ([_tier_row(4, 0.01, -0.02, 0.04), _tier_row(16, 0.4, 0.3, 0.5, False, True)], "yes"),
+    # Only where both saturated is the interval above 0: that bounds nothing.
+    ([_tier_row(4, 0.01, -0.02, 0.04), _tier_row(16, 0.4, 0.3, 0.5, True, True)], "no measurable difference"),
+    ([_tier_row(4, -0.05, -0.08, -0.02), _tier_row(16, 0.01, -0.1, 0.1)], "no, it costs time"),
+    ([_tier_row(4, 0.038, -0.023, 0.1, served=0.0)], "no: the tier served no prompt tokens, the GPU cache kept what came back"),
+    ([_tier_row(4, -0.048, -0.313, 0.217, served=0.0, hit=0.244)],
+     "no: the tier served no prompt tokens, it is too small to hold what the GPU cache evicted before it came back"),
+])
+def test_the_tier_verdict(rows, verdict):
+    import pandas as pd
+
+    from prefixstudy.report import arms as report_arms
+
+    said = report_arms.tier_sentences(pd.DataFrame(rows), {"on-cpu32": 32})
+    assert said[0].startswith(f"Is a CPU tier worth it here? arm on-cpu32 (32 GiB): {verdict}. Against caching ON alone")
+
+
+def test_a_gain_is_marked_by_who_saturated():
+    import pandas as pd
+
+    from prefixstudy.report import arms as report_arms
+
+    rows = [_tier_row(4, 0.1, 0.05, 0.15), _tier_row(8, 0.2, 0.1, 0.3, False, True),
+            _tier_row(16, 0.3, 0.2, 0.4, True, False), _tier_row(24, 0.4, 0.3, 0.5, True, True)]
+    said = report_arms.tier_sentences(pd.DataFrame(rows))[0]
+    assert ("its gain in mean E2E is 10.0 % [5.0, 15.0] at 3.60 req/s; "
+            "≥ 20.0 % [10.0, 30.0] at 7.20 req/s (caching ON saturated in a repeat); "
+            "≤ 30.0 % [20.0, 40.0] at 14.40 req/s (arm on-cpu32 saturated in a repeat); "
+            "⚠ 40.0 % [30.0, 50.0] at 21.60 req/s (both saturated in a repeat) (paired by request") in said

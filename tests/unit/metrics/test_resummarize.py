@@ -70,5 +70,6 @@ def test_runs_found():
     pressure = [f"h200-cache-pressure/groups-{g}/blocks-{c}" for g, cs in ((40, (4400, 4800, 5200, 6400)),
                                                                          (48, (5600, 6400))) for c in cs]
     assert RUNS == ["cpu-default", "cpu-replicas/policy-prefix_affinity", "cpu-replicas/policy-round_robin",
-                    *pressure, "h200-multiturn", "h200-tp1", "h200-tp1-async", "h200-tp1-gc", "h200-tp2",
+                    *pressure, "h200-multiturn", "h200-multiturn-sync", "h200-offload", "h200-offload-fits",
+                    "h200-tp1", "h200-tp1-async", "h200-tp1-gc", "h200-tp2",
                     "h200-vllm-server"]

@@ -323,3 +323,14 @@ def test_why_sentences_without_engine_steps_print_no_dash():
     assert second == ("At 8.10 req/s, the highest rate where neither mode saturated, caching cuts mean E2E by "
                       "40.0 % [30.0, 50.0]. This backend records no engine steps, so there is no engine-level "
                       "prefill share.")
+
+
+@pytest.mark.parametrize("on_sat, off_sat, mark", [(False, False, ""), (False, True, "≥ "), (True, False, "≤ "),
+                                                   (True, True, "⚠ ")])
+def test_the_headline_gain_is_a_bound_only_where_one_mode_saturated(on_sat, off_sat, mark):
+    # OFF saturated alone: OFF would only get slower, so the gain is at least this; ON alone: at most;
+    # both: each side's mean would grow, and the gain bounds nothing.
+    from prefixstudy.report.first_screen import _bound
+
+    h = pd.Series({"gain_is_bound": on_sat or off_sat, "on_saturated": on_sat, "off_saturated": off_sat})
+    assert _bound(h) == mark

@@ -40,7 +40,7 @@ class DatasetConfig(BaseModel):
     suffix_len: int = Field(16, ge=0)
     output_len: int = Field(143, gt=0)
     groups: int = Field(1, gt=0)
-    seed: int = 0
+    seed: int = Field(0, ge=0)  # numpy's generators take non-negative seeds
     token_low: int = Field(100, ge=0)
     token_high: int | None = Field(None, gt=0)  # exclusive; None: the model's vocab size
     mix: MixConfig | None = None  # kind groups
@@ -74,7 +74,7 @@ class ArrivalConfig(BaseModel):
     model_config = _STRICT
     process: Literal["poisson", "gamma", "constant"] = "poisson"
     burstiness: float = Field(1.0, gt=0)  # gamma shape; 1.0 is Poisson
-    seed: int = 0
+    seed: int = Field(0, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -102,14 +102,14 @@ class SweepConfig(BaseModel):
     # when it runs, else no comparison.
     baseline: str | None = None
     num_requests: int = Field(40, gt=0)  # per point, at least
-    min_duration_s: float = Field(0.0, ge=0)  # per point, at least this many seconds of arrivals
+    min_duration_s: float = Field(0.0, ge=0, allow_inf_nan=False)  # per point, at least this many seconds of arrivals
     warmup_requests: int = Field(2, ge=0)
     prime_prefixes: bool = True
     max_point_duration_s: float = Field(900.0, gt=0)  # after this, open requests are cancelled
     request_timeout_s: float = Field(300.0, gt=0)  # per-request deadline from its send time
     # Every rate this many times, each repeat with its own arrival draw (seed: arrivals.seed + repeat).
     # Repeats run sweep after sweep (all rates, then all rates again), so drift spreads over them.
-    repeats: int = Field(1, ge=1)
+    repeats: int = Field(1, ge=1, le=1000)
     # Run only these repeats (e.g. to give repeats to different machines and `prefixstudy merge`
     # them); None: all.
     only_repeats: list[int] | None = None
@@ -232,7 +232,7 @@ class StudyConfig(BaseModel):
     checks: CheckConfig = Field(default_factory=CheckConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     # Engine replicas per mode, each with its own prefix cache, behind one router.
-    replicas: int = Field(1, ge=1)
+    replicas: int = Field(1, ge=1, le=1024)
     router: RouterConfig = Field(default_factory=RouterConfig)
     # The peers' flags (--label, --metadata, --percentiles, --goodput): what the run is
     # called and carries, and what its bench export and report use.
@@ -372,18 +372,79 @@ def parse_config(data: Any, source: str, overrides: dict | None = None) -> Study
     except ValidationError as err:
         raise UserError(_fmt_error(err, source, overrides)) from None
     check_arms(cfg, source, overrides)
+    check_sizes(cfg, source)
     return cfg
 
 
+# Token ids the generated dataset may hold (8 GiB as int64): far past any study's, short of
+# what would exhaust a machine's memory before the first request.
+DATASET_MAX_TOKENS = 1 << 30
+
+
+def check_sizes(cfg: StudyConfig, source: str) -> None:
+    """Refuse, before anything is generated, a study whose generated dataset could not fit in
+    memory: rows (the largest point's requests plus warm-ups) x prompt tokens, plus each group's
+    shared prefix.  A replayed file (jsonl, trace) is bounded by the file itself."""
+    d, sw = cfg.dataset, cfg.sweep
+    if d.path is not None:
+        return
+    rows = max(max(sw.requests_for(r) for r in sw.rates) + sw.warmup_requests, d.num_requests or 0)
+    tokens = rows * (d.prefix_len + d.suffix_len) + (d.groups * d.prefix_len if d.kind == "groups" else 0)
+    if tokens > DATASET_MAX_TOKENS:
+        raise UserError(f"{source}: field 'dataset': the generated dataset would hold {tokens:.3g} prompt tokens "
+                        f"({rows:,} rows of {d.prefix_len + d.suffix_len:,} tokens"
+                        + (f", {d.groups:,} group prefixes" if d.kind == "groups" else "")
+                        + f"), more than {DATASET_MAX_TOKENS:.3g}; lower the request count, the prompt length "
+                          "or the number of groups")
+
+
+# A config is a page of settings: these bound what a mistaken or hostile file can make us do.
+CONFIG_MAX_BYTES = 1 << 20
+CONFIG_MAX_VALUES = 100_000  # after YAML aliases are expanded
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _count_values(obj: Any, limit: int) -> int:
+    """Values in ``obj``, walking shared (aliased) parts each time they appear, up to ``limit``."""
+    n, stack = 0, [obj]
+    while stack and n <= limit:
+        x = stack.pop()
+        n += 1
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return n
+
+
 def read_yaml(path: Path) -> Any:
-    text = read_text(path, "config file", "a YAML config file")
+    text = read_text(path, "config file", "a YAML config file", max_bytes=CONFIG_MAX_BYTES)
     try:
-        return yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}:" if mark else ""
         problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
         raise UserError(f"{path}:{where} invalid YAML: {problem}") from None
+    except RecursionError:
+        raise UserError(f"{path}: invalid YAML: nested too deep for a config") from None
+    if _count_values(data, CONFIG_MAX_VALUES) > CONFIG_MAX_VALUES:
+        raise UserError(f"{path}: expands to more than {CONFIG_MAX_VALUES:,} values (YAML aliases?); "
+                        "a config is a few dozen")
+    return data
 
 
 def set_dotted(data: dict, dotted: str, value: Any) -> None:
@@ -426,7 +487,9 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> S
     source = str(path) if path else "(defaults)"
     data = read_yaml(path) if path else {}
     if data is None:
-        data = {}
+        # An empty file would otherwise run the shipped default vLLM study, which it did not ask for.
+        raise UserError(f"{source}: no config keys (the file is empty or only comments); "
+                        "run without a config for the default study")
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
     _switch_kind(data, path, overrides or {})

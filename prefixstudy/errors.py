@@ -72,16 +72,24 @@ def describe_failure(e: BaseException, log: str = "") -> str:
     return f"{_SEE_ABOVE.sub('', what)}; root cause: {cause}"
 
 
-def read_text(path, missing: str, expected: str) -> str:
+def read_text(path, missing: str, expected: str, max_bytes: int | None = None) -> str:
     """A user's file as text, or one line saying why not: '<path>: <missing> not found',
-    'is a directory, expected <expected>', 'not UTF-8 text (byte N)'."""
+    'is a directory, expected <expected>', 'not UTF-8 text (byte N)', 'cannot read (...)' (a
+    symlink loop, no permission), or 'larger than N MiB' where ``max_bytes`` bounds it (a config
+    pointed at /dev/zero would be read without end)."""
     from pathlib import Path
 
     try:
-        return Path(path).read_bytes().decode("utf-8")
+        with open(Path(path), "rb") as f:
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+        if max_bytes is not None and len(data) > max_bytes:
+            raise UserError(f"{path}: larger than {max_bytes >> 20} MiB, expected {expected}")
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise UserError(f"{path}: {missing} not found") from None
     except IsADirectoryError:
         raise UserError(f"{path}: is a directory, expected {expected}") from None
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None

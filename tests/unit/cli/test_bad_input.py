@@ -130,6 +130,12 @@ CASES = {
                            "c.yaml: expected a mapping of config keys, got str"),
     "config-not-utf8": (lambda t: ["run", raw(t, "c.yaml", b"study: caf\xe9\n"), "--out", t / "res"],
                         "c.yaml: not UTF-8 text (byte 10)"),
+    "config-empty": (lambda t: ["run", raw(t, "c.yaml", "# only a comment\n"), "--out", t / "res"],
+                     "c.yaml: no config keys (the file is empty or only comments)"),
+    "config-duplicate-key": (lambda t: ["run", raw(t, "c.yaml", "study: a\nstudy: b\n"), "--out", t / "res"],
+                             "c.yaml: line 2: invalid YAML: key 'study' is given twice"),
+    "dataset-too-large-for-memory": (lambda t: run_cfg(t, {"dataset": {"prefix_len": 10**9}}),
+                                     "c.yaml: field 'dataset': the generated dataset would hold 4e+09 prompt tokens"),
     "unknown-top-level-key": (lambda t: run_cfg(t, {"bogus": 1}), "c.yaml: field 'bogus': unknown key"),
     "unknown-nested-key": (lambda t: run_cfg(t, {"sweep": {"ratez": [1]}}), "c.yaml: field 'sweep.ratez': unknown key"),
     "unknown-deep-section": (lambda t: run_cfg(t, {"nosuch": {"a": 1}}), "c.yaml: field 'nosuch': unknown key"),
@@ -479,3 +485,5 @@ def test_bad_input_is_one_line_and_exit_2(case, launched):
 
 def test_the_corpus_is_large_enough():
     assert len(CASES) >= 30
+    # The README's fault table counts this corpus.
+    assert f"| bad input ({len(CASES)} cases) |" in (REPO / "README.md").read_text()

@@ -91,9 +91,10 @@ def tier_sizes(config: dict | None) -> dict[str, float]:
 
 def tier_sentences(tiers: pd.DataFrame, sizes_gib: dict[str, float] | None = None) -> list[str]:
     """Is a CPU tier worth it here: per arm with a tier, its paired gain in mean E2E over the same
-    cache without the tier (metrics.headline.tiers_versus_cache), rate by rate, and a verdict:
-    yes where the gain's interval lies above 0 at a rate where the arm kept up; it costs where the
-    interval lies below 0 at a rate where neither saturated; else no measurable difference."""
+    cache without the tier (metrics.headline.tiers_versus_cache), rate by rate, and a verdict: no
+    where the tier served (almost) no prompt tokens, saying why; yes where the gain's interval lies
+    above 0 at a rate where the arm kept up; it costs where the interval lies below 0 at a rate
+    where neither saturated; else no measurable difference."""
     out = []
     for arm, grp in tiers.groupby("arm", sort=False):
         g = grp.sort_values("rate")

@@ -324,6 +324,8 @@ class StudyConfig(BaseModel):
             cfg = json.loads(text)
         except json.JSONDecodeError as e:
             raise UserError(f"{f}: line {e.lineno}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise UserError(f"{f}: not valid JSON (nested too deep)") from None
         vocab = cfg.get("vocab_size") if isinstance(cfg, dict) else None
         if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab <= 0:
             raise UserError(f"{f}: field 'vocab_size' missing or not an integer > 0")

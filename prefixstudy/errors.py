@@ -77,9 +77,13 @@ def read_text(path, missing: str, expected: str, max_bytes: int | None = None) -
     'is a directory, expected <expected>', 'not UTF-8 text (byte N)', 'cannot read (...)' (a
     symlink loop, no permission), or 'larger than N MiB' where ``max_bytes`` bounds it (a config
     pointed at /dev/zero would be read without end)."""
+    import os
+    import stat
     from pathlib import Path
 
     try:
+        if stat.S_ISCHR(os.stat(path).st_mode) or stat.S_ISBLK(os.stat(path).st_mode):  # /dev/zero reads without end
+            raise UserError(f"{path}: a device, not a file; expected {expected}")
         with open(Path(path), "rb") as f:
             data = f.read() if max_bytes is None else f.read(max_bytes + 1)
         if max_bytes is not None and len(data) > max_bytes:

@@ -42,7 +42,8 @@ def make_record(mode: str, rate: float, index: int, request_id: str, row: Datase
     n = len(times)
     ttft = (times[0] - tr.sent_mono) * 1e3 if n else nan
     e2e = (times[-1] - tr.sent_mono) * 1e3 if n else nan
-    itl = np.diff(times) * 1e3 if n > 1 else np.array([])
+    # Gaps between tokens are measured only where every token arrived on its own clock reading.
+    itl = np.diff(times) * 1e3 if n > 1 and not tr.unstreamed_tokens else np.array([])
     error = tr.error
     if not error and n < row.output_len:
         error = f"short output: {n} of {row.output_len} tokens"

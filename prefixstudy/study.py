@@ -22,9 +22,9 @@ from prefixstudy.config import StudyConfig, flat_config, load_config
 from prefixstudy.engines import check_engine_config, engine_class
 from prefixstudy.errors import StudyFailed, UserError, first_line  # noqa: F401 (StudyFailed: importers' name)
 from prefixstudy.executors import pick_executor
-from prefixstudy.results import find_run_dir, read_summary
+from prefixstudy.results import find_run_dir, read_manifest, read_summary
 from prefixstudy.results.provenance import base_manifest, device_name, now
-from prefixstudy.results.store import CONFIG, ENGINE_LOG, MANIFEST, SUMMARY, atomic_write_text
+from prefixstudy.results.store import CONFIG, ENGINE_LOG, SUMMARY, atomic_write_text
 from prefixstudy.results.writer import ResultsWriter, RunLock, new_run_dir, preflight_out
 from prefixstudy.metrics.saturation import failed_point
 from prefixstudy.runner import Terminated
@@ -163,16 +163,6 @@ class Study:
         return out
 
 
-def read_manifest(run_dir: Path) -> dict:
-    try:
-        manifest = json.loads((run_dir / MANIFEST).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{run_dir / MANIFEST}: unreadable manifest ({e})") from None
-    if not isinstance(manifest, dict):
-        raise UserError(f"{run_dir / MANIFEST}: not a prefixstudy manifest (not an object)")
-    return manifest
-
-
 def config_digest(cfg: StudyConfig) -> str:
     """sha256 of the resolved config, recorded at a run's start: a resume checks config.yaml against it."""
     return hashlib.sha256(json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
@@ -204,6 +194,10 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
     recorded run) and write the results; returns the run folder."""
     old = None
     lock = None
+    made = None  # the folder this call made, removed again if it ends before writing anything
+    # SIGTERM stops the run as Ctrl-C does from the first input check on, not only once points run.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         if resume is not None:
             run_dir = find_run_dir(resume)
@@ -219,7 +213,8 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
         check_installed(cfg)
         check_device(cfg)
         check_engine_config(cfg)  # every input check comes before the results folder is made
-        run_dir = run_dir or new_run_dir(cfg)
+        if run_dir is None:
+            run_dir = made = new_run_dir(cfg)
         preflight_out(run_dir)
         lock = lock or RunLock(run_dir).acquire()
         executor = pick_executor(cfg)
@@ -241,6 +236,10 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
     finally:
         if lock is not None:
             lock.release()
+        if made is not None and made.is_dir() and not any(made.iterdir()):
+            made.rmdir()  # interrupted or refused before the manifest: no empty folder left to read as a run
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:

@@ -47,7 +47,11 @@ def report(results_dir: Path, slo, threshold_ms, peers, point, seed):
         if not any(c in p for c in "*?[") and not Path(p).exists():
             raise UserError(f"--peer {p}: file not found")
         bench_files(p)  # an empty folder or glob is refused now, not after the analysis
-    out = build_report(results_dir, parsed_slo, threshold_ms, peers, parsed_point, seed=seed)
+    try:
+        out = build_report(results_dir, parsed_slo, threshold_ms, peers, parsed_point, seed=seed)
+    except OSError as e:  # a read-only or full filesystem: files are replaced whole, so none is left half-written
+        raise UserError(f"{e.filename or results_dir}: cannot write the report ({e.strerror or e}); "
+                        "the results themselves are untouched") from None
     click.echo(f"report: {out}")
     click.echo(f"report: {out.with_name('report.md')}")
 

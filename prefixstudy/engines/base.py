@@ -48,6 +48,9 @@ class RequestTrace:
     # estimate hashes them.  Kept in memory only (not a results column).
     output_token_ids: list[int] = field(default_factory=list)
     replica: int = 0  # which replica of the mode's fleet answered (engines.fleet); 0 for one engine
+    # Tokens the server counted (usage.completion_tokens) beyond the ones it streamed: their arrival
+    # times are unknown, so the per-token gaps (ITL) are not measured for this request.
+    unstreamed_tokens: int = 0
 
 
 @dataclass

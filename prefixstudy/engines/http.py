@@ -161,6 +161,7 @@ class HttpEngine:
         self.dead = False
         self._before: dict[str, float] = {}
         self._no_cached_field = 0  # requests this point whose usage had no cached_tokens
+        self._unstreamed = 0  # requests this point whose usage counted more tokens than streamed
         self.alive = None  # callable: False once a server this engine launched has exited (vllm-server)
 
     # ------------------------------------------------------------------ checks and provenance
@@ -285,7 +286,7 @@ class HttpEngine:
 
     async def begin_point(self) -> None:
         """Scrape the counters just before the measured requests."""
-        self._no_cached_field = 0
+        self._no_cached_field = self._unstreamed = 0
         text = await self._metrics_text()
         self._before = server_metrics.counters(text, self.config.server) if text else {}
 
@@ -299,6 +300,11 @@ class HttpEngine:
         out["server_metrics"] = bool(self._before and after)
         out["cached_tokens_reported"] = self._no_cached_field == 0
         out["prefix_cache_reset"] = self.reset_supported
+        out["requests_with_unstreamed_tokens"] = self._unstreamed
+        if self._unstreamed:
+            log.warning("warning: %s counted more completion tokens than it streamed for %d requests; "
+                        "their token counts are the server's and their ITL is not measured (no token_ids "
+                        "in its stream, several tokens an event)", self.base, self._unstreamed)
         if self._no_cached_field:
             log.warning("warning: %s did not report usage.prompt_tokens_details.cached_tokens for %d requests; "
                         "their num_cached_tokens is 0 (start it with %s)",
@@ -376,10 +382,14 @@ class HttpEngine:
         if cached is None:
             self._no_cached_field += 1
         trace.num_cached_tokens = int(cached or 0)
-        # A server that sends several tokens in one chunk without token_ids: the rest arrived with the last.
+        # A server that sends several tokens an event without token_ids: the count is the server's,
+        # the last ones taken as arriving with the last event (E2E and TPOT hold; the gaps between
+        # tokens are unknown, so the record leaves ITL unmeasured), and the point says how many.
         n = int(usage.get("completion_tokens") or 0)
         if trace.token_times and n > len(trace.token_times):
-            trace.token_times.extend([trace.token_times[-1]] * (n - len(trace.token_times)))
+            trace.unstreamed_tokens = n - len(trace.token_times)
+            trace.token_times.extend([trace.token_times[-1]] * trace.unstreamed_tokens)
+            self._unstreamed += 1
 
     def is_dead(self) -> bool:
         return self.dead

@@ -160,6 +160,8 @@ def load_config_json(path: str | Path) -> dict[str, Any]:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: line {e.lineno}: invalid JSON: {e.msg}") from None
+    except RecursionError:
+        raise UserError(f"{path}: invalid JSON: nested too deep") from None
 
 
 def load_arch(path: str | Path) -> Arch:

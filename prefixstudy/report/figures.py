@@ -11,6 +11,7 @@ the metric columns named by each function (summary.csv's rows, ReportData.points
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from prefixstudy.report.render import SavedFigure  # noqa: E402
+from prefixstudy.results.store import atomic_write_bytes  # noqa: E402
 
 # Arms beyond on / off take these in the order the study names them (register_arms), so an arm
 # keeps its colour in every figure of a report.
@@ -93,14 +95,18 @@ def new_figure(width: float = 8.0, height: float = 5.0) -> Figure:
 
 
 def save(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "svg"), dpi: int = 100) -> list[Path]:
-    """Write ``stem.<fmt>`` for every format, then close the figure.  Returns the paths."""
+    """Write ``stem.<fmt>`` for every format, then close the figure.  Returns the paths.  Each file
+    is rendered in memory and replaced whole, so a full disk leaves the last good figure, never a
+    truncated one."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     out = []
     try:
         for fmt in formats:
             p = stem.with_suffix(f".{fmt}")
-            fig.savefig(p, format=fmt, dpi=dpi, metadata=_no_date(fmt))
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt, dpi=dpi, metadata=_no_date(fmt))
+            atomic_write_bytes(p, buf.getvalue())
             out.append(p)
     finally:
         close(fig)

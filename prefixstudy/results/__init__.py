@@ -14,14 +14,14 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from prefixstudy.errors import UserError
+from prefixstudy.errors import UserError, read_text
 from prefixstudy.metrics.requests import measured
 from prefixstudy.results.store import (ARMS, CONFIG, HEADLINE, ITERATIONS, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv,
                                        atomic_write_parquet, atomic_write_text, read_table, write_json)
 from prefixstudy.schema import SUMMARY_COLUMNS, typed_iterations, typed_requests
 
 __all__ = ["ARMS", "CONFIG", "HEADLINE", "ITERATIONS", "MANIFEST", "REQUESTS", "SUMMARY", "StudyResults", "atomic_write_csv",
-           "atomic_write_parquet", "atomic_write_text", "find_run_dir", "load", "read_summary", "typed_iterations",
+           "atomic_write_parquet", "atomic_write_text", "find_run_dir", "load", "read_manifest", "read_summary", "typed_iterations",
            "typed_requests", "write_json"]
 
 
@@ -49,6 +49,9 @@ def find_run_dir(path: Path) -> Path:
     path = Path(path)
     if (path / MANIFEST).is_file():
         return path
+    if (path / MANIFEST).is_symlink() or (path / MANIFEST).exists():  # a loop, a device, a folder
+        read_text(path / MANIFEST, "manifest", "a run's manifest.json", max_bytes=MANIFEST_MAX_BYTES)
+        raise UserError(f"{path / MANIFEST}: not a regular file; not a prefixstudy results folder")
     if path.is_dir():
         runs = sorted(p for p in path.iterdir() if (p / MANIFEST).is_file())
         if runs:
@@ -58,11 +61,39 @@ def find_run_dir(path: Path) -> Path:
     raise UserError(f"{path}: no {MANIFEST} here or in a sub-folder; not a prefixstudy results folder")
 
 
+MANIFEST_MAX_BYTES = 256 << 20  # a sweep of thousands of points is a few MiB
+
+
+def read_manifest(run_dir: Path) -> dict:
+    """A run's manifest.json, or one line saying why it is not one: unreadable, not an object, or
+    a point without its mode and rate."""
+    path = Path(run_dir) / MANIFEST
+    try:
+        manifest = json.loads(read_text(path, "manifest", "a run's manifest.json", max_bytes=MANIFEST_MAX_BYTES))
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise UserError(f"{path}: unreadable manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{path}: not a prefixstudy manifest (not an object)")
+    points = manifest.get("points", [])
+    if not isinstance(points, list):
+        raise UserError(f"{path}: not a prefixstudy manifest ('points' is not a list)")
+    for i, p in enumerate(points):
+        if not (isinstance(p, dict) and isinstance(p.get("mode"), str) and isinstance(p.get("rate"), (int, float))
+                and not isinstance(p.get("rate"), bool)):
+            raise UserError(f"{path}: not a prefixstudy manifest (point {i} has no mode and rate)")
+    return manifest
+
+
 def read_summary(path: Path) -> pd.DataFrame:
     if not path.is_file():
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     # An empty error field must stay "", not become NaN.
-    df = pd.read_csv(path, converters={"error": str, "status": str, "mode": str, "saturation_reason": str})
+    try:
+        df = pd.read_csv(path, converters={"error": str, "status": str, "mode": str, "saturation_reason": str})
+    except pd.errors.EmptyDataError:  # an empty file holds no rows: a resume rebuilds them from the parts
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
+        raise UserError(f"{path}: unreadable summary ({str(e).strip().splitlines()[0]})") from None
     if "repeat" not in df:  # runs before repeats
         df.insert(2, "repeat", 0)
     for c in ("error", "status", "mode", "saturation_reason", "step_timing"):
@@ -73,11 +104,13 @@ def read_summary(path: Path) -> pd.DataFrame:
 
 def load(path: str | Path) -> StudyResults:
     run = find_run_dir(Path(path))
-    try:
-        manifest = json.loads((run / MANIFEST).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{run / MANIFEST}: unreadable manifest ({e})") from None
-    config = yaml.safe_load((run / CONFIG).read_text()) if (run / CONFIG).is_file() else {}
+    manifest = read_manifest(run)
+    config = {}
+    if (run / CONFIG).is_file():
+        try:
+            config = yaml.safe_load(read_text(run / CONFIG, "config", "the run's config.yaml"))
+        except (yaml.YAMLError, RecursionError) as e:
+            raise UserError(f"{run / CONFIG}: unreadable recorded config ({type(e).__name__})") from None
     head = pd.read_csv(run / HEADLINE) if (run / HEADLINE).is_file() else pd.DataFrame()
     arms = pd.read_csv(run / ARMS, converters={"arm": str, "baseline": str}) if (run / ARMS).is_file() else pd.DataFrame()
     return StudyResults(run, config or {}, manifest, typed_requests(read_table(run / REQUESTS)),

@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from prefixstudy.errors import UserError
 from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS
 
 CONFIG = "config.yaml"
@@ -178,7 +179,7 @@ def point_parts_problem(run_dir: Path, key: tuple[str, float, int], n_planned: i
 
 def split_into_parts(path: Path, columns: dict[str, str]) -> None:
     """Turn a one-file table of an older run into the folder of per-point parts, in place."""
-    df = pd.read_parquet(path)
+    df = _read_parquet(path)
     old = path.with_name(f".{path.name}.old")
     os.replace(path, old)
     path.mkdir()
@@ -187,12 +188,23 @@ def split_into_parts(path: Path, columns: dict[str, str]) -> None:
     old.unlink()
 
 
+def _read_parquet(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign file: pyarrow's errors vary
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        # A point's part can be measured again; a whole table in one file cannot.
+        hint = ("; `prefixstudy run --resume` on its run measures that point again"
+                if path.parent.name in (REQUESTS, ITERATIONS) else "")
+        raise UserError(f"{path}: unreadable results table ({why}){hint}") from None
+
+
 def read_table(path: Path) -> pd.DataFrame:
     """A results table: a folder of parts or an older single file; empty when absent."""
     if path.is_dir():
         parts = sorted(path.glob("*.parquet"), key=_part_key)
-        return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True) if parts else pd.DataFrame()
-    return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+        return pd.concat([_read_parquet(p) for p in parts], ignore_index=True) if parts else pd.DataFrame()
+    return _read_parquet(path) if path.is_file() else pd.DataFrame()
 
 
 def _part_key(p: Path) -> tuple:

@@ -58,6 +58,8 @@ def json_lines(path: Path):
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}:{n}: malformed JSON ({e.msg})") from None
+        except RecursionError:
+            raise UserError(f"{path}:{n}: malformed JSON (nested too deep)") from None
         if not isinstance(obj, dict):
             raise UserError(f"{path}:{n}: expected a JSON object per line")
         yield n, obj

@@ -25,6 +25,8 @@ def import_trtllm(path: Path) -> list[DatasetRow]:
             doc = json.loads(text)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: line {e.lineno}: malformed JSON ({e.msg})") from None
+        except RecursionError:
+            raise UserError(f"{path}: malformed JSON (nested too deep)") from None
         samples = doc.get("samples")
         if not isinstance(samples, list):
             raise UserError(f"{path}: field 'samples': expected a list")

@@ -6,8 +6,6 @@ corpus in tests/unit/cli/test_bad_input.py checks that path for a few of them)."
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import yaml
 
@@ -59,7 +57,9 @@ def test_yaml_nested_past_the_parser_s_depth_is_one_line(tmp_path):
 
 
 def test_a_config_that_reads_without_end_or_cannot_be_read_is_one_line(tmp_path):
-    assert refused(os.devnull.replace("null", "zero")) == "/dev/zero: larger than 1 MiB, expected a YAML config file"
+    assert refused("/dev/zero") == "/dev/zero: a device, not a file; expected a YAML config file"
+    big = write(tmp_path, "study: a\n" + "#" * (1 << 20) + "\n", "big.yaml")
+    assert refused(big) == f"{big}: larger than 1 MiB, expected a YAML config file"
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.symlink_to(b)
     b.symlink_to(a)
@@ -98,3 +98,33 @@ def test_the_largest_shipped_configs_pass_the_size_check():
 
     for name in ("default", "h200-tp1", "h200-cache-pressure", "h200-offload", "h200-multiturn"):
         load_config(shipped_config(name))
+
+
+def _rows(cfg):
+    from prefixstudy.workloads import load_rows
+
+    return load_rows(cfg)
+
+
+def test_a_dataset_or_model_file_nested_too_deep_or_looping_is_one_line(tmp_path):
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"a": ' * 6000 + "1" + "}" * 6000 + "\n")
+    with pytest.raises(UserError, match=rf"^{deep}:1: malformed JSON \(nested too deep\)$"):
+        _rows(load_config(None, {**ECHO, "dataset.path": str(deep)}))
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    with pytest.raises(UserError, match=rf"^{a}: cannot read \(Too many levels of symbolic links\)$"):
+        _rows(load_config(None, {**ECHO, "dataset.path": str(a)}))
+    with pytest.raises(UserError, match=r"^/dev/zero: a device, not a file; expected a dataset file$"):
+        _rows(load_config(None, {**ECHO, "dataset.path": "/dev/zero"}))
+    looped = tmp_path / "looped"
+    looped.mkdir()
+    (looped / "config.json").symlink_to(looped / "config.json")
+    with pytest.raises(UserError, match=rf"^{looped / 'config.json'}: cannot read \(Too many levels of symbolic links\)$"):
+        _rows(load_config(None, {**ECHO, "model": str(looped)}))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("[" * 6000 + "]" * 6000)
+    with pytest.raises(UserError, match=rf"^{model / 'config.json'}: not valid JSON \(nested too deep\)$"):
+        _rows(load_config(None, {**ECHO, "model": str(model)}))

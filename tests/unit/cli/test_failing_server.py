@@ -47,6 +47,10 @@ def completions(h: BaseHTTPRequestHandler, kind: str) -> None:
     elif kind == "long":  # six tokens where four were asked
         usage = json.dumps({"choices": [], "usage": {"completion_tokens": 6, "prompt_tokens_details": {"cached_tokens": 0}}})
         reply(200, "text/event-stream", _sse(*[token] * 6, usage.encode(), b"[DONE]"))
+    elif kind == "bundled":  # the four tokens in two events without token_ids; usage counts four
+        text = json.dumps({"choices": [{"text": "xx"}]}).encode()
+        usage = json.dumps({"choices": [], "usage": {"completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 0}}})
+        reply(200, "text/event-stream", _sse(text, text, usage.encode(), b"[DONE]"))
     elif kind == "http500":
         reply(500, "text/plain", b"Internal Server Error: out of cheese\n")
     elif kind == "bad_json":
@@ -174,6 +178,22 @@ def test_a_server_failing_every_request_is_a_failed_run(tmp_path, kind):
     s = pd.read_csv(d / "summary.csv")
     assert s["status"].tolist() == ["failed", "failed"] and s["n_failed"].tolist() == [N, N]
     assert not s["saturated"].any()
+
+
+def test_tokens_counted_but_not_streamed_are_flagged_and_get_no_made_up_gaps(tmp_path):
+    r, d = run_against(tmp_path, "bundled", "--no-report")
+    assert r.returncode == 0, r.stderr
+    warn = ("counted more completion tokens than it streamed for 6 requests; their token counts are the "
+            "server's and their ITL is not measured (no token_ids in its stream, several tokens an event)")
+    said = [ln for ln in r.stderr.splitlines() if warn in ln]
+    assert len(said) == 2 and all(ln.startswith("warning: http://127.0.0.1:") for ln in said), r.stderr  # once a point
+    m = json.loads((d / "manifest.json").read_text())
+    assert [p["requests_with_unstreamed_tokens"] for p in m["points"]] == [N, N]
+    req = pd.read_parquet(d / "requests.parquet")
+    assert (req["error"] == "").all() and (req["output_tokens"] == 4).all()
+    assert req["itl_mean_ms"].isna().all() and req["itl_p99_ms"].isna().all()  # not zeros made up
+    # E2E and TPOT stay measured from the events that came (one read or two: the stub writes at once).
+    assert (req["e2e_ms"] >= req["ttft_ms"]).all() and req["tpot_ms"].notna().all()
 
 
 def test_a_failed_prime_fails_its_point_and_keeps_its_planned_requests_as_rows(tmp_path):

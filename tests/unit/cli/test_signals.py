@@ -62,6 +62,14 @@ DRIVER = textwrap.dedent('''
         return row
 
     study.Study.point_done = summarised
+    pick_executor = study.pick_executor
+
+    def picked(*a, **k):  # the run folder exists, its manifest not yet
+        if phase == "folder":
+            fire()
+        return pick_executor(*a, **k)
+
+    study.pick_executor = picked
     from prefixstudy.results import writer
     finish_run = writer.finish_run
 
@@ -107,6 +115,14 @@ def manifest(d: Path) -> dict:
 # phase -> the points (mode, rate) saved when the signal lands on the first point of ON at 50 req/s
 SAVED_BEFORE = {"prime": [], "warmup": [], "dispatch": [], "drain": [], "summarise": [("on", 50.0)],
                 "finish": [("on", 50.0), ("on", 100.0), ("off", 50.0), ("off", 100.0)]}
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_before_the_manifest_says_so_and_leaves_no_empty_folder(tmp_path, signame):
+    r = run(["run", echo_config(tmp_path), "--no-report", "--quiet"], "folder", signame)
+    assert r.returncode == (130 if signame == "SIGINT" else 143), r.stderr
+    assert r.stderr.splitlines() == ["interrupted before any results were written"]
+    assert not (tmp_path / "res" / "sig").exists() or not any((tmp_path / "res" / "sig").iterdir())
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])

@@ -7,6 +7,7 @@ through ``Study.point_done`` and what they know through ``Study.record``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import importlib.util
@@ -237,7 +238,8 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
         if lock is not None:
             lock.release()
         if made is not None and made.is_dir() and not any(made.iterdir()):
-            made.rmdir()  # interrupted or refused before the manifest: no empty folder left to read as a run
+            with contextlib.suppress(OSError):  # never in place of the error that ended the run
+                made.rmdir()  # interrupted or refused before the manifest: no empty folder left to read as a run
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -47,6 +47,10 @@ class ServerProfile(NamedTuple):
     block_size: int | None  # the prefix cache's unit when the server does not report it (None: DEFAULT_BLOCK_SIZE, warned)
     cached_tokens_flag: str  # what makes it report usage.prompt_tokens_details.cached_tokens
     reset_flag: str  # what makes it expose the reset endpoint
+    # Fields added to every completion request.  vLLM's return_token_ids puts each event's token ids
+    # in the stream, so tokens it sends several to an event (a loaded server) are counted where they
+    # arrived, not taken from usage at the end.
+    payload: dict[str, Any] = {}
 
 
 # SGLang's, from its sources (not run against a real SGLang here): /flush_cache answers 400 while
@@ -54,7 +58,7 @@ class ServerProfile(NamedTuple):
 PROFILES = {
     # reset_external: the KV connector's cache too (a CPU tier), else a point starts on the last one's.
     "vllm": ServerProfile("/reset_prefix_cache?reset_external=true", None, None, "--enable-prompt-tokens-details",
-                          "VLLM_SERVER_DEV_MODE=1"),
+                          "VLLM_SERVER_DEV_MODE=1", {"return_token_ids": True}),
     "sglang": ServerProfile("/flush_cache", 400, 1, "--enable-cache-report", "a release with /flush_cache"),
 }
 KEEPALIVE_S = 3.0  # < VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), the server's idle-connection timeout
@@ -315,7 +319,7 @@ class HttpEngine:
     def _payload(self, prompt_token_ids: list[int], output_len: int) -> dict[str, Any]:
         return {"model": self.model_name, "prompt": prompt_token_ids, "max_tokens": output_len,
                 "min_tokens": output_len, "ignore_eos": True, "temperature": 0.0, "stream": True,
-                "stream_options": {"include_usage": True}}
+                "stream_options": {"include_usage": True}, **self.profile.payload}
 
     async def generate(self, prompt_token_ids: list[int], output_len: int, request_id: str,
                        trace: RequestTrace) -> RequestTrace:

@@ -49,8 +49,8 @@ def _replay_app(stream: bytes, *, reset: bool = True, chunk: int = 37) -> web.Ap
     is split across reads as on a real network."""
     async def completions(request):
         body = await request.json()
-        assert (body["prompt"], body["max_tokens"], body["min_tokens"], body["ignore_eos"], body["stream"]) == \
-            (PROMPT, 4, 4, True, True)
+        assert (body["prompt"], body["max_tokens"], body["min_tokens"], body["ignore_eos"], body["stream"],
+                body["return_token_ids"]) == (PROMPT, 4, 4, True, True, True)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(0, len(stream), chunk):

@@ -196,6 +196,7 @@ def test_a_study_against_sglang_reads_cached_tokens_and_counters(tmp_path):
     r = res.measured
     assert (r["error"] == "").all() and len(r) == 16
     assert set(on.bodies[0]) >= {"prompt", "max_tokens", "min_tokens", "ignore_eos", "stream"}
+    assert "return_token_ids" not in on.bodies[0]  # vLLM's field; SGLang's API has no such one
     ron, roff = r[r["mode"] == "on"], r[r["mode"] == "off"]
     # Page size 1: the 56 shared tokens (more where two unique suffixes happen to start alike), as
     # the client's own estimate replays it; OFF none.

@@ -133,6 +133,8 @@ def table_begin(study: str) -> str:
 def study_table(study: str, results: Path = RESULTS) -> str:
     """experiments/results/README.md's per-rate table of ``study``: headline.csv per rate, with
     summary.csv's per-repeat saturation (of the repeats OFF ran) and dispatch lag."""
+    from prefixstudy.report.tables import bound_mark
+
     d = results / study
     head = pd.read_csv(d / "headline.csv").sort_values("arrival_rate")
     summ = pd.read_csv(d / "summary.csv")
@@ -144,8 +146,7 @@ def study_table(study: str, results: Path = RESULTS) -> str:
         at = summ[summ["rate"] == h["rate"]]
         off = at[at["mode"] == "off"]
         lag = {m: at[at["mode"] == m]["dispatch_lag_p99_ms"].max() for m in ("on", "off")}
-        bound = ("⚠ " if h["off_saturated"] and h["on_saturated"]
-                 else "≥ " if h["off_saturated"] else ("≤ " if h["on_saturated"] else ""))
+        bound = bound_mark(bool(h["on_saturated"]), bool(h["off_saturated"]))
         gain = _cell_ci(h["gain_mean_e2e"], h["gain_mean_e2e_lo"], h["gain_mean_e2e_hi"], ".1f", 100, " %")
         sat = f"{int(off['saturated'].astype(bool).sum())} of {len(off)}" if len(off) else "–"
         out.append("| " + " | ".join([
@@ -174,9 +175,10 @@ def _load_ok(d: Path):
 
 
 def _arm_gain(r: pd.Series) -> str:
-    from prefixstudy.report.arms import _bound
+    from prefixstudy.report.tables import bound_mark
 
-    return _bound(r) + _cell_ci(r["gain_mean_e2e"], r["gain_mean_e2e_lo"], r["gain_mean_e2e_hi"], ".1f", 100, " %")
+    mark = bound_mark(bool(r["saturated"]), bool(r["baseline_saturated"])) if r["gain_is_bound"] else ""
+    return mark + _cell_ci(r["gain_mean_e2e"], r["gain_mean_e2e_lo"], r["gain_mean_e2e_hi"], ".1f", 100, " %")
 
 
 def offload_table(study: str = "h200-offload", results: Path = RESULTS) -> str:

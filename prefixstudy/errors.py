@@ -82,7 +82,8 @@ def read_text(path, missing: str, expected: str, max_bytes: int | None = None) -
     from pathlib import Path
 
     try:
-        if stat.S_ISCHR(os.stat(path).st_mode) or stat.S_ISBLK(os.stat(path).st_mode):  # /dev/zero reads without end
+        mode = os.stat(path).st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):  # /dev/zero reads without end
             raise UserError(f"{path}: a device, not a file; expected {expected}")
         with open(Path(path), "rb") as f:
             data = f.read() if max_bytes is None else f.read(max_bytes + 1)

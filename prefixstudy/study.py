@@ -260,9 +260,8 @@ def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
 
 def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path:
     """Run the pending points; whatever happens, the manifest ends with the run's status.  A
-    signal during the final summary (the step fit) stops it too: the run is then `interrupted`."""
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    signal during the final summary (the step fit) stops it too: the run is then `interrupted`
+    (run_study's SIGTERM handler covers it)."""
     status = "failed"
     try:
         try:
@@ -301,8 +300,6 @@ def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path
         raise
     finally:
         study.writer.save_manifest(status=status, in_place_if_full=True)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     return study.run_dir
 
 

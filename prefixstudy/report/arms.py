@@ -16,7 +16,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from prefixstudy.report.figures import MODE_COLORS, MODE_LABELS, SAT_MARKER, SAT_SIZE, new_figure, rate_axis
-from prefixstudy.report.tables import fmt
+from prefixstudy.report.tables import bound_mark, fmt
 
 
 def shown(arms: pd.DataFrame) -> bool:
@@ -25,13 +25,7 @@ def shown(arms: pd.DataFrame) -> bool:
 
 
 def _bound(r: pd.Series) -> str:
-    """≥ where only the baseline saturated (its mean would grow), ≤ where only the arm did; where
-    both did the gain bounds nothing, and the saturated column says so."""
-    if not r["gain_is_bound"]:
-        return ""
-    if r["saturated"] and r["baseline_saturated"]:
-        return "⚠ "
-    return "≤ " if r["saturated"] else "≥ "
+    return bound_mark(bool(r["saturated"]), bool(r["baseline_saturated"])) if r["gain_is_bound"] else ""
 
 
 def _gain(r: pd.Series) -> str:

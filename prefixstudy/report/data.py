@@ -239,7 +239,7 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     coef = (np.array([float(fit.iloc[0].get(k, 0.0) or 0.0) for k in engine_fit.COEF_NAMES])
             if len(fit) else None)
     checks = step_checks.check_steps(typed_iterations(it), coef) if len(it) else None
-    tiers = hl.tiers_versus_cache(req, s[s["status"] == "ok"], study.arms) if len(study.arms) else pd.DataFrame()
+    tiers = hl.tiers_versus_cache(req, s[s["status"] == "ok"], study.arms)
     return ReportData(study, study_label(study), points, to_actual(manifest_points(study, nominal), rate_map),
                       knees, fit, gains,
                       to_actual(paired, rate_map), slo, y, y_src, max_rate_curves(done), headline, head, notes,

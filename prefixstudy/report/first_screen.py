@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from prefixstudy.report.figures import MODE_COLORS, MODE_LABELS, new_figure
-from prefixstudy.report.tables import fmt, pct
+from prefixstudy.report.tables import bound_mark, fmt, pct
 
 
 def _ci(v, lo, hi, spec=".0f", scale=1.0, unit="") -> str:
@@ -25,13 +25,8 @@ def _ci(v, lo, hi, spec=".0f", scale=1.0, unit="") -> str:
 
 
 def _bound(h: pd.Series) -> str:
-    """The gain is a lower bound when only OFF saturated (OFF would only get slower), an upper bound
-    when only ON did; where both did it bounds nothing (⚠, as the saturated column says)."""
-    if not h["gain_is_bound"]:
-        return ""
-    if h["on_saturated"] and h["off_saturated"]:
-        return "⚠ "
-    return "≥ " if h["off_saturated"] else "≤ "
+    """ON's gain over OFF at a saturated point (tables.bound_mark: ON the arm, OFF the baseline)."""
+    return bound_mark(bool(h["on_saturated"]), bool(h["off_saturated"])) if h["gain_is_bound"] else ""
 
 
 def headline_table(head: pd.DataFrame) -> pd.DataFrame:

@@ -50,6 +50,15 @@ COUNTED_TEXT = "Counted requests: warmup == False and error == \"\". Percentiles
 
 # ----------------------------------------------------------------- formatting
 
+def bound_mark(arm_saturated: bool, baseline_saturated: bool) -> str:
+    """What a gain (baseline - arm) / baseline measured at a saturated point is: ≥ where only the
+    baseline saturated (its mean would only grow), ≤ where only the arm did, ⚠ where both did (it
+    bounds nothing); "" where neither did."""
+    if arm_saturated and baseline_saturated:
+        return "⚠ "
+    return "≤ " if arm_saturated else "≥ " if baseline_saturated else ""
+
+
 def fmt(v, spec: str = ".1f") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"

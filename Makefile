@@ -35,13 +35,16 @@ check-chromium:
 lint: $(STAMP)
 	$(BIN)/ruff check --quiet .
 
+# Two workers; each test file is one unit of work, and the tests that share the session's engines,
+# its `vllm serve` study or a Ray cluster are one unit each (tests/conftest.py, group_of).
+XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 # --durations: the slowest tests at the end of every run, so where the time goes is never a guess.
 test: check-chromium lint
-	$(BIN)/python -m pytest -q -ra --timeout 1200 --durations=15
+	$(BIN)/python -m pytest -q -ra --timeout 1200 --durations=15 $(XDIST)
 
-# No engine, `vllm serve` or Ray cluster; two workers, each test file kept on one (its module fixtures run once).
+# No engine, `vllm serve` or Ray cluster.
 test-fast: check-chromium lint
-	$(BIN)/python -m pytest -q -m "not engine" -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -m "not engine" $(XDIST)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/dispatch.py

@@ -15,6 +15,48 @@ from tests.tiny import TINY_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Under xdist each worker keeps its own vLLM cache (compiled graphs, kernels): two engines starting
+# at once on two workers must not write one cache folder.  It persists, as the default one does.
+if os.environ.get("PYTEST_XDIST_WORKER") and "VLLM_CACHE_ROOT" not in os.environ:
+    os.environ["VLLM_CACHE_ROOT"] = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                                        / "vllm" / f"pytest-{os.environ['PYTEST_XDIST_WORKER']}")
+
+
+# `pytest -n 2 --dist loadgroup` (make test, make test-fast) hands each group to one worker whole.
+# A test file is a group, so its module fixtures run once.  Tests that share a session's parts are
+# one group whatever their file: the kept ON and OFF engines (engine_pool), the one `vllm serve`
+# study, and everything that starts or joins a Ray cluster.  Ray gets one worker because two
+# clusters on one host would race for its session files and ports; it is also the longest group.
+# The longest groups are collected first (--no-loadscope-reorder keeps that order), so the two
+# workers each start on one and the files fill in around them.
+RAY_FIXTURES = {"ray_head", "ray_address", "ray_study", "fleet_run", "ray_cluster"}
+RAY_FILES = {"test_ray.py", "test_fleet_cluster.py", "test_engine_start_log.py"}
+RAY_TESTS = {"test_overload_is_cut_at_the_point_deadline_and_flagged_and_a_default_run_prints_only_its_own"}
+GROUP_ORDER = ["ray", "engines", "servers"]
+
+
+def group_of(item) -> str:
+    names = set(getattr(item, "fixturenames", ()))
+    if names & RAY_FIXTURES or item.path.name in RAY_FILES or item.originalname in RAY_TESTS:
+        return "ray"
+    if "engine_pool" in names:
+        return "engines"
+    if "server_study" in names:
+        return "servers"
+    return str(item.path.relative_to(REPO))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist") or config.getoption("dist", "no") != "loadgroup":
+        return
+    groups = {id(it): group_of(it) for it in items}
+    rank = {g: i for i, g in enumerate(GROUP_ORDER)}
+    # A stable sort: inside a group, and among the files, the collection's own order stays.
+    items.sort(key=lambda it: rank.get(groups[id(it)], len(rank)))
+    for it in items:
+        it.add_marker(pytest.mark.xdist_group(groups[id(it)]))
+
 
 @pytest.fixture(scope="session")
 def engine_pool():

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "prefixstudy/configs/models/tiny-llama"
@@ -30,8 +31,7 @@ def cli(*args, timeout: float = 600) -> subprocess.CompletedProcess:
     # env is an explicit copy: without one, the vfork()ed child execs with the live ``environ``, and
     # a thread left by an earlier in-process engine that calls setenv() meanwhile frees that array
     # (a CI run failed one case with "OSError: [Errno 14] Bad address" from the exec).
-    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO,
-                          env=dict(os.environ), capture_output=True, text=True, timeout=timeout)
+    return forkcli.run(args, cwd=REPO, env=dict(os.environ), timeout=timeout)
 
 
 def _merge(base: dict, patch: dict) -> dict:

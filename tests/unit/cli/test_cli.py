@@ -6,9 +6,7 @@ Driven through the real CLI in a subprocess, like a user would; bad input is in 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,13 +14,13 @@ import pytest
 from prefixstudy.workloads.base import DatasetRow
 from prefixstudy.workloads.fixed import make_dataset
 from prefixstudy.workloads.jsonl import load_jsonl
+from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO, env=dict(os.environ),
-                       capture_output=True, text=True, timeout=120)
+    r = forkcli.run(args, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     return r

@@ -4,9 +4,7 @@ cwd is outside the repo, as a user who installed the package would run it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,14 +12,14 @@ import pytest
 from prefixstudy.config import load_config, resolve_model_path
 from prefixstudy.configs import resolve_config, shipped_config, shipped_configs, shipped_model_dir
 from prefixstudy.errors import UserError
+from tests import forkcli
 
 SHIPPED = ["default", "h200-cache-pressure", "h200-multiturn", "h200-offload", "h200-replicas", "h200-tp1", "h200-tp2",
            "seed-a100x8-tp8", "seed-h200x8-tp4-parallel", "seed-h200x8-tp8", "try-echo"]
 
 
 def cli(cwd: Path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=cwd, env=dict(os.environ),
-                          capture_output=True, text=True, timeout=120)
+    return forkcli.run(args, cwd=cwd, timeout=120)
 
 
 def test_shipped_names():

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
+from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]
 TARGETS = ("--target-on", "http://127.0.0.1:9", "--target-off", "http://127.0.0.1:9")
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    return forkcli.run(args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
 
 
 def test_a_set_beside_the_targets_is_applied_or_refused():

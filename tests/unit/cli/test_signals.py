@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+
+from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -97,10 +97,8 @@ def echo_config(tmp: Path) -> Path:
 
 def run(args: list, phase: str = "none", signame: str = "SIGINT") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-c", DRIVER, phase, signame, *map(str, args)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120,
-                          # a suite started in the background inherits SIGINT ignored; the child must not
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # A suite started in the background inherits SIGINT ignored; the child must not.
+    return forkcli.run([phase, signame, *args], cwd=REPO, env=env, timeout=120, code=DRIVER, sigint_default=True)
 
 
 def only_run(tmp: Path) -> Path:

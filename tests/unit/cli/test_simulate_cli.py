@@ -3,17 +3,15 @@ results folder.  Driven through the real CLI in a subprocess; none gets as far a
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
+from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO, env=dict(os.environ),
-                          capture_output=True, text=True, timeout=120)
+    return forkcli.run(args, cwd=REPO, timeout=120)
 
 
 def one_line_exit_2(r: subprocess.CompletedProcess, text: str) -> None:

@@ -21,6 +21,9 @@ def test_an_unsupported_vllm_is_one_line_naming_what_is_missing(monkeypatch):
         def __init__(self, request_id, prompt, outputs):
             pass
 
+    # Every module the check imports is loaded first, as in a process that ran an engine: patched
+    # afterwards, each of them still imports (async_llm imports RequestStateStats by name).
+    assert missing_internals() == []
     monkeypatch.setattr(vllm.outputs, "RequestOutput", OldOutput)
     monkeypatch.delattr(stats, "RequestStateStats")
     assert missing_internals() == ["vllm.v1.metrics.stats.RequestStateStats", "RequestOutput.num_cached_tokens"]

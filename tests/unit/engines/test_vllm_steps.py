@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from prefixstudy.engines import step_log, vllm_steps
+from prefixstudy.engines import step_log
 from prefixstudy.engines.vllm import VllmEngineConfig, engine_args, step_timing_label
 
 DECODE = dict(prefill=0, launch_ms=1.0, gpu_ms=5.0)
@@ -50,8 +50,15 @@ class FakeScheduler:
         return {}
 
 
-class Timed(vllm_steps._StepTiming, FakeScheduler):
-    pass
+def Timed(plan):  # noqa: N802 - stands for the class
+    """The step timer over FakeScheduler.  Made here, not at import: importing vllm_steps imports
+    vLLM (about 12 s of CPU), and every test worker collects this file."""
+    from prefixstudy.engines import vllm_steps
+
+    class Timed(vllm_steps._StepTiming, FakeScheduler):
+        pass
+
+    return Timed(plan)
 
 
 class Worker:
@@ -99,7 +106,7 @@ def batch_queue_loop(sched, worker):
 
 def run(loop, monkeypatch, tmp_path, plan):
     clock = Clock()
-    monkeypatch.setattr(vllm_steps, "time", clock)
+    monkeypatch.setattr("prefixstudy.engines.vllm_steps.time", clock)
     log, trace = tmp_path / "steps.bin", tmp_path / "trace.bin"
     monkeypatch.setenv(step_log.ENV, str(log))
     monkeypatch.setenv(step_log.TRACE_ENV, str(trace))
@@ -188,10 +195,11 @@ def test_the_trace_gets_each_steps_gpu_span_when_asked(monkeypatch, tmp_path):
             super().execute(out)
             vllm_gpu_timer.SPANS[id(out)] = [FakeEvent(0.0), FakeEvent(next(spans))]
 
-    monkeypatch.setattr(vllm_steps, "time", Clock())
+    clock = Clock()
+    monkeypatch.setattr("prefixstudy.engines.vllm_steps.time", clock)
     monkeypatch.setenv(step_log.ENV, str(tmp_path / "steps.bin"))
     monkeypatch.setenv(step_log.TRACE_ENV, str(tmp_path / "trace.bin"))
-    batch_queue_loop(Timed(PLAN), SpannedWorker(vllm_steps.time))
+    batch_queue_loop(Timed(PLAN), SpannedWorker(clock))
     gpu = [(seq, round(t * 1e3, 6), p) for name, t, seq, p, _ in step_log.read_trace(str(tmp_path / "trace.bin"))
            if name == "gpu_span"]
     assert gpu == [(0, 4.0, 0), (1, 6.0, 0), (2, 30.0, 1214), (3, 5.0, 0), (4, 5.0, 0)]

@@ -15,14 +15,14 @@ import pytest
 import yaml
 
 from prefixstudy.results.store import read_table
+from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]
 N = 4
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    return forkcli.run(args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
 
 
 @pytest.fixture

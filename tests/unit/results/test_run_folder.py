@@ -16,13 +16,13 @@ import yaml
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import UserError
 from prefixstudy.results.writer import RunLock, new_run_dir
+from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prefixstudy", *map(str, args)], cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    return forkcli.run(args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
 
 
 def test_each_call_makes_its_own_folder_within_one_second(tmp_path):

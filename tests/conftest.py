@@ -4,9 +4,11 @@ the later studies with the same engine arguments (``pooled_study``)."""
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,10 +31,15 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "VLLM_CACHE_ROOT" not in os.environ
 # clusters on one host would race for its session files and ports; it is also the longest group.
 # The longest groups are collected first (--no-loadscope-reorder keeps that order), so the two
 # workers each start on one and the files fill in around them.
+#
+# xdist's own loadgroup reads `xdist_group` marks by renaming node ids, which pytest 9.2 no longer
+# lets a plugin do; so the workers write each test's group to a file as they collect, and the
+# scheduler below (pytest_xdist_make_scheduler) reads it.
 RAY_FIXTURES = {"ray_head", "ray_address", "ray_study", "fleet_run", "ray_cluster"}
 RAY_FILES = {"test_ray.py", "test_fleet_cluster.py", "test_engine_start_log.py"}
 RAY_TESTS = {"test_overload_is_cut_at_the_point_deadline_and_flagged_and_a_default_run_prints_only_its_own"}
 GROUP_ORDER = ["ray", "engines", "servers"]
+GROUPS_ENV = "PREFIXSTUDY_TEST_GROUPS"
 
 
 def group_of(item) -> str:
@@ -46,16 +53,49 @@ def group_of(item) -> str:
     return str(item.path.relative_to(REPO))
 
 
-@pytest.hookimpl(tryfirst=True)
+def _grouped(config) -> bool:
+    # On a worker xdist sets dist to "no" and keeps the choice in loadgroup.
+    return bool(getattr(config.option, "loadgroup", False)) or getattr(config.option, "dist", "no") == "loadgroup"
+
+
+def pytest_configure(config):
+    if getattr(config.option, "dist", "no") == "loadgroup" and not os.environ.get("PYTEST_XDIST_WORKER"):
+        fd, path = tempfile.mkstemp(prefix="prefixstudy-test-groups-", suffix=".json")
+        os.close(fd)
+        os.environ[GROUPS_ENV] = path  # the workers start after this, with this environment
+        config.add_cleanup(lambda: os.unlink(path))
+
+
 def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist") or config.getoption("dist", "no") != "loadgroup":
+    if not _grouped(config):
         return
-    groups = {id(it): group_of(it) for it in items}
+    groups = {it.nodeid: group_of(it) for it in items}
     rank = {g: i for i, g in enumerate(GROUP_ORDER)}
     # A stable sort: inside a group, and among the files, the collection's own order stays.
-    items.sort(key=lambda it: rank.get(groups[id(it)], len(rank)))
-    for it in items:
-        it.add_marker(pytest.mark.xdist_group(groups[id(it)]))
+    items.sort(key=lambda it: rank.get(groups[it.nodeid], len(rank)))
+    if os.environ.get("PYTEST_XDIST_WORKER") == "gw0" and os.environ.get(GROUPS_ENV):
+        tmp = f"{os.environ[GROUPS_ENV]}.{os.getpid()}"
+        Path(tmp).write_text(json.dumps(groups))
+        os.replace(tmp, os.environ[GROUPS_ENV])  # whole before the scheduler can read it
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        """Each test's group from the file gw0 wrote while collecting (every worker has finished
+        collecting before the first scope is split)."""
+
+        groups: dict | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = json.loads(Path(os.environ[GROUPS_ENV]).read_text() or "{}")
+            return self.groups.get(nodeid) or nodeid.split("::", 1)[0]
+
+    return ByGroup(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -18,13 +18,12 @@ into the study's, not replaced.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from prefixstudy.engines.base import caching  # noqa: F401 - the arms' view of it
-from prefixstudy.errors import UserError
+from prefixstudy.errors import UserError, installed
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
@@ -148,7 +147,7 @@ def _check_offload(cfg: "StudyConfig", i: int, a: ArmConfig, fail) -> None:
         if k in given:
             fail(f"arms.{i}.offload", f"extra_args also sets {k}; set the tier in one place (arms.{i}.offload)")
     pkg = OFFLOAD_PACKAGES[a.offload.backend]
-    if pkg is not None and importlib.util.find_spec(pkg) is None:
+    if pkg is not None and not installed(pkg):
         fail(f"arms.{i}.offload.backend", f"{a.offload.backend} needs the {pkg} package, which is not installed "
                                           f"(pip install {pkg}); native is vLLM's own")
     if cfg.device == "cpu":

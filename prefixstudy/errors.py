@@ -5,6 +5,19 @@ from __future__ import annotations
 import re
 
 
+def installed(name: str) -> bool:
+    """Whether package ``name`` is installed, without importing it.  A bare folder of that name on
+    sys.path (Ray's session folder /tmp/ray, for `python -m prefixstudy` run from /tmp) is a
+    namespace package that imports, yet is not the package: it does not count."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin not in (None, "namespace")
+
+
 class UserError(Exception):
     """Bad input: a config, dataset or flag.  The message names the file, line or field."""
 

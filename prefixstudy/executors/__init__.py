@@ -46,11 +46,9 @@ IN_PROCESS_KINDS = ("echo",)
 
 
 def ray_installed() -> bool:
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    from prefixstudy.errors import installed
+
+    return installed("ray")
 
 
 def resolve_executor(requested: str, engine_kind: str | None = None, address: str = "local") -> str:

@@ -86,3 +86,16 @@ def test_own_log_has_no_files_on_a_pipe():
                        capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2],
                        env=dict(os.environ))
     assert r.stdout == "{} ''\n"
+
+
+def test_a_bare_folder_named_like_a_package_is_not_the_package(tmp_path, monkeypatch):
+    """`python -m prefixstudy` from /tmp puts /tmp first on sys.path, and Ray's session folder
+    /tmp/ray then imports as a namespace package called ray: no Ray for the missing-package checks."""
+    from prefixstudy.errors import installed
+
+    (tmp_path / "ps_bare_folder").mkdir()
+    (tmp_path / "ps_real_pkg").mkdir()
+    (tmp_path / "ps_real_pkg" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert [installed(n) for n in ("ps_bare_folder", "ps_real_pkg", "json", "ps_no_such_package")] == \
+        [False, True, True, False]

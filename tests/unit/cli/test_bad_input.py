@@ -1,7 +1,8 @@
 """Bad input: a malformed config, dataset or flag is one line on stderr naming the file,
 line or field; exit code 2; no traceback; no results folder.
 
-Every case drives the real CLI in a subprocess, so a traceback that reached the user would show.
+Every case drives the real CLI in a process of its own (a forked child of a pre-imported server,
+tests/forkcli.py), so a traceback that reached the user would show.
 Each case writes its inputs into ``tmp_path``; none starts an engine (they fail before vLLM loads,
 except the unknown engine argument, which has to import vLLM to know its arguments).
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]

@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+
+import yaml
+
 from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]
@@ -25,9 +28,24 @@ def test_a_set_beside_the_targets_is_applied_or_refused():
 
 
 def test_goodput_takes_vllms_space_separated_form():
+    from prefixstudy.cli import join_goodput
     from prefixstudy.cli.run_flags import _goodput
 
     assert _goodput("ttft:200 e2e:2000") == _goodput("ttft:200,e2e:2000") == {"ttft": 200.0, "e2e": 2000.0}
+    # Unquoted, as `vllm bench serve --goodput ttft:200 e2e:2000` takes it: the objectives join the
+    # flag, a config name after them stays the config.
+    assert join_goodput(["run", "--goodput", "ttft:200", "e2el:2e3", "try-echo", "--goodput", "tpot=5"]) == \
+        ["run", "--goodput", "ttft:200 e2el:2e3", "try-echo", "--goodput", "tpot=5"]
+    assert join_goodput(["run", "--", "--goodput", "ttft:1", "e2e:2"]) == ["run", "--", "--goodput", "ttft:1", "e2e:2"]
+
+
+def test_an_unquoted_goodput_reaches_the_saved_config(tmp_path):
+    r = cli("run", "--set", "engine.kind=echo", "--executor", "local", "--modes", "on", "--rates", "50",
+            "--num-requests", "2", "--set", "sweep.warmup_requests=0", "--no-report", "--quiet", "--out", tmp_path,
+            "--goodput", "ttft:200", "e2e:2000")
+    assert r.returncode == 0, r.stderr
+    (run,) = (tmp_path / "default").iterdir()
+    assert yaml.safe_load((run / "config.yaml").read_text())["goodput"] == {"ttft": 200.0, "e2e": 2000.0}
 
 
 def test_a_target_url_without_a_valid_port_is_one_line():

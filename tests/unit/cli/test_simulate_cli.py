@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+
 from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]

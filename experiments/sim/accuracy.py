@@ -8,7 +8,7 @@ repeat's own arrival schedule (seed + repeat, as the runner drew it), compare wi
 Then the transfer check: fit on all of TP 1, carry it to TP 2 with the roofline (and back), simulate
 every point of the other study.  Writes accuracy.csv (one row per point, repeat and check),
 accuracy.md (per point: the means over repeats, the measured repeats' range, and the errors) and
-summary.md (the README's table: counts within 5 / 10 %, knees, hit rates).
+summary.md (the table in docs/simulator.md: counts within 5 / 10 %, knees, hit rates).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def knee_step(pp: pd.DataFrame, mode: str) -> tuple[float, float]:
 
 
 def summary(pp: pd.DataFrame) -> str:
-    """The README's table: per check, over points most repeats of which kept up (as measured)."""
+    """The table in docs/simulator.md: per check, over points most repeats of which kept up (as measured)."""
     lines = ["| check | unsaturated points | within 5 % | within 10 % | mean abs error | worst | within the repeats' range "
              "| knee ON meas / sim | knee OFF meas / sim | max hit-rate gap |", "|" + "---|" * 10]
     for (check, study), g in pp.groupby(["check", "study"], sort=False):

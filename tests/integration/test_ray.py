@@ -307,7 +307,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.engine  # the shared Ray head (tests/integration/conftest.py)
 @pytest.mark.timeout(300)
 def test_ray_job_submit_entrypoint(ray_head, tmp_path):
-    """The README's `ray job submit --working-dir . -- prefixstudy run ...`, from a clean copy of the repo."""
+    """docs/gpus-ray-docker.md's `ray job submit --working-dir . -- prefixstudy run ...`, from a clean copy of the repo."""
     address, env = ray_head.dashboard, ray_head.env
     deadline = time.monotonic() + 120  # the head's job server comes up after its GCS
     while subprocess.run([str(BIN / "ray"), "job", "list", "--address", address], env=env,

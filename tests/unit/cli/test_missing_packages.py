@@ -2,17 +2,22 @@
 folder exists, and `--dry-run` says the same.  And a plain install (no vLLM, Ray or torch)
 measures a server over HTTP.
 
-Each case runs the real CLI in a subprocess with the packages hidden (``sys.modules[name] = None``
-makes ``import name`` fail, and ``find_spec`` say it is not there), as a venv without them would.
+The cases run the wheel in a venv of its own that holds the base dependencies and nothing else
+(``base_venv``: the distributions pyproject's dependencies pull in, resolved from this venv's
+metadata and linked in; nothing is downloaded), so vLLM, Ray and torch are absent as on a plain
+`pip install prefixstudy`.  The one case a real install cannot have, vLLM without torch, hides
+torch from the test venv instead (``sys.modules[name] = None`` makes ``import name`` fail).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -29,6 +34,71 @@ HIDE = ("import sys\n"
 def cli(hidden: str, *args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", HIDE, hidden, *map(str, args)], cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=180)
+
+
+def _base_closure() -> dict:
+    """The distributions of pyproject's dependencies and theirs, without extras."""
+    import importlib.metadata as md
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    todo = [Requirement(d) for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]]
+    seen: dict = {}
+    while todo:
+        req = todo.pop()
+        key = req.name.lower().replace("_", "-")
+        if key not in seen:
+            seen[key] = md.distribution(req.name)
+            todo += [r for r in map(Requirement, seen[key].requires or [])
+                     if r.marker is None or r.marker.evaluate({"extra": ""})]
+    return seen
+
+
+@pytest.fixture(scope="module")
+def base_venv(tmp_path_factory) -> SimpleNamespace:
+    """The wheel, built from the checkout, in a fresh venv that sees only the base dependencies."""
+    tmp = tmp_path_factory.mktemp("base-venv")
+    src = tmp / "src"
+    shutil.copytree(REPO / "prefixstudy", src / "prefixstudy", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, src / name)
+    run = dict(capture_output=True, text=True, timeout=300, check=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    tmp / "dist", src], cwd=tmp, **run)
+    (wheel,) = (tmp / "dist").glob("prefixstudy-*.whl")
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], **run)
+    py = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-index", "-q", wheel],
+                   cwd=tmp, **run)
+    deps = tmp / "deps"  # each base distribution's top-level files, linked from this venv
+    deps.mkdir()
+    for dist in _base_closure().values():
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
+            if not (deps / top).exists() and not top.endswith(".pth"):
+                (deps / top).symlink_to(dist.locate_file(top))
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], **run).stdout.strip()
+    Path(site, "zz_base_deps.pth").write_text(f"{deps}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    cwd = tmp / "elsewhere"  # not the checkout, which `python -m` would put first on sys.path
+    cwd.mkdir()
+    return SimpleNamespace(py=py, env=env, cwd=cwd)
+
+
+def plain(venv: SimpleNamespace, *args) -> subprocess.CompletedProcess:
+    """`python -m prefixstudy ARGS` in the base venv."""
+    return subprocess.run([str(venv.py), "-m", "prefixstudy", *map(str, args)], cwd=venv.cwd, env=venv.env,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_the_base_venv_has_no_vllm_ray_or_torch_and_runs_the_wheel(base_venv):
+    r = subprocess.run([str(base_venv.py), "-c", "import importlib.util as u, prefixstudy; "
+                        "print([u.find_spec(m) is None for m in ('vllm', 'ray', 'torch')], prefixstudy.__file__)"],
+                       cwd=base_venv.cwd, env=base_venv.env, capture_output=True, text=True, check=True)
+    missing, where = r.stdout.split("] ")
+    assert missing == "[True, True, True"
+    assert Path(where.strip()).is_relative_to(base_venv.py.parents[1])
 
 
 def echo_config(tmp: Path, **top) -> Path:
@@ -56,23 +126,29 @@ VLLM = ("needs vLLM, which is not installed here (pip install 'prefixstudy[cpu]'
 
 
 @pytest.mark.parametrize("dry", [False, True], ids=["run", "dry-run"])
-@pytest.mark.parametrize("hidden, args, line", [
-    ("ray", lambda t: ["run", echo_config(t), "--executor", "ray"], RAY),
-    ("ray", lambda t: ["run", echo_config(t), "--ray-address", "auto"],
+@pytest.mark.parametrize("args, line", [
+    (lambda t: ["run", echo_config(t), "--executor", "ray"], RAY),
+    (lambda t: ["run", echo_config(t), "--ray-address", "auto"],
      "field 'ray.address': auto names a Ray cluster, but ray is not installed here (pip install 'prefixstudy[ray]')"),
-    ("vllm", lambda t: ["run", "default", "--out", t / "res"], f"field 'engine.kind': vllm {VLLM}"),
-    ("vllm", lambda t: ["run", sim_config(t)], f"field 'engine.kind': sim {VLLM}"),
-    ("torch", lambda t: ["run", "h200-tp1", "--out", t / "res", "--executor", "local"],
-     "field 'device': cuda needs torch, which is not installed here (pip install 'prefixstudy[gpu]')"),
-], ids=["executor-ray", "ray-address-auto", "vllm", "sim", "gpu-without-torch"])
-def test_a_missing_package_is_one_line_before_any_results_folder(tmp_path, hidden, args, line, dry):
-    r = cli(hidden, *args(tmp_path), *(["--dry-run"] if dry else []))
+    (lambda t: ["run", "default", "--out", t / "res"], f"field 'engine.kind': vllm {VLLM}"),
+    (lambda t: ["run", sim_config(t)], f"field 'engine.kind': sim {VLLM}"),
+], ids=["executor-ray", "ray-address-auto", "vllm", "sim"])
+def test_a_missing_package_is_one_line_before_any_results_folder(base_venv, tmp_path, args, line, dry):
+    r = plain(base_venv, *args(tmp_path), *(["--dry-run"] if dry else []))
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"error: {line}\n")
     assert not (tmp_path / "res").exists()
 
 
-def test_simulate_without_vllm_is_one_line_and_leaves_no_folder(tmp_path):
-    r = cli("vllm", "simulate", echo_config(tmp_path), "--calibration", tmp_path / "nowhere")
+@pytest.mark.parametrize("dry", [False, True], ids=["run", "dry-run"])
+def test_a_gpu_config_without_torch_is_one_line(tmp_path, dry):
+    r = cli("torch", "run", "h200-tp1", "--out", tmp_path / "res", "--executor", "local", *(["--dry-run"] if dry else []))
+    assert (r.returncode, r.stdout, r.stderr) == \
+        (2, "", "error: field 'device': cuda needs torch, which is not installed here (pip install 'prefixstudy[gpu]')\n")
+    assert not (tmp_path / "res").exists()
+
+
+def test_simulate_without_vllm_is_one_line_and_leaves_no_folder(base_venv, tmp_path):
+    r = plain(base_venv, "simulate", echo_config(tmp_path), "--calibration", tmp_path / "nowhere")
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == ("error: prefixstudy simulate: the simulator replays vLLM's own scheduler, so it "
                         f"{VLLM}\n")
@@ -95,7 +171,7 @@ def test_an_in_process_stand_in_runs_locally_by_default(tmp_path):
     assert r.stdout == "ok: study miss, 4 dataset rows, modes on,off, rates 50 req/s, executor local; nothing run (--dry-run)\n"
 
 
-def test_a_plain_install_measures_a_server_over_http(tmp_path):
+def test_a_plain_install_measures_a_server_over_http(base_venv, tmp_path):
     from tests.unit.cli.test_failing_server import stub
 
     server = stub("good")
@@ -107,7 +183,7 @@ def test_a_plain_install_measures_a_server_over_http(tmp_path):
         "dataset": {"num_requests": 4, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
         "sweep": {"rates": [20], "num_requests": 4, "warmup_requests": 0}}))
     try:
-        r = cli("vllm,ray,torch", "run", cfg, "--quiet", "--no-report")
+        r = plain(base_venv, "run", cfg, "--quiet", "--no-report")
     finally:
         server.shutdown()
         server.server_close()

@@ -146,6 +146,7 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
     if cfg is not None and cfg.replicas > 1 or resume is not None and _is_routing_sweep(resume):
         return _run_fleets(cfg, report, progress=not quiet, resume=resume)
     run_dir = _run(cfg, resume, config, progress=not quiet)
+    _bench_table(run_dir)
     click.echo(f"results: {run_dir}")
     if report:
         from prefixstudy.report import build_report
@@ -186,6 +187,15 @@ def _run_fleets(cfg, report: bool, progress: bool, resume: Path | None = None) -
                    + f" (see each policy's manifest.json); run them again with: prefixstudy run --resume {parent}",
                    err=True)
         sys.exit(1)
+
+
+def _bench_table(run_dir: Path) -> None:
+    """Every point's requests, throughput and TTFT / TPOT / E2E, as `vllm bench serve` users read them."""
+    from prefixstudy.report.console import bench_table
+    from prefixstudy.results import read_summary
+
+    for line in bench_table(read_summary(Path(run_dir) / "summary.csv")):
+        click.echo(line)
 
 
 def _is_routing_sweep(path: Path) -> bool:

@@ -5,8 +5,8 @@ engine core, SIGINT then --resume, and an arrival rate far past the engine's cap
 overload guard's logic is tested on the echo backend, tests/unit/runner/test_overload.py).
 
 Two of these runs also check what a user sees on the console, so that no engine starts for that
-alone: a default run (Ray, the report) prints its progress bar, one line per point and where the
-results went; the in-process engine under the `prefixstudy` script (the resume) prints nothing of
+alone: a default run (Ray, the report) prints its progress bar, one line per point, the run's table
+and where the results went; the in-process engine under the `prefixstudy` script (the resume) prints nothing of
 vLLM's either.  Nothing of Ray's, vLLM's or torch's.
 """
 
@@ -132,10 +132,13 @@ def test_sigint_flushes_finished_points_then_resume_completes(tmp_path):
                           env=dict(os.environ), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     lines = console(done)
-    assert len(lines) == 2, lines
+    assert len(lines) == 5, lines
     assert re.fullmatch(r"\[ ON      8 req/s\] ok 8/8  e2e [0-9.]+ ms  prefill [0-9.]+ ms  hit 0\.949(  SATURATED)?",
                         lines[0])
-    assert lines[1] == f"results: {run}"
+    # The run's table (report.console): both points, the one kept and the one the resume ran.
+    assert lines[1].split()[:3] == ["mode", "rate", "ok/sent"]
+    assert [ln.split()[:3] for ln in lines[2:4]] == [["ON", "4", "8/8"], ["ON", "8", "8/8"]]
+    assert lines[4] == f"results: {run}"
     res = load(run)
     assert res.manifest["status"] == "complete" and len(res.manifest["resumed_at"]) == 1
     assert [(p["rate"], p["status"]) for p in res.manifest["points"]] == [(4.0, "ok"), (8.0, "ok")]
@@ -169,9 +172,10 @@ def test_overload_is_cut_at_the_point_deadline_and_flagged_and_a_default_run_pri
     assert time.monotonic() - t0 < 400
     # The console: the point's line, where the results and the report went; nothing else.
     lines = console(r)
-    assert len(lines) == 3, lines
+    assert len(lines) == 5, lines
     e2e = "-" if row["n_ok"] == 0 else "[0-9.]+"
     assert re.fullmatch(rf"\[OFF     60 req/s\] ok {row['n_ok']}/120  e2e {e2e} ms  prefill {e2e} ms  "
                         rf"hit {row['hit_rate_measured']:.3f}  SATURATED", lines[0]), lines[0]
-    assert lines[1:] == [f"results: {run}", f"report: {run / 'report.html'}"]
+    assert lines[1].split()[:3] == ["mode", "rate", "ok/sent"] and lines[2].split()[:3] == ["OFF", "60", f"{row['n_ok']}/120"]
+    assert lines[3:] == [f"results: {run}", f"report: {run / 'report.html'}"]
     assert (run / "summary.csv").is_file()

@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo lint test test-fast bench clean check-chromium
+.PHONY: install demo lint docs test test-fast bench clean check-chromium
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -35,6 +35,12 @@ check-chromium:
 lint: $(STAMP)
 	$(BIN)/ruff check --quiet .
 
+# The documentation site (mkdocs.yml) into build/site; --strict fails on a broken anchor or nav entry.
+# Its log is kept in build/mkdocs.log and shown only when the build fails.
+docs: $(STAMP)
+	@mkdir -p build
+	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict > build/mkdocs.log 2>&1 || { cat build/mkdocs.log; exit 1; }
+
 # The tests that start nothing run on two workers: each test file is one unit of work (its module
 # fixtures run once) and the tests that share a Ray cluster are one (tests/conftest.py, group_of).
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
@@ -42,12 +48,12 @@ XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 # measure latency and dispatch lag, which a second worker's load would move (on two workers a
 # 97 ms dispatch lag and an ON point out of order were measured beside other engines' starts).
 # --durations: the slowest tests at the end of every run, so where the time goes is never a guess.
-test: check-chromium lint
+test: check-chromium lint docs
 	$(BIN)/python -m pytest -q -ra -m "not engine" $(XDIST) --timeout 600 --durations=5
 	$(BIN)/python -m pytest -q -ra -m engine --timeout 1200 --durations=15
 
 # No engine, `vllm serve` or Ray cluster.
-test-fast: check-chromium lint
+test-fast: check-chromium lint docs
 	$(BIN)/python -m pytest -q -m "not engine" $(XDIST)
 
 bench: $(STAMP)

@@ -23,4 +23,7 @@ def test_warmups_stop_at_the_point_deadline(tmp_path):
         "unfinished: the primes and warm-ups passed max_point_duration_s",
         *["unfinished: not sent, the primes and warm-ups passed max_point_duration_s"] * 3]
     (point,) = res.manifest["points"]
-    assert 4.0 <= point["warmup_s"] < 6.0  # the deadline, not 5 x 2.5 s
+    # The deadline, not 5 x 2.5 s.  It counts from before the prime, and warmup_s from after it:
+    # the prime (one token, no decode cost) takes milliseconds, so warmup_s ends a little short of
+    # 4 s (3.998 s measured in a fresh-clone run); 0.5 s leaves room for a prime on a loaded machine.
+    assert 3.5 <= point["warmup_s"] < 6.0

@@ -24,13 +24,13 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "VLLM_CACHE_ROOT" not in os.environ
                                         / "vllm" / f"pytest-{os.environ['PYTEST_XDIST_WORKER']}")
 
 
-# `pytest -n 2 --dist loadgroup` (make test, make test-fast) hands each group to one worker whole.
-# A test file is a group, so its module fixtures run once.  Tests that share a session's parts are
-# one group whatever their file: the kept ON and OFF engines (engine_pool), the one `vllm serve`
-# study, and everything that starts or joins a Ray cluster.  Ray gets one worker because two
-# clusters on one host would race for its session files and ports; it is also the longest group.
-# The longest groups are collected first (--no-loadscope-reorder keeps that order), so the two
-# workers each start on one and the files fill in around them.
+# `pytest -n N --dist loadgroup` (make test's first phase, make test-fast) hands each group to one
+# worker whole.  A test file is a group, so its module fixtures run once.  Tests that share a
+# session's parts are one group whatever their file: the kept ON and OFF engines (engine_pool), the
+# one `vllm serve` study, and everything that starts or joins a Ray cluster (two clusters on one
+# host would race for its session files and ports).  make test runs the engine tests one at a time
+# after the first phase; the groups keep an engine run on several workers sound all the same.
+# The named groups are collected first (--no-loadscope-reorder keeps that order).
 #
 # xdist's own loadgroup reads `xdist_group` marks by renaming node ids, which pytest 9.2 no longer
 # lets a plugin do; so the workers write each test's group to a file as they collect, and the

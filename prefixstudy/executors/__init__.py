@@ -48,7 +48,13 @@ IN_PROCESS_KINDS = ("echo",)
 def ray_installed() -> bool:
     from prefixstudy.errors import installed
 
-    return installed("ray")
+    if not installed("ray"):  # not a bare /tmp/ray folder on sys.path either
+        return False
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def resolve_executor(requested: str, engine_kind: str | None = None, address: str = "local") -> str:

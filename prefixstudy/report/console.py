@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-# (header, summary columns, format) per column group
+# (header, summary column stem) of each mean/p50/p99 triple
 _TRIPLES = (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2E", "e2e"))
 
 

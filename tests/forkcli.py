@@ -3,7 +3,8 @@
 A CLI test needs a process of its own: its exit code, what reaches its stderr, and that no
 traceback gets out are the claims.  Starting Python and importing prefixstudy with pandas, pyarrow
 and pydantic costs about a second of CPU a call, and the bad-input corpus alone makes 149 calls.
-So one server process per test worker imports all of that once, and forks a child for each call.
+So a server process imports all of that once and forks a child for each call (one server per
+call running at the same time: a thread pool of three calls keeps three).
 The child is a process like any other: it takes the call's working directory and environment,
 writes to its own stdout and stderr, runs ``python -m prefixstudy``'s own ``__main__``, runs its
 atexit handlers and exits with the CLI's code.  An uncaught exception prints its traceback and

@@ -175,10 +175,9 @@ def _load_ok(d: Path):
 
 
 def _arm_gain(r: pd.Series) -> str:
-    from prefixstudy.report.tables import bound_mark
+    from prefixstudy.report.arms import gain_mark
 
-    mark = bound_mark(bool(r["saturated"]), bool(r["baseline_saturated"])) if r["gain_is_bound"] else ""
-    return mark + _cell_ci(r["gain_mean_e2e"], r["gain_mean_e2e_lo"], r["gain_mean_e2e_hi"], ".1f", 100, " %")
+    return gain_mark(r) + _cell_ci(r["gain_mean_e2e"], r["gain_mean_e2e_lo"], r["gain_mean_e2e_hi"], ".1f", 100, " %")
 
 
 def offload_table(study: str = "h200-offload", results: Path = RESULTS) -> str:

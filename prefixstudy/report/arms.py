@@ -24,7 +24,8 @@ def shown(arms: pd.DataFrame) -> bool:
     return len(arms) > 0 and bool(((arms["arm"] != "on") | (arms["baseline"] != "off")).any())
 
 
-def _bound(r: pd.Series) -> str:
+def gain_mark(r: pd.Series) -> str:
+    """An arms.csv row's mark for its gain over the baseline (tables.bound_mark)."""
     return bound_mark(bool(r["saturated"]), bool(r["baseline_saturated"])) if r["gain_is_bound"] else ""
 
 
@@ -32,7 +33,7 @@ def _gain(r: pd.Series) -> str:
     g = r["gain_mean_e2e"]
     if not math.isfinite(g):
         return "–"
-    return (f"{_bound(r)}{fmt(100 * g, '.1f')} % [{fmt(100 * r['gain_mean_e2e_lo'], '.1f')}, "
+    return (f"{gain_mark(r)}{fmt(100 * g, '.1f')} % [{fmt(100 * r['gain_mean_e2e_lo'], '.1f')}, "
             f"{fmt(100 * r['gain_mean_e2e_hi'], '.1f')}]")
 
 

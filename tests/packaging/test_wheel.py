@@ -7,10 +7,6 @@ and CI like every other test, never skipped.  Nothing is downloaded: the wheel i
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 import sysconfig
 import zipfile
 from pathlib import Path
@@ -18,52 +14,19 @@ from pathlib import Path
 import pytest
 
 import prefixstudy
+from tests.wheelvenv import sh, wheel_venv
 
 pytestmark = [pytest.mark.packaging, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
-# What the wheel is built from (pyproject.toml's package data and license-files name the rest).
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "prefixstudy")
-
-
-def sh(*args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    r = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"{args}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> dict:
-    """Build the wheel from a copy of the sources (the shared tree gets no build/), install it in a
-    fresh venv outside the repo; returns the venv, the wheel, a clean env and a cwd to run from."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    for name in SOURCES:
-        p = REPO / name
-        if p.is_dir():
-            shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            src.mkdir(exist_ok=True)
-            shutil.copy(p, src / name)
-    dist = tmp / "dist"
-    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, src, cwd=tmp)
-    (wheel,) = dist.glob("prefixstudy-*.whl")
-
-    venv = tmp / "venv"
-    sh(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp)
-    py = venv / "bin" / "python"
-    sh(sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-index", "-q", wheel, cwd=tmp)
-    # The test venv's packages (click, pydantic, vllm, ...) after the fresh venv's own: a .pth line
-    # is a plain sys.path entry, so that venv's own .pth files (its editable prefixstudy) stay unread.
-    site = Path(sh(py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp).stdout.strip())
-    deps = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
-    (site / "zz_test_venv_deps.pth").write_text("".join(f"{d}\n" for d in deps))
-
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    cwd = tmp / "elsewhere"
-    cwd.mkdir()
-    return {"venv": venv, "py": py, "wheel": wheel, "env": env, "cwd": cwd}
+    """The wheel in a fresh venv outside the repo (tests/wheelvenv.py), the test venv's packages
+    (click, pydantic, vllm, ...) after its own; the venv, the wheel, a clean env and a cwd."""
+    deps = list(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib")))
+    return vars(wheel_venv(tmp_path_factory.mktemp("wheel"), deps))
 
 
 def run(installed, *args) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+
+from tests.wheelvenv import wheel_venv
 
 REPO = Path(__file__).resolve().parents[3]
 HIDE = ("import sys\n"
@@ -57,33 +58,16 @@ def _base_closure() -> dict:
 
 @pytest.fixture(scope="module")
 def base_venv(tmp_path_factory) -> SimpleNamespace:
-    """The wheel, built from the checkout, in a fresh venv that sees only the base dependencies."""
+    """The wheel in a fresh venv (tests/wheelvenv.py) that sees only the base dependencies: each
+    base distribution's top-level files, linked from this venv into one folder."""
     tmp = tmp_path_factory.mktemp("base-venv")
-    src = tmp / "src"
-    shutil.copytree(REPO / "prefixstudy", src / "prefixstudy", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(REPO / name, src / name)
-    run = dict(capture_output=True, text=True, timeout=300, check=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    tmp / "dist", src], cwd=tmp, **run)
-    (wheel,) = (tmp / "dist").glob("prefixstudy-*.whl")
-    venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], **run)
-    py = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-index", "-q", wheel],
-                   cwd=tmp, **run)
-    deps = tmp / "deps"  # each base distribution's top-level files, linked from this venv
+    deps = tmp / "deps"
     deps.mkdir()
     for dist in _base_closure().values():
         for top in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
             if not (deps / top).exists() and not top.endswith(".pth"):
                 (deps / top).symlink_to(dist.locate_file(top))
-    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], **run).stdout.strip()
-    Path(site, "zz_base_deps.pth").write_text(f"{deps}\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    cwd = tmp / "elsewhere"  # not the checkout, which `python -m` would put first on sys.path
-    cwd.mkdir()
-    return SimpleNamespace(py=py, env=env, cwd=cwd)
+    return wheel_venv(tmp, [deps])
 
 
 def plain(venv: SimpleNamespace, *args) -> subprocess.CompletedProcess:

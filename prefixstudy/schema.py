@@ -25,7 +25,7 @@ REQUEST_FIELDS: dict[str, tuple[str, str]] = {
     "request_index": ("int64", "position in the point's schedule; pairs a request across arms"),
     "request_id": ("str", "the id the engine saw"),
     "group": ("int64", "prefix group of the dataset row"),
-    "warmup": ("bool", "a warm-up request, sent before the measured ones and counted nowhere"),
+    "warmup": ("bool", "a warm-up request, sent before the measured ones and left out of every statistic"),
     "prompt_tokens": ("int64", "tokens in the prompt as sent (a later turn: its whole history)"),
     "output_tokens": ("int64", "tokens actually generated"),
     "num_cached_tokens": ("int64", "prompt tokens the engine served from its prefix cache, as it reported them"),
@@ -43,8 +43,8 @@ REQUEST_FIELDS: dict[str, tuple[str, str]] = {
     "queue_ms": ("float64", "ms, engine clock: scheduled_ts - queued_ts; NaN where the engine has no stamps (HTTP)"),
     "prefill_ms": ("float64", "ms, engine clock: first_token_ts - scheduled_ts; NaN without stamps"),
     "decode_ms": ("float64", "ms, engine clock: last_token_ts - first_token_ts; NaN without stamps"),
-    "error": ("str", "empty when ok; `unfinished: ...` when cancelled at the point's end or its deadline; "
-              "otherwise the failure"),
+    "error": ("str", "empty when ok; `unfinished: ...` when not sent in time or cancelled by the point's or "
+              "the request's deadline; otherwise the failure"),
     # Many-prefix, multi-turn and trace workloads; a file without them reads as none (_COLUMN_DEFAULTS):
     "session": ("int64", "session of a multi-turn workload; -1: none"),
     "turn": ("int64", "turn within the session, 0 first"),
@@ -130,7 +130,7 @@ def summary_fields() -> dict[str, tuple[str, str]]:
         "n_sent": ("int64", "measured requests the point planned (n_ok + n_failed + n_unfinished)"),
         "n_ok": ("int64", "counted requests: measured and finished without error"),
         "n_failed": ("int64", "measured requests with an error other than unfinished"),
-        "n_unfinished": ("int64", "measured requests cancelled at the point's end or their deadline"),
+        "n_unfinished": ("int64", "measured requests not sent in time or cancelled by a deadline (`unfinished: ...`)"),
         "duration_s": ("float64", "s, first counted send to last counted completion"),
         "achieved_rate": ("float64", "req/s, n_ok / duration_s"),
         "output_tok_s": ("float64", "tokens/s, output tokens of the counted requests / duration_s"),

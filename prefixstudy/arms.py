@@ -42,16 +42,20 @@ class OffloadConfig(BaseModel):
     """A CPU tier under the GPU prefix cache."""
 
     model_config = _STRICT
-    size_gib: float = Field(gt=0)  # the tier's size in GiB of host memory
-    backend: Literal["native", "lmcache"] = "native"  # native: vLLM's OffloadingConnector
+    size_gib: float = Field(gt=0, description="The tier's size, GiB of host memory (vLLM's `kv_offloading_size`).")
+    backend: Literal["native", "lmcache"] = Field("native", description="vLLM's `kv_offloading_backend`: `native` "
+                                                  "(its OffloadingConnector) or `lmcache` (needs that package).")
 
 
 class ArmConfig(BaseModel):
     model_config = _STRICT
-    name: str = Field(pattern=NAME)
-    prefix_caching: bool = True
-    engine: dict[str, Any] = Field(default_factory=dict)  # fields of the study's engine section
-    offload: OffloadConfig | None = None
+    name: str = Field(pattern=NAME, description="The arm's name: the `mode` of its rows and part of file names "
+                      "(not `on` or `off`).")
+    prefix_caching: bool = Field(True, description="Prefix caching on this arm's engine.")
+    engine: dict[str, Any] = Field(default_factory=dict, description="Fields of the study's `engine` section this "
+                                   "arm overrides (`extra_args` is merged); empty: the study's engine.")
+    offload: OffloadConfig | None = Field(None, description="A CPU tier under the prefix cache (vllm, vllm-server "
+                                          "on a GPU); None: none.")
 
 
 BUILTIN_ARMS = {"on": ArmConfig(name="on"), "off": ArmConfig(name="off", prefix_caching=False)}

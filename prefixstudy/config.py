@@ -33,19 +33,34 @@ class DatasetConfig(BaseModel):
     ``trace``).  Without a kind, a path means jsonl."""
 
     model_config = _STRICT
-    kind: Literal["fixed", "jsonl", "groups", "sessions", "trace"] = "fixed"
-    path: Path | None = None
-    num_requests: int | None = Field(None, gt=0)  # None: as many as the largest point needs
-    prefix_len: int = Field(1198, ge=0)
-    suffix_len: int = Field(16, ge=0)
-    output_len: int = Field(143, gt=0)
-    groups: int = Field(1, gt=0)
-    seed: int = Field(0, ge=0)  # numpy's generators take non-negative seeds
-    token_low: int = Field(100, ge=0)
-    token_high: int | None = Field(None, gt=0)  # exclusive; None: the model's vocab size
-    mix: MixConfig | None = None  # kind groups
-    sessions: SessionsConfig | None = None  # kind sessions
-    trace: TraceConfig | None = None  # kind trace
+    kind: Literal["fixed", "jsonl", "groups", "sessions", "trace"] = Field(
+        "fixed", description="The workload: `fixed` (one shared prefix per group + a unique suffix), `jsonl` "
+        "(replay `path`), `groups` (many prefixes, `mix`), `sessions` (multi-turn), `trace` (a block-hash "
+        "trace at `path`); unset with a `path`: `jsonl`.")
+    path: Path | None = Field(None, description="The file `jsonl` and `trace` replay; None for the generated "
+                              "workloads.")
+    num_requests: int | None = Field(None, gt=0, description="Rows a generated workload makes; a point "
+                                     "wraps around them. None: as many as the largest point needs.")
+    prefix_len: int = Field(1198, ge=0, description="Tokens of the prefix every request of a group shares "
+                            "(the seed workload's 1198).")
+    suffix_len: int = Field(16, ge=0, description="Unique tokens after the prefix, per request (`sessions`: "
+                            "the first turn's user message).")
+    output_len: int = Field(143, gt=0, description="Tokens each request generates (max_tokens = min_tokens, "
+                            "EOS ignored).")
+    groups: int = Field(1, gt=0, description="Distinct prefixes (groups) the requests are spread over.")
+    # numpy's generators take non-negative seeds.
+    seed: int = Field(0, ge=0, description="Seed of the generated token ids and lengths; `--seed` sets it "
+                      "and `arrivals.seed`.")
+    token_low: int = Field(100, ge=0, description="Lowest token id a generated prompt holds "
+                           "(inclusive).")
+    token_high: int | None = Field(None, gt=0, description="Token ids are drawn below this (exclusive); None: "
+                                   "the model's vocab size.")
+    mix: MixConfig | None = Field(None, description="`groups` only: how the groups are mixed (its section "
+                                  "below); None: uniform, round robin.")
+    sessions: SessionsConfig | None = Field(None, description="`sessions` only: turns, user messages, think "
+                                            "time (its section below); None: its defaults.")
+    trace: TraceConfig | None = Field(None, description="`trace` only: how `path` is read and replayed (its "
+                                      "section below); None: its defaults.")
 
     @model_validator(mode="before")
     @classmethod
@@ -72,9 +87,13 @@ class DatasetConfig(BaseModel):
 
 class ArrivalConfig(BaseModel):
     model_config = _STRICT
-    process: Literal["poisson", "gamma", "constant"] = "poisson"
-    burstiness: float = Field(1.0, gt=0)  # gamma shape; 1.0 is Poisson
-    seed: int = Field(0, ge=0)
+    process: Literal["poisson", "gamma", "constant"] = Field(
+        "poisson", description="The arrival process at each point's rate: Poisson, gamma (with `burstiness`) "
+        "or evenly spaced; a `burstiness` without a process means gamma.")
+    burstiness: float = Field(1.0, gt=0, description="Gamma shape, as `vllm bench serve --burstiness`: 1.0 is "
+                              "Poisson, below 1 burstier, above 1 more even; gamma only.")
+    seed: int = Field(0, ge=0, description="Seed of the arrival schedule; repeat k draws with seed + k, and every "
+                      "arm of one repeat gets the same schedule.")
 
     @model_validator(mode="before")
     @classmethod
@@ -94,28 +113,38 @@ class ArrivalConfig(BaseModel):
 
 class SweepConfig(BaseModel):
     model_config = _STRICT
-    rates: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1)
-    # The arms to run, by name: ``on`` / ``off`` (prefix caching on / off) and those under ``arms``.
-    # Unset: on, off and every arm of ``arms``.
-    modes: list[str] = Field(default_factory=lambda: ["on", "off"], min_length=1)
-    # The arm every other arm is compared with (headline, report, compare, export); None: off
-    # when it runs, else no comparison.
-    baseline: str | None = None
-    num_requests: int = Field(40, gt=0)  # per point, at least
-    min_duration_s: float = Field(0.0, ge=0, allow_inf_nan=False)  # per point, at least this many seconds of arrivals
-    warmup_requests: int = Field(2, ge=0)
-    prime_prefixes: bool = True
-    max_point_duration_s: float = Field(900.0, gt=0)  # after this, open requests are cancelled
-    request_timeout_s: float = Field(300.0, gt=0)  # per-request deadline from its send time
-    # Every rate this many times, each repeat with its own arrival draw (seed: arrivals.seed + repeat).
+    rates: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1,
+                               description="Offered request rates, req/s, one point each (sorted, duplicates "
+                               "dropped); `inf` sends every request at once.")
+    modes: list[str] = Field(default_factory=lambda: ["on", "off"], min_length=1,
+                             description="The arms to run, by name: `on` / `off` (prefix caching on / off) and "
+                             "those under `arms`; unset: on, off and every arm of `arms`.")
+    baseline: str | None = Field(None, description="The arm every other arm is compared with (headline, report, "
+                                 "compare, export); None: off when it runs, else no comparison.")
+    num_requests: int = Field(40, gt=0, description="Measured requests per point, at least (`min_duration_s` "
+                              "can ask for more).")
+    min_duration_s: float = Field(0.0, ge=0, allow_inf_nan=False,
+                                  description="Per point, at least this many seconds of arrivals (rate x seconds "
+                                  "requests); 0: `num_requests` alone.")
+    warmup_requests: int = Field(2, ge=0, description="Requests sent one at a time before each point's measured "
+                                 "ones, with fresh suffixes; recorded with `warmup` true and counted nowhere.")
+    prime_prefixes: bool = Field(True, description="After each point's cache reset, send each group's prefix once, "
+                                 "so ON's first measured request of a group can hit.")
+    max_point_duration_s: float = Field(900.0, gt=0, description="Seconds a point may run; then its open "
+                                        "requests are cancelled (rows marked unfinished) and it is saturated.")
+    request_timeout_s: float = Field(300.0, gt=0, description="Seconds a request may take from its send time "
+                                     "before it is cancelled (a row marked unfinished).")
     # Repeats run sweep after sweep (all rates, then all rates again), so drift spreads over them.
-    repeats: int = Field(1, ge=1, le=1000)
-    # Run only these repeats (e.g. to give repeats to different machines and `prefixstudy merge`
-    # them); None: all.
-    only_repeats: list[int] | None = None
-    # The points still to run when a run is resumed (study.pending_configs); never saved.
-    run_points: list[tuple[float, int]] | None = Field(None, exclude=True)
-    max_concurrency: int | None = Field(None, gt=0)  # at most this many requests open; None: no limit
+    repeats: int = Field(1, ge=1, le=1000, description="Every rate this many times, each repeat with its own "
+                         "arrival draw (seed `arrivals.seed` + repeat); 2 or more give intervals over repeats.")
+    only_repeats: list[int] | None = Field(None, description="Run only these repeats (0-based), e.g. to give "
+                                           "repeats to different machines and `prefixstudy merge` them; None: all.")
+    # Set by study.pending_configs when a run is resumed; never saved.
+    run_points: list[tuple[float, int]] | None = Field(None, exclude=True,
+                                                       description="Internal: the (rate, repeat) points still to "
+                                                       "run when a run is resumed; never saved, not for configs.")
+    max_concurrency: int | None = Field(None, gt=0, description="At most this many requests open at once (a "
+                                        "request waits for a slot; its dispatch lag says how long); None: no limit.")
 
     @field_validator("rates")
     @classmethod
@@ -172,16 +201,25 @@ class SweepConfig(BaseModel):
 
 class CheckConfig(BaseModel):
     model_config = _STRICT
-    hit_rate_tolerance: float = Field(0.05, ge=0, le=1)
-    fail_on_hit_rate_mismatch: bool = False
+    hit_rate_tolerance: float = Field(0.05, ge=0, le=1, description="How far (a share of prompt tokens) ON's "
+                                      "measured hit rate may fall below what the cache should serve before the "
+                                      "point is flagged.")
+    fail_on_hit_rate_mismatch: bool = Field(False, description="True: a point that fails the hit-rate check "
+                                            "(ON too low, or OFF above 0) fails; false: it is only flagged.")
 
 
 class RayConfig(BaseModel):
     model_config = _STRICT
-    address: str = "local"  # "local" | "auto" | "ray://host:port"
-    parallel: Literal["auto", "on", "off"] = "auto"
-    num_cpus_per_engine: int = Field(1, ge=1)
-    num_cpus: int | None = Field(None, ge=1)  # of the cluster address "local" starts; None: all cores
+    address: str = Field("local", description="`local` starts a Ray cluster for the run (or joins `RAY_ADDRESS` "
+                         "under `ray job submit`), `auto` joins the one `ray start` made here, `ray://host:port` a "
+                         "remote one.")
+    parallel: Literal["auto", "on", "off"] = Field(
+        "auto", description="Run the arms' engines side by side: `auto` when the cluster has room, `on` always "
+        "(refused without room), `off` one after the other.")
+    num_cpus_per_engine: int = Field(1, ge=1, description="CPUs each engine actor reserves on a CPU cluster (GPU "
+                                     "engines reserve one CPU per GPU).")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of the cluster that address `local` starts; None: "
+                                 "all cores.")
 
     @field_validator("parallel", mode="before")
     @classmethod
@@ -196,12 +234,16 @@ class RouterConfig(BaseModel):
 
     model_config = _STRICT
     policies: list[Literal["round_robin", "least_loaded", "prefix_affinity"]] = Field(
-        default_factory=lambda: ["round_robin"], min_length=1)
-    prefix_blocks: int = Field(4, ge=1)  # prefix_affinity: whole prompt blocks hashed
-    load_bound: float = Field(1.25, ge=1)  # prefix_affinity: spill past ceil(bound x mean in flight)
-    # The policies that also run with caching OFF (None: all).  OFF has no cache for a policy to
-    # exploit, so one OFF baseline (round_robin) is often enough, and saves a fleet start per policy.
-    off_policies: list[Literal["round_robin", "least_loaded", "prefix_affinity"]] | None = None
+        default_factory=lambda: ["round_robin"], min_length=1,
+        description="Routing policies, one run folder each (used when `replicas` > 1).")
+    prefix_blocks: int = Field(4, ge=1, description="`prefix_affinity`: the prompt's first this many whole blocks "
+                               "are hashed to pick a replica.")
+    load_bound: float = Field(1.25, ge=1, description="`prefix_affinity`: a request spills to the least-loaded "
+                              "replica past ceil(bound x the mean requests in flight).")
+    # OFF has no cache for a policy to exploit, so one OFF baseline (round_robin) is often enough,
+    # and saves a fleet start per policy.
+    off_policies: list[Literal["round_robin", "least_loaded", "prefix_affinity"]] | None = Field(
+        None, description="The policies that also run with caching OFF; None: all of `policies`.")
 
     @field_validator("policies", "off_policies")
     @classmethod
@@ -218,28 +260,46 @@ class RouterConfig(BaseModel):
 
 class StudyConfig(BaseModel):
     model_config = _STRICT
-    study: str = Field("default", pattern=r"^[A-Za-z0-9._-]+$")
-    model: str = "tiny-llama"  # a folder with config.json, a shipped model's name, or a HF id
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    out: Path = Path("results")
-    executor: Literal["auto", "local", "ray"] = "auto"  # auto: ray when it imports, else local
-    engine: EngineConfig = Field(default_factory=VllmEngineConfig)
-    # Named overlays on ``engine`` (prefixstudy.arms), each run as its own engine on the same schedule.
-    arms: list[ArmConfig] = Field(default_factory=list)
-    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
-    arrivals: ArrivalConfig = Field(default_factory=ArrivalConfig)
-    sweep: SweepConfig = Field(default_factory=SweepConfig)
-    checks: CheckConfig = Field(default_factory=CheckConfig)
-    ray: RayConfig = Field(default_factory=RayConfig)
-    # Engine replicas per mode, each with its own prefix cache, behind one router.
-    replicas: int = Field(1, ge=1, le=1024)
-    router: RouterConfig = Field(default_factory=RouterConfig)
-    # The peers' flags (--label, --metadata, --percentiles, --goodput): what the run is
-    # called and carries, and what its bench export and report use.
-    label: str | None = None
-    metadata: dict[str, str] = Field(default_factory=dict)
-    percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0], min_length=1)
-    goodput: dict[Literal["ttft", "tpot", "e2e"], float] = Field(default_factory=dict)  # SLO, ms
+    study: str = Field("default", pattern=r"^[A-Za-z0-9._-]+$",
+                       description="The study's name: its runs go to `<out>/<study>/<run-id>/`.")
+    model: str = Field("tiny-llama", description="A folder with a config.json, a shipped model's name "
+                       "(`tiny-llama`, `mistral-7b-v0.3`) or a Hugging Face id.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the engines run: `auto` whatever this machine has; `cuda` refuses a machine "
+        "without a CUDA GPU.")
+    out: Path = Field(Path("results"), description="The folder the study's runs are written under.")
+    executor: Literal["auto", "local", "ray"] = Field(
+        "auto", description="Where the engines live: `local` in this process, `ray` one actor per arm; `auto` "
+        "ray when it imports (local for echo unless a cluster is named).")
+    engine: EngineConfig = Field(default_factory=VllmEngineConfig,
+                                 description="The engine every arm runs; `kind` picks the backend and its fields "
+                                 "(one section per kind below).")
+    arms: list[ArmConfig] = Field(default_factory=list, description="Named overlays on `engine`, each run as its "
+                                  "own engine on the same schedule; `on` and `off` are built in.")
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig, description="What is sent: the prompts and "
+                                   "output lengths (its section below).")
+    arrivals: ArrivalConfig = Field(default_factory=ArrivalConfig, description="When requests are sent (its "
+                                    "section below).")
+    sweep: SweepConfig = Field(default_factory=SweepConfig, description="The points: rates, arms, requests, "
+                               "repeats and limits (its section below).")
+    checks: CheckConfig = Field(default_factory=CheckConfig, description="The hit-rate check on every point (its "
+                                "section below).")
+    ray: RayConfig = Field(default_factory=RayConfig, description="The Ray cluster, with `executor` ray (its "
+                           "section below).")
+    replicas: int = Field(1, ge=1, le=1024, description="Engine replicas per arm, each with its own prefix cache, "
+                          "behind one router; 1: one engine.")
+    router: RouterConfig = Field(default_factory=RouterConfig, description="How a fleet of `replicas` routes "
+                                 "requests (its section below).")
+    label: str | None = Field(None, description="A name for the run (`--label`), written to config.yaml and the "
+                              "bench export; None: none.")
+    metadata: dict[str, str] = Field(default_factory=dict, description="key: value pairs (`--metadata`) carried in "
+                                     "config.yaml and the bench export.")
+    percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0], min_length=1,
+                                     description="Percentiles, in (0, 100], of the bench export and the pooled ITL "
+                                     "in the manifest (`--percentiles`).")
+    goodput: dict[Literal["ttft", "tpot", "e2e"], float] = Field(
+        default_factory=dict, description="Service-level objectives in ms (`--goodput ttft:200`): the bench "
+        "export's `request_goodput` and the report's default SLO; empty: none.")
 
     @field_validator("percentiles")
     @classmethod

@@ -4,6 +4,9 @@ that carry them.
 runner writes these, results stores them, metrics/report/model read them.
 Times are milliseconds (``_ms``) or seconds (``_s``); ``*_s`` stamps are seconds
 since the start of the point, on the driver's monotonic clock.
+
+Each table is ``{column: (dtype, meaning)}``: the dtype is what the file holds, the meaning is
+what the docs' results reference prints (docs/hooks/reference.py), so the two cannot drift.
 """
 
 from __future__ import annotations
@@ -15,40 +18,43 @@ import pandas as pd
 MODES = ("on", "off")  # prefix caching enabled / disabled
 
 # One row per request (warm-up requests included, flagged by ``warmup``).
-REQUEST_COLUMNS: dict[str, str] = {
-    "mode": "str",  # "on" | "off"
-    "rate": "float64",  # offered request rate of the point, req/s
-    "repeat": "int64",  # which repeat of the rate (0-based); each has its own arrival draw
-    "request_index": "int64",  # position in the point's schedule; pairs ON with OFF
-    "request_id": "str",
-    "group": "int64",  # prefix group of the dataset row
-    "warmup": "bool",
-    "prompt_tokens": "int64",
-    "output_tokens": "int64",  # tokens actually generated
-    "num_cached_tokens": "int64",  # prompt tokens served from the prefix cache
-    "expected_cached_tokens": "int64",  # what ON should serve from an infinite cache (cachesim: upper bound)
-    "scheduled_s": "float64",  # when the arrival process said to send it
-    "sent_s": "float64",  # when generate() was actually called
-    "dispatch_lag_ms": "float64",  # (sent_s - scheduled_s) * 1000
-    "ttft_ms": "float64",  # client side: sent -> first token
-    "tpot_ms": "float64",  # (e2e - ttft) / (output_tokens - 1)
-    "e2e_ms": "float64",  # client side: sent -> last token
-    "itl_mean_ms": "float64",
-    "itl_p50_ms": "float64",
-    "itl_p99_ms": "float64",
-    "itl_max_ms": "float64",
-    "queue_ms": "float64",  # engine: scheduled_ts - queued_ts
-    "prefill_ms": "float64",  # engine: first_token_ts - scheduled_ts
-    "decode_ms": "float64",  # engine: last_token_ts - first_token_ts
-    "error": "str",  # "" when ok; "unfinished: ..." when cancelled at the point's end
+REQUEST_FIELDS: dict[str, tuple[str, str]] = {
+    "mode": ("str", "the arm: `on`, `off` or an arm's name"),
+    "rate": ("float64", "offered request rate of the point, req/s (`inf`: all at once)"),
+    "repeat": ("int64", "which repeat of the rate (0-based); each has its own arrival draw"),
+    "request_index": ("int64", "position in the point's schedule; pairs a request across arms"),
+    "request_id": ("str", "the id the engine saw"),
+    "group": ("int64", "prefix group of the dataset row"),
+    "warmup": ("bool", "a warm-up request, sent before the measured ones and left out of every statistic"),
+    "prompt_tokens": ("int64", "tokens in the prompt as sent (a later turn: its whole history)"),
+    "output_tokens": ("int64", "tokens actually generated"),
+    "num_cached_tokens": ("int64", "prompt tokens the engine served from its prefix cache, as it reported them"),
+    "expected_cached_tokens": ("int64", "tokens ON should serve from an infinite cache (cachesim: the upper bound)"),
+    "scheduled_s": ("float64", "s since the point's start: when the arrival process said to send it"),
+    "sent_s": ("float64", "s since the point's start: when it was actually sent"),
+    "dispatch_lag_ms": ("float64", "ms, (sent_s - scheduled_s) x 1000"),
+    "ttft_ms": ("float64", "ms, client clock: sent -> first token"),
+    "tpot_ms": ("float64", "ms, (e2e_ms - ttft_ms) / (output_tokens - 1); NaN for one token"),
+    "e2e_ms": ("float64", "ms, client clock: sent -> last token"),
+    "itl_mean_ms": ("float64", "ms, mean gap between consecutive tokens; NaN where the tokens did not stream one by one"),
+    "itl_p50_ms": ("float64", "ms, median gap between consecutive tokens"),
+    "itl_p99_ms": ("float64", "ms, 99th percentile of the gaps between consecutive tokens"),
+    "itl_max_ms": ("float64", "ms, longest gap between consecutive tokens"),
+    "queue_ms": ("float64", "ms, engine clock: scheduled_ts - queued_ts; NaN where the engine has no stamps (HTTP)"),
+    "prefill_ms": ("float64", "ms, engine clock: first_token_ts - scheduled_ts; NaN without stamps"),
+    "decode_ms": ("float64", "ms, engine clock: last_token_ts - first_token_ts; NaN without stamps"),
+    "error": ("str", "empty when ok; `unfinished: ...` when not sent in time or cancelled by the point's or "
+              "the request's deadline; otherwise the failure"),
     # Many-prefix, multi-turn and trace workloads; a file without them reads as none (_COLUMN_DEFAULTS):
-    "session": "int64",  # session of a multi-turn workload; -1: none
-    "turn": "int64",  # turn within the session, 0 first
-    "parent_index": "int64",  # request_index of the previous turn, sent first; -1: none
-    "estimated_cached_tokens": "int64",  # what ON should serve with the engine's KV-cache blocks (LRU, cachesim)
+    "session": ("int64", "session of a multi-turn workload; -1: none"),
+    "turn": ("int64", "turn within the session, 0 first"),
+    "parent_index": ("int64", "request_index of the previous turn, sent first; -1: none"),
+    "estimated_cached_tokens": ("int64", "tokens ON should serve with the engine's own KV-cache blocks (LRU "
+                                "estimate, cachesim); -1: recorded before the estimate"),
     # Replicas behind a router; 0 for one engine per mode and for a file without the column:
-    "replica": "int64",  # which replica of the mode's fleet answered
+    "replica": ("int64", "which replica of the arm's fleet answered; 0 for one engine"),
 }
+REQUEST_COLUMNS: dict[str, str] = {c: t for c, (t, _) in REQUEST_FIELDS.items()}
 
 # One row per engine step, per point.  ``timing`` says where the step was timed:
 #   "engine":   inside the engine core (engines.vllm_steps): step_ms is the step's own busy time;
@@ -57,29 +63,30 @@ REQUEST_COLUMNS: dict[str, str] = {
 #   "frontend": runs before that: step_ms is the gap between two StatLogger records seen by the
 #               frontend, so the first step after an idle spell carries the whole idle gap;
 #   "request":  a backend without steps (echo): one row per request, its whole span.
-ITERATION_COLUMNS: dict[str, str] = {
-    "mode": "str",
-    "rate": "float64",
-    "repeat": "int64",
-    "timing": "str",
-    "step_start_s": "float64",  # since the point's start (measured part only)
-    "t_s": "float64",  # step end, since the point's start
-    "step_ms": "float64",  # (t_s - step_start_s) * 1000; never contains idle time when timing is "engine"
-    "prefill_tokens": "int64",  # prompt tokens computed this step
-    "cached_tokens": "int64",  # prompt tokens served from the prefix cache to requests first scheduled here
-    "decode_tokens": "int64",  # tokens computed for requests past their prompt
-    "context_tokens": "int64",  # KV tokens the scheduled requests attend to after the step
-    "num_prefill_reqs": "int64",
-    "num_decode_reqs": "int64",
-    "num_running": "int64",
-    "num_waiting": "int64",
-    "kv_cache_usage": "float64",  # 0..1
-    "prefix_queries": "int64",  # prompt tokens looked up in the prefix cache this step
-    "prefix_hits": "int64",  # of those, found in it
-    "prompt_tokens": "int64",  # = prefill_tokens (the name older runs used)
-    "generation_tokens": "int64",  # tokens sampled this step
-    "replica": "int64",  # which replica of the mode's fleet took the step; 0 for one engine
+ITERATION_FIELDS: dict[str, tuple[str, str]] = {
+    "mode": ("str", "the arm"),
+    "rate": ("float64", "offered request rate of the point, req/s"),
+    "repeat": ("int64", "which repeat of the rate (0-based)"),
+    "timing": ("str", "where the step was timed: `engine`, `engine-async`, `frontend` or `request` (above)"),
+    "step_start_s": ("float64", "s since the point's start: step start (measured part only)"),
+    "t_s": ("float64", "s since the point's start: step end"),
+    "step_ms": ("float64", "ms, (t_s - step_start_s) x 1000; never holds idle time when timing is `engine`"),
+    "prefill_tokens": ("int64", "prompt tokens computed this step"),
+    "cached_tokens": ("int64", "prompt tokens served from the prefix cache to requests first scheduled here"),
+    "decode_tokens": ("int64", "tokens computed for requests past their prompt"),
+    "context_tokens": ("int64", "KV tokens the scheduled requests attend to after the step"),
+    "num_prefill_reqs": ("int64", "requests that computed prompt tokens this step"),
+    "num_decode_reqs": ("int64", "requests that decoded this step"),
+    "num_running": ("int64", "requests in the scheduler's running queue"),
+    "num_waiting": ("int64", "requests in the scheduler's waiting queue"),
+    "kv_cache_usage": ("float64", "share of KV-cache blocks in use, 0..1"),
+    "prefix_queries": ("int64", "prompt tokens looked up in the prefix cache this step"),
+    "prefix_hits": ("int64", "of those, found in it"),
+    "prompt_tokens": ("int64", "= prefill_tokens (the name older runs used)"),
+    "generation_tokens": ("int64", "tokens sampled this step"),
+    "replica": ("int64", "which replica of the arm's fleet took the step; 0 for one engine"),
 }
+ITERATION_COLUMNS: dict[str, str] = {c: t for c, (t, _) in ITERATION_FIELDS.items()}
 
 LATENCY_METRICS = ("ttft", "tpot", "e2e", "queue", "prefill", "decode")
 PERCENTILES = (50, 90, 99)
@@ -87,52 +94,98 @@ PERCENTILES = (50, 90, 99)
 
 # The server's own view of a point, from Prometheus /metrics deltas over its measured requests
 # (engines.server_metrics); HTTP backends only.
-SERVER_COLUMNS = (
-    "server_prefix_queries",  # prompt tokens looked up in the server's prefix cache (vllm:prefix_cache_queries)
-    "server_prefix_hits",  # of those, found in it (vllm:prefix_cache_hits)
-    "server_hit_rate",  # hits / queries
-    "server_requests",  # requests the server finished (count of vllm:request_queue_time_seconds)
-    "server_mean_queue_ms",  # vllm:request_queue_time_seconds, sum / count
-    "server_mean_prefill_ms",  # vllm:request_prefill_time_seconds, sum / count
-    "server_mean_decode_ms",  # vllm:request_decode_time_seconds, sum / count
-)
+SERVER_FIELDS: dict[str, tuple[str, str]] = {
+    "server_prefix_queries": ("float64", "prompt tokens looked up in the server's prefix cache "
+                              "(vllm:prefix_cache_queries; sglang:prompt_tokens_total)"),
+    "server_prefix_hits": ("float64", "of those, found in it (vllm:prefix_cache_hits; sglang:cached_tokens_total)"),
+    "server_hit_rate": ("float64", "server_prefix_hits / server_prefix_queries"),
+    "server_requests": ("float64", "requests the server finished (count of vllm:request_queue_time_seconds)"),
+    "server_mean_queue_ms": ("float64", "ms, vllm:request_queue_time_seconds, sum / count"),
+    "server_mean_prefill_ms": ("float64", "ms, vllm:request_prefill_time_seconds, sum / count"),
+    "server_mean_decode_ms": ("float64", "ms, vllm:request_decode_time_seconds, sum / count"),
+}
+SERVER_COLUMNS = tuple(SERVER_FIELDS)
 
 
 # The measured requests' cached prompt tokens by where the engine found them, as the engine counts
 # them (never the cache model): its GPU prefix cache and its CPU tier (a KV connector's external
 # hits).  NaN where the engine does not say (cpu: no tier, or a backend that does not split).
-TIER_COLUMNS = (
-    "cached_tokens_gpu",  # tokens, vLLM: PromptTokenStats.local_cache_hit summed over the point
-    "cached_tokens_cpu",  # tokens, vLLM: PromptTokenStats.external_kv_transfer summed over the point
-)
+TIER_FIELDS: dict[str, tuple[str, str]] = {
+    "cached_tokens_gpu": ("float64", "tokens, vLLM: PromptTokenStats.local_cache_hit summed over the point"),
+    "cached_tokens_cpu": ("float64", "tokens, vLLM: PromptTokenStats.external_kv_transfer summed over the point"),
+}
+TIER_COLUMNS = tuple(TIER_FIELDS)
+
+_LATENCY_WHAT = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "queue": "engine queue time",
+                 "prefill": "engine prefill time", "decode": "engine decode time"}
 
 
-def summary_columns() -> list[str]:
-    cols = [
-        "mode", "rate", "repeat", "status", "n_sent", "n_ok", "n_failed", "n_unfinished",
-        "duration_s", "achieved_rate", "output_tok_s",
-    ]
+def summary_fields() -> dict[str, tuple[str, str]]:
+    """summary.csv's columns in order, each with its dtype and meaning."""
+    cols = {
+        "mode": ("str", "the arm"),
+        "rate": ("float64", "offered request rate, req/s"),
+        "repeat": ("int64", "which repeat of the rate (0-based)"),
+        "status": ("str", "`ok`, `failed` or `interrupted`"),
+        "n_sent": ("int64", "measured requests the point planned (n_ok + n_failed + n_unfinished)"),
+        "n_ok": ("int64", "counted requests: measured and finished without error"),
+        "n_failed": ("int64", "measured requests with an error other than unfinished"),
+        "n_unfinished": ("int64", "measured requests not sent in time or cancelled by a deadline (`unfinished: ...`)"),
+        "duration_s": ("float64", "s, first counted send to last counted completion"),
+        "achieved_rate": ("float64", "req/s, n_ok / duration_s"),
+        "output_tok_s": ("float64", "tokens/s, output tokens of the counted requests / duration_s"),
+    }
     for m in LATENCY_METRICS:
-        cols.append(f"mean_{m}_ms")
-        cols += [f"p{p}_{m}_ms" for p in PERCENTILES]
-    cols += [
-        "prefill_share", "hit_rate_measured", "hit_rate_expected", "hit_rate_ok",
-        "dispatch_lag_p50_ms", "dispatch_lag_p99_ms", "saturated", "error",
-        "saturation_reason",  # why a point is saturated ("" when it is not); added after the first studies
+        what = _LATENCY_WHAT[m]
+        cols[f"mean_{m}_ms"] = ("float64", f"ms, mean {what} of the counted requests")
+        cols.update({f"p{p}_{m}_ms": ("float64", f"ms, {p}th percentile of {what}") for p in PERCENTILES})
+    cols.update({
+        "prefill_share": ("float64", "mean_prefill_ms / mean_e2e_ms"),
+        "hit_rate_measured": ("float64", "num_cached_tokens / prompt_tokens over the counted requests"),
+        "hit_rate_expected": ("float64", "expected_cached_tokens / prompt_tokens (the infinite-cache bound)"),
+        "hit_rate_ok": ("bool", "the hit-rate check: ON within `checks.hit_rate_tolerance` of what the cache can "
+                        "hold, OFF at 0"),
+        "dispatch_lag_p50_ms": ("float64", "ms, median dispatch lag of the counted requests"),
+        "dispatch_lag_p99_ms": ("float64", "ms, 99th percentile of the dispatch lag"),
+        "saturated": ("bool", "the engine did not keep up in the arrival window (metrics.saturation); its "
+                      "latency is a lower bound"),
+        "error": ("str", "why the point failed; empty when it did not"),
+        # Added after the first studies:
+        "saturation_reason": ("str", "why the point is saturated, in words; empty when it is not"),
         # Saturation as measured in the point's arrival window (metrics.saturation):
-        "arrival_rate",  # the rate the schedule actually offered, req/s
-        "completion_ratio", "in_system_first", "in_system_last", "e2e_first_ms", "e2e_last_ms",
+        "arrival_rate": ("float64", "req/s, the rate the schedule actually offered: (n - 1) / (last - first "
+                         "scheduled send)"),
+        "completion_ratio": ("float64", "share of the window's arrivals that completed within it (extended by "
+                             "the early latency)"),
+        "in_system_first": ("float64", "requests in the engine (running + waiting; HTTP: in flight), mean over "
+                            "the window's first third"),
+        "in_system_last": ("float64", "the same over its last third"),
+        "e2e_first_ms": ("float64", "ms, mean E2E of the first third of requests by schedule"),
+        "e2e_last_ms": ("float64", "ms, mean E2E of the last third"),
         # From the engine's steps and the study's step-cost fit (metrics.engine_fit):
-        "step_timing", "busy_steps", "engine_prefill_share", "engine_prefill_share_lo", "engine_prefill_share_hi",
-        "decode_slowdown", "decode_slowdown_lo", "decode_slowdown_hi",
-        "hit_rate_estimated",  # ON: with the engine's KV-cache blocks (LRU estimate); NaN for older results
-    ]
-    cols += list(SERVER_COLUMNS)  # added with the HTTP backends; NaN for in-process engines
-    cols += list(TIER_COLUMNS)  # added with the CPU tier; NaN where the engine does not say
+        "step_timing": ("str", "the `timing` of the point's iteration rows"),
+        "busy_steps": ("int64", "engine steps that measure work, the fit's rows"),
+        "engine_prefill_share": ("float64", "share of busy engine time spent on prompts (step-cost fit)"),
+        "engine_prefill_share_lo": ("float64", "its 95 % interval, lower end (block bootstrap of the steps)"),
+        "engine_prefill_share_hi": ("float64", "its 95 % interval, upper end"),
+        "decode_slowdown": ("float64", "how much longer per decode token the steps were than without their "
+                            "prefill work (x)"),
+        "decode_slowdown_lo": ("float64", "its 95 % interval, lower end"),
+        "decode_slowdown_hi": ("float64", "its 95 % interval, upper end"),
+        "hit_rate_estimated": ("float64", "estimated_cached_tokens / prompt_tokens: what the engine's own "
+                               "blocks hold (LRU estimate); NaN for older results"),
+    })
+    cols.update(SERVER_FIELDS)  # added with the HTTP backends; NaN for in-process engines
+    cols.update(TIER_FIELDS)  # added with the CPU tier; NaN where the engine does not say
     return cols
 
 
-# One row per mode x rate.  ``status`` is "ok" | "failed" | "interrupted".
+def summary_columns() -> list[str]:
+    return list(SUMMARY_FIELDS)
+
+
+# One row per mode x rate x repeat.
+SUMMARY_FIELDS = summary_fields()
 SUMMARY_COLUMNS = summary_columns()
 
 

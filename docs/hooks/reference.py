@@ -1,6 +1,8 @@
 """mkdocs hook: the reference pages, generated at build time from the code so that they cannot
 drift from it: reference/cli.md from the click commands, reference/config.md from the pydantic
-config models (every field with its type and default; each engine kind's own section)."""
+config models (every field with its type, default and description; each engine kind's own
+section), reference/results.md from the column tables of the results files (prefixstudy.schema,
+prefixstudy.metrics.headline)."""
 
 from __future__ import annotations
 
@@ -41,38 +43,105 @@ def _models(annotation) -> list[type[BaseModel]]:
     return [m for arg in typing.get_args(annotation) for m in _models(arg)]
 
 
-def model_table(model: type[BaseModel], prefix: str, out: list[str], seen: set) -> None:
-    rows, nested = [], []
+def _cell(text: str) -> str:
+    """Text for one cell of a markdown table."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def config_sections() -> list[tuple[str, type[BaseModel]]]:
+    """(dotted prefix, model) of every section of the study config, in page order: each model
+    once, at the first field that holds it, depth first (the tests walk the same list)."""
+    from prefixstudy.config import StudyConfig
+
+    out, seen = [], {StudyConfig}
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        out.append((prefix, model))
+        nested = []
+        for name, field in model.model_fields.items():
+            nested += [(m, f"{prefix}{name}") for m in _models(field.annotation) if m not in seen]
+        for m, key in nested:
+            if m not in seen:
+                seen.add(m)
+                walk(m, f"{key}.")
+
+    walk(StudyConfig, "")
+    return out
+
+
+def model_table(model: type[BaseModel], prefix: str) -> list[str]:
+    rows = []
     for name, field in model.model_fields.items():
-        key = f"{prefix}{name}"
-        subs = [m for m in _models(field.annotation) if m not in seen]
         value = None if field.is_required() else field.get_default(call_default_factory=True)
         default = ("required" if field.is_required() else "its section below" if isinstance(value, BaseModel)
                    else str(value) if isinstance(value, Path) else repr(value))
         if len(default) > 60:
             default = default[:57] + "..."
-        rows.append(f"| `{key}` | `{_type(field.annotation)}` | `{default}` | {field.description or ''} |")
-        nested += [(m, key) for m in subs]
-    out.extend([f"## `{prefix.rstrip('.') or 'top level'}` ({model.__name__})", "",
-                "| field | type | default | description |", "|---|---|---|---|", *rows, ""])
-    for m, key in nested:
-        if m not in seen:
-            seen.add(m)
-            model_table(m, f"{key}.", out, seen)
+        rows.append(f"| `{prefix}{name}` | `{_type(field.annotation)}` | `{default}` | "
+                    f"{_cell(field.description or '')} |")
+    return [f"## `{prefix.rstrip('.') or 'top level'}` ({model.__name__})", "",
+            "| field | type | default | description |", "|---|---|---|---|", *rows, ""]
 
 
 def config_page() -> str:
-    from prefixstudy.config import StudyConfig
-
     out = ["# Config reference", "",
            "Every field of a study config, generated from the pydantic models when the site is built. "
            "`--set key=value` sets any of them from the command line; `engine` takes the fields of "
-           "its `kind`'s section.", ""]
-    model_table(StudyConfig, "", out, {StudyConfig})
+           "its `kind`'s section. A length (`dataset.mix.*_len`, `dataset.sessions.*`) is a number of "
+           "tokens or a distribution, whose fields are listed once, under `dataset.mix.prefix_len`.", ""]
+    for prefix, model in config_sections():
+        out += model_table(model, prefix)
     return "\n".join(out)
 
 
+def results_files() -> list[tuple[str, str, dict[str, tuple[str, str]]]]:
+    """(file name, what one row is, {column: (dtype, meaning)}) of every table a run writes."""
+    from prefixstudy.metrics.headline import ARMS_FIELDS, HEADLINE_FIELDS
+    from prefixstudy.results.store import ARMS, HEADLINE, ITERATIONS, REQUESTS, SUMMARY
+    from prefixstudy.schema import ITERATION_FIELDS, REQUEST_FIELDS, SUMMARY_FIELDS
+
+    return [
+        (REQUESTS, "One row per request, warm-ups included (`warmup`); a failed request is a row with its "
+                   "`error`. A parquet dataset, one part per point.", REQUEST_FIELDS),
+        (ITERATIONS, "One row per engine step, per point (echo: one row per request, `timing` `request`). "
+                     "`timing` says where the step was timed: `engine` inside the engine core, one step at a "
+                     "time (`step_ms` is the step's own busy time); `engine-async` the same stamps with vLLM's "
+                     "async scheduling on (a record holds the next step's launch; not fitted); `frontend` gaps "
+                     "between two StatLogger records (older runs); `request` a backend without steps.",
+         ITERATION_FIELDS),
+        (SUMMARY, "One row per point (arm x rate x repeat), written as each point finishes; the engine "
+                  "columns are filled once every point is in (the step-cost fit needs them all).",
+         SUMMARY_FIELDS),
+        (HEADLINE, "One row per rate, over its repeats, with intervals; `{mode}` is `on` and `off`.",
+         HEADLINE_FIELDS),
+        (ARMS, "One row per rate x arm other than the baseline (written when the baseline ran).", ARMS_FIELDS),
+    ]
+
+
+def results_page() -> str:
+    out = ["# Results reference", "",
+           "The columns of every table a run writes into `<out>/<study>/<run-id>/`, generated from the "
+           "column tables in the code (`prefixstudy/schema.py`, `prefixstudy/metrics/headline.py`) when "
+           "the site is built. `_ms` is milliseconds, `_s` seconds; `*_s` stamps are seconds since the "
+           "point's start on the driver's monotonic clock. A counted request is a measured one (not a "
+           "warm-up) that finished without error. The [metric definitions](metrics.md) say how each "
+           "number is computed.", "",
+           "Beside the tables: `config.yaml` (the resolved config, the fields of the "
+           "[config reference](config.md)), `manifest.json` (versions, device, times, the status of "
+           "every point, the step-cost fit) and, after `prefixstudy report`, `report.md`, `report.html` "
+           "and `plots/`.", ""]
+    for name, what, fields in results_files():
+        out += [f"## `{name}`", "", what, "", "| column | type | unit and meaning |", "|---|---|---|"]
+        out += [f"| `{c}` | `{t}` | {_cell(doc)} |" for c, (t, doc) in fields.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+# The pages this hook makes, under docs/ (tests/unit/test_docs_links.py counts links to them as found).
+GENERATED = {"reference/cli.md": cli_page, "reference/config.md": config_page, "reference/results.md": results_page}
+
+
 def on_files(files, config):
-    for path, make in (("reference/cli.md", cli_page), ("reference/config.md", config_page)):
+    for path, make in GENERATED.items():
         files.append(File.generated(config, path, content=make()))
     return files

@@ -22,13 +22,19 @@ class EngineConfigBase(BaseModel):
     (dataset checks read ``max_model_len``; executors place ``tensor_parallel_size`` devices)."""
 
     model_config = ConfigDict(extra="forbid")
-    kind: str
-    max_model_len: int = Field(2048, gt=0)
-    tensor_parallel_size: int = Field(1, ge=1)
-    block_size: int | None = Field(None, gt=0)  # prefix-cache block, tokens; None: the backend's default
+    kind: str = Field(description="The backend: `vllm` (in process), `echo` (a stand-in), `http` (a running "
+                      "server), `vllm-server` (`vllm serve` launched per arm) or `sim` (the simulator).")
+    max_model_len: int = Field(2048, gt=0, description="Longest prompt + output, in tokens, the engine takes; "
+                               "every dataset row is checked against it before a run.")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine spans (tensor parallel); the Ray "
+                                      "executor reserves that many on one node.")
+    block_size: int | None = Field(None, gt=0, description="Prefix-cache block, in tokens; None: the backend's "
+                                   "default (http: read from the server's /metrics).")
     # Set on the engine config an arm's engine is built from (prefixstudy.arms.arm_engine); never
-    # written: a study's caching is its arms'.  None: by the mode's name (arms.caching).
-    prefix_caching: bool | None = Field(None, exclude=True)
+    # written: a study's caching is its arms'.
+    prefix_caching: bool | None = Field(None, exclude=True,
+                                        description="Not for configs (refused here): caching is set per arm, "
+                                        "`sweep.modes` on / off or `arms[].prefix_caching`.")
 
 
 @dataclass

@@ -21,13 +21,19 @@ from prefixstudy.engines.base import EngineConfigBase, caching, IterationRecorde
 
 
 class EchoEngineConfig(EngineConfigBase):
-    kind: Literal["echo"] = "echo"
-    block_size: int | None = Field(16, gt=0)
-    prefill_ms_per_token: float = Field(0.0, ge=0)  # per prompt token not served from the cache
-    decode_ms_per_token: float = Field(0.0, ge=0)
-    num_blocks: int | None = Field(None, gt=1)  # KV-cache blocks, vLLM's null block included; None: unbounded
-    tier_blocks: int | None = Field(None, gt=0)  # a CPU tier of this many blocks (LRU, cachesim.OffloadTier); None: none
-    load_ms_per_block: float = Field(0.0, ge=0)  # per block served from the CPU tier (its load)
+    kind: Literal["echo"] = Field("echo", description="An in-process stand-in with a real block prefix cache "
+                                  "and fixed costs; needs neither vLLM nor a GPU.")
+    block_size: int | None = Field(16, gt=0, description="Prefix-cache block, in tokens.")
+    prefill_ms_per_token: float = Field(0.0, ge=0, description="Milliseconds per prompt token not served from "
+                                        "the cache; 0: no prefill cost.")
+    decode_ms_per_token: float = Field(0.0, ge=0, description="Milliseconds per generated token; 0: no decode "
+                                       "cost.")
+    num_blocks: int | None = Field(None, gt=1, description="KV-cache blocks, vLLM's null block included, evicted "
+                                   "least recently used; None: unbounded.")
+    tier_blocks: int | None = Field(None, gt=0, description="A CPU tier of this many blocks under the cache (LRU, "
+                                    "cachesim.OffloadTier); None: none.")
+    load_ms_per_block: float = Field(0.0, ge=0, description="Milliseconds per block served from the CPU tier (its "
+                                     "load).")
 
 
 class EchoEngine(IterationRecorder):

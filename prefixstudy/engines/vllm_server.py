@@ -45,10 +45,14 @@ IN_PROCESS_ONLY = {"disable_log_stats"}
 class VllmServerEngineConfig(VllmEngineConfig):
     """The ``vllm`` backend's engine arguments, plus how to run the server."""
 
-    kind: Literal["vllm-server"] = "vllm-server"  # type: ignore[assignment]
-    host: str = "127.0.0.1"
-    startup_timeout_s: float = Field(600.0, gt=0)  # until GET /health answers 200
-    server_args: list[str] = Field(default_factory=list)  # more `vllm serve` flags, as written
+    kind: Literal["vllm-server"] = Field(  # type: ignore[assignment]
+        "vllm-server", description="`vllm serve` launched per arm with the vllm backend's engine arguments, "
+        "measured over HTTP.")
+    host: str = Field("127.0.0.1", description="The address each server listens on (a free port is picked).")
+    startup_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for a server's GET /health to "
+                                     "answer 200.")
+    server_args: list[str] = Field(default_factory=list, description="More `vllm serve` flags, as written on its "
+                                   "command line.")
 
 
 def server_command(model: str, e: VllmServerEngineConfig, mode: str, port: int) -> list[str]:

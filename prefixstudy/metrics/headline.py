@@ -34,6 +34,49 @@ from prefixstudy.metrics.summary import tier_hit_rates
 
 MODES = ("on", "off")
 
+_INTERVAL = "95 % interval (t over repeats, or one repeat's block bootstrap)"
+# headline.csv's columns, each with its dtype and meaning (the docs' results reference prints them);
+# ``{mode}`` stands for each of MODES.
+HEADLINE_FIELDS: dict[str, tuple[str, str]] = {
+    "rate": ("float64", "offered request rate, req/s"),
+    "n_repeats": ("int64", "repeats of the rate"),
+    "arrival_rate": ("float64", "req/s, mean over repeats of the rate each schedule actually offered"),
+    "{mode}_mean_e2e_ms": ("float64", "ms, mean E2E over every counted request of every repeat"),
+    "{mode}_p90_e2e_ms": ("float64", "ms, 90th percentile of E2E over the same requests"),
+    "{mode}_mean_ttft_ms": ("float64", "ms, mean TTFT"),
+    "{mode}_mean_tpot_ms": ("float64", "ms, mean TPOT"),
+    "{mode}_mean_e2e_lo": ("float64", f"ms, mean E2E's {_INTERVAL}, lower end"),
+    "{mode}_mean_e2e_hi": ("float64", "ms, its upper end"),
+    "{mode}_p90_e2e_lo": ("float64", f"ms, p90 E2E's {_INTERVAL}, lower end"),
+    "{mode}_p90_e2e_hi": ("float64", "ms, its upper end"),
+    "{mode}_spread_pct": ("float64", "%, (max - min) / mean of the repeats' mean E2E; NaN for one repeat"),
+    "{mode}_saturated": ("bool", "any repeat of the mode saturated at this rate"),
+    "{mode}_saturated_share": ("float64", "share of the repeats that saturated (the knee goes by the majority)"),
+    "{mode}_engine_prefill_share": ("float64", "share of busy engine time spent on prompts, the repeats' steps "
+                                    "pooled"),
+    "{mode}_decode_slowdown": ("float64", "x, how much longer per decode token the steps were than without their "
+                               "prefill work"),
+    "{mode}_engine_prefill_share_lo": ("float64", f"its {_INTERVAL}, lower end"),
+    "{mode}_engine_prefill_share_hi": ("float64", "its upper end"),
+    "{mode}_decode_slowdown_lo": ("float64", f"its {_INTERVAL}, lower end"),
+    "{mode}_decode_slowdown_hi": ("float64", "its upper end"),
+    "n_pairs": ("int64", "requests counted in both ON and OFF, paired by (repeat, request_index)"),
+    "gain_mean_e2e": ("float64", "(OFF - ON) / OFF of mean E2E over the pairs; 0.3: ON 30 % faster"),
+    "gain_mean_e2e_lo": ("float64", f"its {_INTERVAL}, paired, lower end"),
+    "gain_mean_e2e_hi": ("float64", "its upper end"),
+    "gain_p90_e2e": ("float64", "(OFF - ON) / OFF of p90 E2E over the pairs"),
+    "gain_p90_e2e_lo": ("float64", f"its {_INTERVAL}, paired, lower end"),
+    "gain_p90_e2e_hi": ("float64", "its upper end"),
+    "gain_is_bound": ("bool", "ON or OFF saturated here: the gain is a bound, not a value"),
+    "on_hit_rate": ("float64", "ON's measured hit rate: cached / prompt tokens of its counted requests"),
+    "on_hit_rate_expected": ("float64", "ON's infinite-cache bound of it"),
+}
+
+
+def headline_columns() -> list[str]:
+    """HEADLINE_FIELDS with ``{mode}`` spelled out for each mode."""
+    return list(dict.fromkeys(c.format(mode=m) for c in HEADLINE_FIELDS for m in MODES))
+
 
 def _column(b: np.ndarray, j: int) -> np.ndarray:
     """Column j of resamples (B, n, k) as a contiguous (B, n): each row reduces as ``r[:, j]`` does."""
@@ -146,13 +189,38 @@ def headline(requests: pd.DataFrame, summary: pd.DataFrame, iterations: pd.DataF
     return pd.DataFrame(rows)
 
 
-ARMS_COLUMNS = ["rate", "arm", "baseline", "n_repeats", "arrival_rate", "mean_e2e_ms", "mean_e2e_lo", "mean_e2e_hi",
-                "p90_e2e_ms", "p90_e2e_lo", "p90_e2e_hi", "baseline_mean_e2e_ms", "baseline_p90_e2e_ms",
-                "n_pairs", "gain_mean_e2e", "gain_mean_e2e_lo", "gain_mean_e2e_hi", "gain_p90_e2e",
-                "gain_p90_e2e_lo", "gain_p90_e2e_hi", "saturated", "baseline_saturated", "gain_is_bound",
-                "hit_rate", "hit_rate_expected",
-                # The engine's own count by tier (metrics.summary.tier_hit_rates); NaN where it does not say:
-                "hit_rate_gpu", "hit_rate_cpu"]
+# arms.csv's columns in order, each with its dtype and meaning.
+ARMS_FIELDS: dict[str, tuple[str, str]] = {
+    "rate": ("float64", "offered request rate, req/s"),
+    "arm": ("str", "the arm compared"),
+    "baseline": ("str", "the arm it is compared with (`sweep.baseline`)"),
+    "n_repeats": ("int64", "repeats of the rate"),
+    "arrival_rate": ("float64", "req/s, mean over repeats of the rate each schedule actually offered"),
+    "mean_e2e_ms": ("float64", "ms, the arm's mean E2E over its counted requests"),
+    "mean_e2e_lo": ("float64", f"ms, its {_INTERVAL}, lower end"),
+    "mean_e2e_hi": ("float64", "ms, its upper end"),
+    "p90_e2e_ms": ("float64", "ms, the arm's 90th percentile of E2E"),
+    "p90_e2e_lo": ("float64", f"ms, its {_INTERVAL}, lower end"),
+    "p90_e2e_hi": ("float64", "ms, its upper end"),
+    "baseline_mean_e2e_ms": ("float64", "ms, the baseline's mean E2E"),
+    "baseline_p90_e2e_ms": ("float64", "ms, the baseline's 90th percentile of E2E"),
+    "n_pairs": ("int64", "requests counted in both, paired by (repeat, request_index)"),
+    "gain_mean_e2e": ("float64", "(baseline - arm) / baseline of mean E2E over the pairs"),
+    "gain_mean_e2e_lo": ("float64", f"its {_INTERVAL}, paired, lower end"),
+    "gain_mean_e2e_hi": ("float64", "its upper end"),
+    "gain_p90_e2e": ("float64", "(baseline - arm) / baseline of p90 E2E over the pairs"),
+    "gain_p90_e2e_lo": ("float64", f"its {_INTERVAL}, paired, lower end"),
+    "gain_p90_e2e_hi": ("float64", "its upper end"),
+    "saturated": ("bool", "any repeat of the arm saturated at this rate"),
+    "baseline_saturated": ("bool", "any repeat of the baseline saturated at this rate"),
+    "gain_is_bound": ("bool", "either saturated: the gain is a bound"),
+    "hit_rate": ("float64", "the arm's measured hit rate: cached / prompt tokens of its counted requests"),
+    "hit_rate_expected": ("float64", "its infinite-cache bound"),
+    # The engine's own count by tier (metrics.summary.tier_hit_rates); NaN where it does not say:
+    "hit_rate_gpu": ("float64", "share of prompt tokens the engine served from its GPU prefix cache"),
+    "hit_rate_cpu": ("float64", "share of prompt tokens the engine served from its CPU tier"),
+}
+ARMS_COLUMNS = list(ARMS_FIELDS)
 
 
 def versus_baseline(requests: pd.DataFrame, summary: pd.DataFrame, arms: list[str], baseline: str) -> pd.DataFrame:

@@ -17,13 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 class LengthDist(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    dist: Literal["uniform", "normal", "lognormal", "choice"]
-    low: int = Field(0, ge=0)
-    high: int | None = Field(None, ge=0)
-    mean: float | None = Field(None, gt=0)
-    std: float | None = Field(None, ge=0)
-    values: list[int] | None = None
-    weights: list[float] | None = None
+    dist: Literal["uniform", "normal", "lognormal", "choice"] = Field(
+        description="The distribution: `uniform` (low..high inclusive), `normal` / `lognormal` (mean, std of the "
+        "lengths themselves), `choice` (values, weights).")
+    low: int = Field(0, ge=0, description="Smallest length, tokens; every draw is clipped to it.")
+    high: int | None = Field(None, ge=0, description="Largest length, tokens (`uniform` needs it); draws are "
+                             "clipped to it; None: no upper clip.")
+    mean: float | None = Field(None, gt=0, description="`normal` / `lognormal`: the mean length, tokens.")
+    std: float | None = Field(None, ge=0, description="`normal` / `lognormal`: the standard deviation, tokens.")
+    values: list[int] | None = Field(None, description="`choice`: the lengths to pick from.")
+    weights: list[float] | None = Field(None, description="`choice`: one weight per value; None: equal.")
 
     @model_validator(mode="after")
     def _complete(self) -> "LengthDist":

@@ -54,9 +54,10 @@ test: check-chromium lint docs
 	  $(BIN)/python -m pytest -q -ra -m engine --timeout 1200 --durations=15; second=$$?; \
 	  test $$first -eq 0 && test $$second -eq 0
 
-# No engine, `vllm serve` or Ray cluster.
-test-fast: check-chromium lint docs
-	$(BIN)/python -m pytest -q -m "not engine" $(XDIST)
+# The inner loop: phase 1 without the tests marked slow (each over about 1.5 s of a worker's time:
+# report builds, CLI studies, fresh venvs, vLLM imports).  No engine, `vllm serve` or Ray cluster.
+test-fast: lint docs
+	$(BIN)/python -m pytest -q -m "not engine and not slow" $(XDIST) --durations=5
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/dispatch.py

@@ -16,7 +16,7 @@ import pytest
 import prefixstudy
 from tests.wheelvenv import sh, wheel_venv
 
-pytestmark = [pytest.mark.packaging, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.packaging, pytest.mark.timeout(600), pytest.mark.slow]  # it builds a wheel and venvs: `make test` only
 
 REPO = Path(__file__).resolve().parents[2]
 

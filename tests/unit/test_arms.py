@@ -17,6 +17,9 @@ from prefixstudy.errors import UserError
 from prefixstudy.results import load
 from prefixstudy.study import run_study
 
+# Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ECHO = {"engine": {"kind": "echo", "block_size": 16, "decode_ms_per_token": 0.2}, "executor": "local",
         "arrivals.process": "constant", "dataset.prefix_len": 56, "dataset.suffix_len": 8, "dataset.output_len": 4,
         "dataset.groups": 2, "sweep.num_requests": 8, "sweep.warmup_requests": 1, "sweep.rates": [40, 80]}

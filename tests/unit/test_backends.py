@@ -52,6 +52,7 @@ def test_a_key_given_with_the_kind_on_the_command_line_is_checked_as_usual():
         load_config(resolve_config(None), {"engine.kind": "echo", "engine.dtype": "float32"})
 
 
+@pytest.mark.slow
 def test_the_cli_dry_run_switches_to_echo():
     r = subprocess.run([sys.executable, "-m", "prefixstudy", "run", "--set", "engine.kind=echo", "--executor", "local",
                         "--dry-run"], cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=120)

@@ -60,6 +60,7 @@ def test_reuse_footprint_counts_what_churns_the_cache_between_two_uses():
         assert (working_set_blocks(rows, 16), reuse_footprint_blocks(rows, 16, primes)) == (working_set, footprint)
 
 
+@pytest.mark.slow
 def test_sweep_writes_one_run_per_capacity_and_a_table(tmp_path):
     parent = run_capacity_sweep(load_config(None, {**GROUPS, "out": str(tmp_path)}), "blocks", [14, 12],
                                 tmp_path / "sweep", progress=False)
@@ -80,6 +81,7 @@ def test_sweep_writes_one_run_per_capacity_and_a_table(tmp_path):
                            "(hit rate 0.889, E2E gain ") and "and 1.09 (hit rate 0.037, E2E gain " in line
 
 
+@pytest.mark.slow
 def test_breakdown_per_turn_shows_later_turns_hit_more(tmp_path):
     cfg = load_config(None, {**GROUPS, "dataset.kind": "sessions", "dataset.groups": 1, "dataset.output_len": 8,
                              "dataset.suffix_len": 8, "dataset.sessions": {"turns": 3, "user_len": 8},
@@ -96,6 +98,7 @@ def test_breakdown_per_turn_shows_later_turns_hit_more(tmp_path):
     assert g[g["mode"] == "on"]["cached_share"].tolist() == pytest.approx([32 / 36] * 6)
 
 
+@pytest.mark.slow
 def test_report_has_capacity_per_turn_and_per_group_sections(tmp_path):
     from prefixstudy.report import build_report
 
@@ -113,6 +116,7 @@ def test_report_has_capacity_per_turn_and_per_group_sections(tmp_path):
     assert cap[["rate", "block_size", "num_blocks", "evicted_blocks_estimated"]].values.tolist() == [[50, 16, 64, 0]]
 
 
+@pytest.mark.slow
 def test_sweeps_made_apart_merge_capacity_by_capacity(tmp_path):
     """ON ran capacities 14 and 12 on one machine, OFF ran 14 on another and 12 on a third: the
     merged sweep is the one-run sweep's table.  A capacity a sweep did not finish is left out."""

@@ -51,6 +51,7 @@ def test_an_alias_bomb_is_refused_before_it_is_expanded(tmp_path):
     assert refused(p) == f"{p}: expands to more than {CONFIG_MAX_VALUES:,} values (YAML aliases?); a config is a few dozen"
 
 
+@pytest.mark.slow
 def test_yaml_nested_past_the_parser_s_depth_is_one_line(tmp_path):
     p = write(tmp_path, "[" * 6000 + "]" * 6000 + "\n")
     assert refused(p) == f"{p}: invalid YAML: nested too deep for a config"

@@ -31,6 +31,7 @@ def test_off_runs_only_under_the_off_policies():
     assert policy_config(load_config(None, {**BASE, "sweep.modes": ["off"]}), "prefix_affinity") is None
 
 
+@pytest.mark.slow
 def test_a_sweep_stopped_before_its_second_policy_resumes_from_its_parent(tmp_path, monkeypatch):
     real = study_mod.run_study
 
@@ -67,6 +68,7 @@ def test_a_sweep_stopped_before_its_second_policy_resumes_from_its_parent(tmp_pa
     assert aff["hit_rate_measured"] == pytest.approx(64 / 72)
 
 
+@pytest.mark.slow
 def test_a_fleet_that_does_not_start_is_one_line_per_policy_and_its_reason_stays_in_the_manifest(
         tmp_path, monkeypatch, caplog):
     """Found on 2 x H200: both policies' fleets failed to start, nothing said why, and the routing

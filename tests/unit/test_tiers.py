@@ -20,6 +20,9 @@ from prefixstudy.executors import point_line
 from prefixstudy.results import load
 from prefixstudy.study import run_study
 
+# Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ECHO = {"engine": {"kind": "echo", "block_size": 16, "num_blocks": 8}, "executor": "local",
         "arrivals.process": "constant", "dataset.kind": "groups", "dataset.groups": 2, "dataset.prefix_len": 64,
         "dataset.suffix_len": 16, "dataset.output_len": 1, "dataset.mix": {"order": "round_robin"},

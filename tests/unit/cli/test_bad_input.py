@@ -465,7 +465,9 @@ def launched(request, tmp_path_factory):
     pool.shutdown(wait=True, cancel_futures=True)
 
 
-@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+# The one case that imports vLLM (about 13 s of CPU) runs in `make test`, not `make test-fast`.
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "engine-extra-arg-unknown" else c
+                                  for c in CASES], ids=list(CASES))
 def test_bad_input_is_one_line_and_exit_2(case, launched):
     tmp_path, before, future = launched[case]
     expected = CASES[case][1]

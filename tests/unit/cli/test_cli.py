@@ -124,6 +124,7 @@ def test_yaml_bare_on_off_are_modes(tmp_path):
     assert load_config(p).sweep.baseline == "off"
 
 
+@pytest.mark.slow
 def test_capacity_sweep_and_breakdown_commands_on_the_echo_backend(tmp_path):
     import yaml
 

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
@@ -40,6 +41,7 @@ DRIVER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_and_the_manifest_says_so(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({

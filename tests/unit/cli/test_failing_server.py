@@ -158,6 +158,7 @@ def run_against(tmp: Path, kind: str, *flags, prime: bool = False) -> tuple[subp
     return r, d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(ERRORS))
 def test_a_server_failing_every_request_is_a_failed_run(tmp_path, kind):
     r, d = run_against(tmp_path, kind, "--no-report")
@@ -180,6 +181,7 @@ def test_a_server_failing_every_request_is_a_failed_run(tmp_path, kind):
     assert not s["saturated"].any()
 
 
+@pytest.mark.slow
 def test_tokens_counted_but_not_streamed_are_flagged_and_get_no_made_up_gaps(tmp_path):
     r, d = run_against(tmp_path, "bundled", "--no-report")
     assert r.returncode == 0, r.stderr
@@ -196,6 +198,7 @@ def test_tokens_counted_but_not_streamed_are_flagged_and_get_no_made_up_gaps(tmp
     assert (req["e2e_ms"] >= req["ttft_ms"]).all() and req["tpot_ms"].notna().all()
 
 
+@pytest.mark.slow
 def test_a_failed_prime_fails_its_point_and_keeps_its_planned_requests_as_rows(tmp_path):
     r, d = run_against(tmp_path, "http500", "--no-report", prime=True)
     assert r.returncode == 1, r.stderr
@@ -208,6 +211,7 @@ def test_a_failed_prime_fails_its_point_and_keeps_its_planned_requests_as_rows(t
     assert set(req["error"]) == {f"not sent: {why}"}
 
 
+@pytest.mark.slow
 def test_a_server_that_dies_mid_run_stops_it_with_the_resume_line(tmp_path):
     server = stub("good", die_after=N // 2)  # in the first point's measured requests
     url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -235,6 +239,7 @@ def test_a_server_that_dies_mid_run_stops_it_with_the_resume_line(tmp_path):
     assert [(p["rate"], p["status"], p["error"]) for p in m["points"]] == [(20.0, "failed", "engine died during the point")]
 
 
+@pytest.mark.slow
 def test_a_base_url_ending_in_v1_is_named_with_the_fix(tmp_path):
     server = stub("good")
     url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -255,6 +260,7 @@ def test_a_base_url_ending_in_v1_is_named_with_the_fix(tmp_path):
             in r.stderr), r.stderr
 
 
+@pytest.mark.slow
 def test_the_report_renders_a_study_whose_points_all_failed(tmp_path):
     r, d = run_against(tmp_path, "http500")
     assert r.returncode == 1, r.stderr

@@ -62,6 +62,7 @@ def test_model_path_order(tmp_path, monkeypatch):
     assert resolve_model_path("mistralai/Mistral-7B-v0.3") == "mistralai/Mistral-7B-v0.3"
 
 
+@pytest.mark.slow
 def test_run_by_name_from_anywhere(tmp_path):
     r = cli(tmp_path, "run", "--dry-run")
     assert r.returncode == 0, r.stderr

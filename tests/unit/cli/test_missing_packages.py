@@ -23,6 +23,9 @@ import yaml
 
 from tests.wheelvenv import wheel_venv
 
+# Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[3]
 HIDE = ("import sys\n"
         "for m in sys.argv[1].split(','):\n"

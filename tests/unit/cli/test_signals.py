@@ -123,6 +123,7 @@ def test_a_signal_before_the_manifest_says_so_and_leaves_no_empty_folder(tmp_pat
     assert not (tmp_path / "res" / "sig").exists() or not any((tmp_path / "res" / "sig").iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("phase", list(SAVED_BEFORE))
 def test_a_signal_stops_the_run_and_resume_finishes_it(tmp_path, phase, signame):

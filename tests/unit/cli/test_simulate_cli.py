@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]
@@ -21,6 +23,7 @@ def one_line_exit_2(r: subprocess.CompletedProcess, text: str) -> None:
     assert len(lines) == 1 and text in lines[0], r.stderr
 
 
+@pytest.mark.slow
 def test_a_calibration_folder_without_a_manifest(tmp_path):
     r = cli("simulate", "h200-tp1", "--calibration", tmp_path, "--out", tmp_path / "out")
     one_line_exit_2(r, f"--calibration {tmp_path}: no readable manifest.json")

@@ -181,6 +181,7 @@ def test_a_reset_that_never_finds_the_server_idle_fails_at_its_deadline():
     assert stub.flushes[200] == 0 and stub.flushes[400] >= 2
 
 
+@pytest.mark.slow
 def test_a_study_against_sglang_reads_cached_tokens_and_counters(tmp_path):
     from prefixstudy.config import load_config
     from prefixstudy.results import load

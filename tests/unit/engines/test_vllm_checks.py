@@ -9,10 +9,12 @@ from prefixstudy.engines.vllm import engine_args, missing_internals
 from prefixstudy.errors import UserError
 
 
+@pytest.mark.slow
 def test_the_installed_vllm_has_every_internal_we_read():
     assert missing_internals() == []
 
 
+@pytest.mark.slow
 def test_an_unsupported_vllm_is_one_line_naming_what_is_missing(monkeypatch):
     import vllm.outputs
     from vllm.v1.metrics import stats

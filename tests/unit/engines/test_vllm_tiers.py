@@ -11,6 +11,9 @@ import pytest
 import prefixstudy
 from prefixstudy.engines import vllm_tiers
 
+# It imports vLLM (about 13 s of CPU): the whole file runs in `make test`, not `make test-fast`.
+pytestmark = pytest.mark.slow
+
 MISTRAL = str(Path(prefixstudy.__file__).parent / "configs/models/mistral-7b-v0.3")
 
 

@@ -19,6 +19,7 @@ def test_the_interval_over_repeats_covers_the_machines_mean_95_percent_of_the_ti
     assert 0.93 <= coverage(repeats, 1000, seed=repeats) <= 0.97
 
 
+@pytest.mark.slow
 def test_the_percentile_bootstrap_over_two_repeats_does_not():
     assert coverage(2, 200, seed=2, method="percentile", n_boot=200) < 0.80
 

@@ -39,6 +39,7 @@ RUNS = sorted([p.parent.name for p in RESULTS.glob("*/summary.csv") if (p.parent
                if (p.parent.parent / "routing.json").is_file()])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", RUNS)
 def test_committed_summary_is_reproduced(run):
     from prefixstudy.metrics.engine_fit import fit_step_cost

@@ -87,6 +87,7 @@ def test_rate_ceiling(a100x8):
     assert on.engine_rps > off.engine_rps
 
 
+@pytest.mark.slow
 def test_model_module_needs_no_gpu_stack():
     code = ("import sys, prefixstudy.model.roofline, prefixstudy.model.explain, prefixstudy.model.calibrate, "
             "prefixstudy.cli.model; assert not {'torch', 'vllm', 'ray'} & set(sys.modules)")

@@ -19,6 +19,9 @@ from prefixstudy.report.bench_json import export_bench, peer_points
 from prefixstudy.results import load
 from prefixstudy.study import run_study
 
+# Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
+pytestmark = pytest.mark.slow
+
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_bench"
 GPU = ["gpu-0.26-on-4.json", "gpu-0.26-off-4.json", "gpu-0.26-detailed-on-1.json"]
 CPU = ["cpu-poisson-4.json", "cpu-detailed-8.json", "cpu-gamma-8.json", "cpu-inf.json"]

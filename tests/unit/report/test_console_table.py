@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+import pytest
 
 from prefixstudy.report.console import bench_table
 from tests import forkcli
@@ -14,6 +15,7 @@ HEAD = ("mode", "rate", "ok/sent", "dur s", "req/s", "out tok/s",
         "TTFT ms mean/p50/p99", "TPOT ms mean/p50/p99", "E2E ms mean/p50/p99")
 
 
+@pytest.mark.slow
 def test_a_run_prints_one_row_per_point_with_summary_csvs_numbers(tmp_path):
     r = forkcli.run(["run", "--set", "engine.kind=echo", "--set", "engine.decode_ms_per_token=1", "--executor", "local",
                      "--rates", "20,40", "--num-requests", "6", "--set", "sweep.warmup_requests=0", "--no-report",

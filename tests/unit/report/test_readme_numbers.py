@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -25,6 +27,7 @@ def test_readme_headline_block_is_what_the_committed_files_give():
     assert m.replace_block(text, block) == text, "README.md's headline block is stale: run experiments/readme_numbers.py --write"
 
 
+@pytest.mark.slow
 def test_results_readme_tables_are_what_the_committed_files_give():
     m = _module()
     for path, text in m.regenerated().items():

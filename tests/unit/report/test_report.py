@@ -29,6 +29,9 @@ from prefixstudy.cli import main as cli_main
 from prefixstudy.report import build_report
 from prefixstudy.results import load
 
+# Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "tests" / "artifacts"  # git ignores it
 RATES = (1.0, 2.0, 4.0, 8.0, 16.0)

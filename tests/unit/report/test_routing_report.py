@@ -13,6 +13,9 @@ from prefixstudy.metrics import replicas as rm
 from prefixstudy.report.routing import write_routing_report
 from prefixstudy.schema import typed_iterations, typed_requests
 
+# Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
+pytestmark = pytest.mark.slow
+
 STEMS = ("routing_e2e", "routing_hit_rate", "routing_imbalance", "routing_replicas")
 
 

@@ -17,6 +17,9 @@ from prefixstudy.results import load
 from prefixstudy.results.store import ARMS, HEADLINE, ITERATIONS, REQUESTS, SUMMARY, read_table
 from prefixstudy.study import run_study
 
+# Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[3]
 ECHO = {"engine": {"kind": "echo", "block_size": 16, "decode_ms_per_token": 0.2}, "executor": "local",
         "arrivals.process": "constant", "dataset.prefix_len": 56, "dataset.suffix_len": 8, "dataset.output_len": 4,

@@ -18,6 +18,9 @@ from prefixstudy.config import load_config
 from prefixstudy.results import read_summary
 from prefixstudy.study import run_study
 
+# Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
+pytestmark = pytest.mark.slow
+
 N = 4
 
 

@@ -2,6 +2,7 @@
 run whose files are exactly the two runs' files together."""
 
 import pandas as pd
+import pytest
 
 from prefixstudy.config import load_config
 from prefixstudy.results import load
@@ -13,6 +14,7 @@ ECHO = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "arri
         "sweep.num_requests": 5, "sweep.warmup_requests": 1, "sweep.rates": [25, 50]}
 
 
+@pytest.mark.slow
 def test_merge_joins_an_on_run_and_an_off_run(tmp_path):
     on = load(run_study(load_config(None, {**ECHO, "sweep.modes": ["on"], "out": str(tmp_path / "a")}),
                         progress=False))

@@ -58,6 +58,7 @@ def resume_ok(d: Path) -> subprocess.CompletedProcess:
     return r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["deleted", "truncated", "short"])
 def test_a_finished_point_whose_part_is_damaged_runs_again(run_dir, damage):
     before = started(run_dir)
@@ -79,6 +80,7 @@ def test_a_finished_point_whose_part_is_damaged_runs_again(run_dir, damage):
     assert {k: v for k, v in after.items() if k != ("on", 50.0)} == {k: v for k, v in before.items() if k != ("on", 50.0)}
 
 
+@pytest.mark.slow
 def test_a_lost_summary_is_rebuilt_from_the_parts_without_running_again(run_dir):
     before = started(run_dir)
     rows = pd.read_csv(run_dir / "summary.csv")
@@ -89,6 +91,7 @@ def test_a_lost_summary_is_rebuilt_from_the_parts_without_running_again(run_dir)
     assert again[["mode", "rate", "repeat", "n_ok", "mean_e2e_ms"]].equals(rows[["mode", "rate", "repeat", "n_ok", "mean_e2e_ms"]])
 
 
+@pytest.mark.slow
 def test_an_edited_config_is_refused(run_dir):
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     cfg["sweep"]["rates"] = [50, 100, 200]
@@ -100,6 +103,7 @@ def test_an_edited_config_is_refused(run_dir):
                         "to resume: start a new run with the changed config\n")
 
 
+@pytest.mark.slow
 def test_resume_deletes_only_the_parts_it_wrote(run_dir):
     m = manifest(run_dir)
     m["points"][0]["status"] = "failed"  # ON @ 50 to run again: its old parts go

@@ -58,6 +58,7 @@ def echo_run(tmp: Path) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_still_going_is_refused_and_of_a_dead_one_goes_on(tmp_path):
     d = echo_run(tmp_path)
     m = json.loads((d / "manifest.json").read_text())

@@ -16,6 +16,7 @@ TIMED_OUT = "unfinished: request_timeout_s (0.75 s) passed"
 CANCELLED = "unfinished: cancelled at max_point_duration_s"
 
 
+@pytest.mark.slow
 def test_overload_is_cut_at_the_point_deadline_and_flagged(tmp_path):
     cfg = load_config(None, {"engine": {"kind": "echo", "decode_ms_per_token": 1000}, "executor": "local",
                              "out": str(tmp_path), "dataset.prefix_len": 32, "dataset.suffix_len": 4,

@@ -66,6 +66,7 @@ def test_requests_open_at_the_point_deadline_are_rows_marked_unfinished():
     assert 1.0 <= res.meta["duration_s"] < 2.0
 
 
+@pytest.mark.slow
 def test_a_study_on_the_echo_backend_writes_every_file(tmp_path):
     run = run_study(cfg_with(**{"out": str(tmp_path), "sweep.rates": [25, 50]}), progress=False)
     res = load(run)
@@ -137,6 +138,7 @@ def test_settle_heap_frees_cyclic_garbage_and_freezes_the_rest():
         gc.unfreeze()
 
 
+@pytest.mark.slow
 def test_every_file_of_a_run_and_its_report_is_readable_by_all_under_the_default_umask(tmp_path):
     import os
     import stat

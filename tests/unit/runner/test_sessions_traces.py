@@ -65,6 +65,7 @@ def test_trace_replay_sends_at_scaled_recorded_times_and_hits_by_hash_ids():
     assert m["num_cached_tokens"].tolist() == [0, 896, 512, 0, 1024, 512, 1024, 0] == m["expected_cached_tokens"].tolist()
 
 
+@pytest.mark.slow
 def test_a_cache_too_small_is_eviction_in_the_estimate_not_a_failure(tmp_path):
     # 6 groups of 2 blocks, round robin, 1 request at a time: 14 blocks fit them, 12 do not.
     base = {"dataset.kind": "groups", "dataset.groups": 6, "dataset.prefix_len": 32, "dataset.suffix_len": 4,

@@ -4,11 +4,14 @@ stalls, five warm-ups of request_timeout_s 2.5 s each take at most max_point_dur
 
 from __future__ import annotations
 
+import pytest
+
 from prefixstudy.config import load_config
 from prefixstudy.results import load
 from prefixstudy.study import run_study
 
 
+@pytest.mark.slow
 def test_warmups_stop_at_the_point_deadline(tmp_path):
     # Every request takes 3 s (four tokens, 1 s apart), longer than request_timeout_s.
     cfg = load_config(None, {"engine": {"kind": "echo", "decode_ms_per_token": 1000}, "executor": "local",

@@ -73,6 +73,7 @@ def test_a_folder_without_a_manifest_is_refused(tmp_path):
         simulate(load_config(None, OVERRIDES), tmp_path, out=tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_points_in_worker_processes_match_the_hand_schedule(calibration, tmp_path):
     """--jobs 2: each point in a spawned worker with a fresh scheduler; the same numbers."""
     cfg = load_config(None, OVERRIDES)

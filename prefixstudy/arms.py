@@ -161,15 +161,17 @@ def _check_offload(cfg: "StudyConfig", i: int, a: ArmConfig, fail) -> None:
 
 def check_offload_device(cfg: "StudyConfig", device: str | None = None) -> None:
     """An offload arm where the engines run on the CPU: refused before anything starts.  ``device``:
-    where they run; None: this machine's, when they run here (local executor or a local Ray
-    cluster; a remote cluster's nodes are not known here)."""
+    where they run; None: this machine's, when they run here (``executors.engines_run_here``; a
+    cluster's nodes are not known before it is joined)."""
     tiers = [(i, a) for i, a in enumerate(cfg.arms) if a.offload is not None and a.name in cfg.sweep.modes]
     if not tiers:
         return
     if device is None:
-        if cfg.executor != "local" and cfg.ray.address != "local":
-            return
+        from prefixstudy.executors import engines_run_here
         from prefixstudy.results.provenance import device_name
+
+        if not engines_run_here(cfg):
+            return
 
         device = cfg.device if cfg.device != "auto" else ("cpu" if device_name() == "cpu" else "cuda")
     for i, a in tiers:

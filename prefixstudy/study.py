@@ -21,7 +21,7 @@ from typing import Any
 from prefixstudy.config import StudyConfig, flat_config, load_config
 from prefixstudy.engines import check_engine_config, engine_class
 from prefixstudy.errors import StudyFailed, UserError, first_line, installed  # noqa: F401 (StudyFailed: importers' name)
-from prefixstudy.executors import pick_executor
+from prefixstudy.executors import engines_run_here, pick_executor
 from prefixstudy.results import find_run_dir, read_manifest, read_summary
 from prefixstudy.results.provenance import base_manifest, device_name, now
 from prefixstudy.results.store import CONFIG, ENGINE_LOG, SUMMARY, atomic_write_text
@@ -82,21 +82,21 @@ def check_installed(cfg: StudyConfig) -> None:
 
 
 def device_problem(cfg: StudyConfig) -> str:
-    """Why the config cannot run on this machine's devices ("": it can)."""
-    try:
-        check_device(cfg)
-    except UserError as e:
-        return str(e)
+    """Why the config's engines cannot run on this machine's own devices ("": they can)."""
+    if cfg.device == "cuda" and device_name() == "cpu":
+        return "field 'device': cuda asked for, but torch sees no CUDA GPU here"
     return ""
 
 
 def check_device(cfg: StudyConfig) -> None:
-    """A study that asks for GPUs must not silently run on the CPU (and the reverse)."""
-    if cfg.device == "auto":
+    """A study that asks for GPUs must not silently run on the CPU (and the reverse).  On a Ray
+    cluster it joins, the engines run on the cluster's nodes, not the driver's: the Ray executor
+    refuses a cluster without GPUs (``executors.ray``)."""
+    if cfg.device == "auto" or not engines_run_here(cfg):
         return
     have = device_name()
     if cfg.device == "cuda" and have == "cpu":
-        raise UserError("field 'device': cuda asked for, but torch sees no CUDA GPU here")
+        raise UserError(device_problem(cfg))
     if cfg.device == "cpu" and have != "cpu":
         log.warning("device: cpu asked for on a machine with %s; vLLM picks its platform from its build", have)
 

@@ -12,6 +12,7 @@ comes from the summary row the sink returns.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -65,6 +66,15 @@ def resolve_executor(requested: str, engine_kind: str | None = None, address: st
     if engine_kind in IN_PROCESS_KINDS and address == "local":
         return "local"
     return "ray" if ray_installed() else "local"
+
+
+def engines_run_here(cfg: "StudyConfig") -> bool:
+    """Whether the engines run on this machine's devices: the local executor, or a Ray cluster this
+    run starts here.  Not when it joins one (``ray.address``, or ``local`` with RAY_ADDRESS set, as
+    inside a Ray job): a KubeRay head runs the driver and has no GPU, its workers have them."""
+    if resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address) != "ray":
+        return True
+    return cfg.ray.address == "local" and not os.environ.get("RAY_ADDRESS")
 
 
 def pick_executor(cfg: "StudyConfig") -> Executor:

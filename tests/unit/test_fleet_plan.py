@@ -11,7 +11,9 @@ from click.testing import CliRunner
 from prefixstudy.cli import main
 from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
+from prefixstudy.executors import engines_run_here
 from prefixstudy.executors.ray_plan import assign_replicas, plan_parallel
+from prefixstudy.study import check_device
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,7 +50,7 @@ def test_h200_replicas_config_dry_run():
     assert (cfg.replicas, cfg.engine.tensor_parallel_size, cfg.dataset.groups, cfg.dataset.prefix_len) == (2, 1, 16, 1800)
 
 
-def test_kuberay_rayjob_manifest():
+def test_kuberay_rayjob_manifest(monkeypatch):
     """No RayJob JSON schema is available offline: the fields KubeRay's ray.io/v1 RayJob needs."""
     docs = list(yaml.safe_load_all((REPO / "experiments/kuberay/rayjob.yaml").read_text()))
     assert len(docs) == 1
@@ -75,6 +77,12 @@ def test_kuberay_rayjob_manifest():
     cfg = load_config(REPO / "prefixstudy/configs/h200-replicas.yaml")
     nodes = [{"CPU": 8, "GPU": 2}] * gpu["replicas"]
     assert plan_parallel(cfg.ray.parallel, 2, nodes, True, cfg.engine.tensor_parallel_size, 1, cfg.replicas)["used"]
+    # The entrypoint runs on the head, which has no GPU (nor has this machine), inside the job that
+    # `ray job submit` started (RAY_ADDRESS set): the config's `device: cuda` is the cluster's to meet.
+    assert entry[entry.index("--ray-address") + 1] == "local" and "--set" not in entry
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert cfg.device == "cuda" and not engines_run_here(cfg)
+    check_device(cfg)
 
 
 def test_a_gpu_engine_is_placed_for_its_workers_or_for_its_own_process():

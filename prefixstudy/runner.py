@@ -235,7 +235,7 @@ class ModeSession:
             row = replace(rows[i], prompt_token_ids=point.prompts[i]) if point.prompts[i] else rows[i]
             records.append(make_record(self.mode, rate, i, ids[i], row, False, float(point.scheduled_s[i]), t0, tr,
                                        exp[i], est[i], parents[i], repeat))
-            if records[-1].error == "":
+            if records[-1].error == "" and not tr.unstreamed_tokens:  # its gaps are not measured (make_record)
                 gaps.append(np.diff(tr.token_times) * 1e3)
         dead = eng.is_dead()
         timing = getattr(eng, "step_timing", "engine")

@@ -26,6 +26,7 @@ Definitions used everywhere (the report quotes them):
   crosses it, interpolated between rates, with an interval from p90's; a saturated rate is over.
 * **Engine prefill share** and **decode slowdown** (``engine_fit``): from one step-cost fit over the
   study's engine steps (timed inside the engine core), with block-bootstrap intervals.
-* **Intervals** (``bootstrap``, ``headline``): moving blocks of consecutive requests or steps, and
-  repeats resampled too; ON and OFF paired.
+* **Intervals** (``bootstrap``, ``headline``): with two or more repeats, Student's t over the
+  repeats' own values (``bootstrap.over_repeats``); with one, a moving-block bootstrap of
+  consecutive requests or steps; ON and OFF paired.
 """

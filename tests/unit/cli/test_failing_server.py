@@ -191,6 +191,7 @@ def test_tokens_counted_but_not_streamed_are_flagged_and_get_no_made_up_gaps(tmp
     assert len(said) == 2 and all(ln.startswith("warning: http://127.0.0.1:") for ln in said), r.stderr  # once a point
     m = json.loads((d / "manifest.json").read_text())
     assert [p["requests_with_unstreamed_tokens"] for p in m["points"]] == [N, N]
+    assert [p["itl_ms"] for p in m["points"]] == [{}, {}]  # the pooled gaps leave them out too
     req = pd.read_parquet(d / "requests.parquet")
     assert (req["error"] == "").all() and (req["output_tokens"] == 4).all()
     assert req["itl_mean_ms"].isna().all() and req["itl_p99_ms"].isna().all()  # not zeros made up

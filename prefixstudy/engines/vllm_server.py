@@ -11,6 +11,7 @@ every exit path: ``shutdown`` (which the runner's ``async with`` reaches on erro
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import math
@@ -163,11 +164,12 @@ class VllmServerEngine:
         try:
             await self.http.start()
         except Exception as e:  # noqa: BLE001 - any start failure: server shut down, re-raised as StudyFailed with its log
-            self.shutdown()
+            self._stop()
             # The log travels with the failure (a Ray actor's temp file is on a node that may be
             # gone by the time anyone looks); the run keeps it.  Without an exception line in it
             # (a server killed from outside), its last lines go into the message instead.
             text = log_end(self.log_path)
+            self._drop_log()
             why = "" if root_cause(text) else f"; the end of its log: {_tail(text)}"
             raise StudyFailed(f"vllm serve (caching {self.mode.upper()}) did not come up: {first_line(e)}{why}",
                               log=text) from None
@@ -203,12 +205,26 @@ class VllmServerEngine:
         return self.proc is None or self.proc.poll() is not None or (self.http is not None and self.http.is_dead())
 
     def shutdown(self) -> None:
+        crashed = self.proc is not None and self.proc.poll() is not None
+        self._stop()
+        if crashed:  # it exited on its own: its log is the only account of why
+            log.warning("vllm serve (caching %s) exited during the run; its log: %s", self.mode.upper(), self.log_path)
+        else:
+            self._drop_log()
+
+    def _stop(self) -> None:
         if self.http is not None:
             self.http.shutdown()
         if self.proc is not None:
             kill_group(self.proc)
             self.proc = None
         atexit.unregister(self.shutdown)
+
+    def _drop_log(self) -> None:
+        if self.log_path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.log_path)
+            self.log_path = ""
 
 
 def _tail(text: str, n: int = 3) -> str:

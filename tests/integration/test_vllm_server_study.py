@@ -41,6 +41,7 @@ def test_vllm_server_launches_measures_and_kills(server_study):
     assert (res.manifest["engine"], res.manifest["vllm_version"]) == ("vllm-server", "0.32.0")
     assert [p["block_size"] for p in res.manifest["points"]] == [128] * 4
     assert server_study.servers_left == []  # right after the run returned
+    assert server_study.logs_left == []  # a server stopped by the study takes its log with it
     assert _servers_under(os.getpid()) == []
 
 

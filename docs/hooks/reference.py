@@ -148,9 +148,9 @@ def results_page() -> str:
            "warm-up) that finished without error. The [metric definitions](metrics.md) say how each "
            "number is computed.", "",
            "Beside the tables: `config.yaml` (the resolved config, the fields of the "
-           "[config reference](config.md)), `manifest.json` (versions, device, times, the status of "
-           "every point, the step-cost fit) and, after `prefixstudy report`, `report.md`, `report.html` "
-           "and `plots/`.", ""]
+           "[config reference](config.md)), [`manifest.json`](#manifestjson) (versions, device, times, "
+           "the status of every point, the step-cost fit; its keys are at the end of this page) and, after "
+           "`prefixstudy report`, `report.md`, `report.html` and `plots/`.", ""]
     for name, what, fields in results_files():
         out += column_table(name, what, fields)
     out += ["## Capacity and routing sweeps", "",
@@ -160,7 +160,25 @@ def results_page() -> str:
             "routing sweep's tables (after a `--resume`).", ""]
     for name, what, fields in sweep_files():
         out += column_table(name, what, fields)
-    return "\n".join(out)
+    return "\n".join(out + manifest_section())
+
+
+def manifest_section() -> list[str]:
+    """manifest.json's keys, from the tables beside base_manifest (prefixstudy.results.provenance)."""
+    from prefixstudy.results.provenance import MANIFEST_KEYS, POINT_KEYS
+
+    def table(keys) -> list[str]:
+        return ["| key | JSON type | in every run | meaning |", "|---|---|---|---|",
+                *(f"| `{k}` | `{_cell(key.type)}` | {'no' if key.optional else 'yes'} | {_cell(key.meaning)} |"
+                  for k, key in keys.items()), ""]
+
+    return ["## `manifest.json`", "",
+            "Written at the run's start and after every point, so it always says how far the run got. Keys not "
+            "in every run are written only by some backends, executors or commands (the meaning says which). "
+            "The tables are `MANIFEST_KEYS` and `POINT_KEYS` in `prefixstudy/results/provenance.py`.", "",
+            "### Top-level keys", "", *table(MANIFEST_KEYS),
+            "### A point's keys", "", "Each entry of `points`; \"in every run\" here means in every point's entry, "
+            "a point that failed before it ran included.", "", *table(POINT_KEYS)]
 
 
 def column_table(name: str, what: str, fields: dict[str, tuple[str, str]]) -> list[str]:

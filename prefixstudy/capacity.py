@@ -4,7 +4,8 @@ folder, and the table that reads them together.
 Why an outer loop and not a third point key: a capacity is an engine argument, so each one needs
 its own engine start anyway; a run folder per capacity keeps every existing piece (point key,
 resume, merge, report) unchanged and each folder a complete study of its own.  The parent holds
-``capacity.json`` (unit, values, run folders, working set) and, once read, ``capacity.csv``.
+``capacity.json`` (unit, values, run folders, working set) and, once read, ``capacity.csv``
+(``CAPACITY_FIELDS``).
 
 Capacity is set as ``blocks`` (vLLM's ``num_gpu_blocks_override``; the echo backend's
 ``num_blocks``), ``bytes`` (``kv_cache_memory_bytes``) or ``share`` (``gpu_memory_utilization``);
@@ -29,6 +30,7 @@ import pandas as pd
 from prefixstudy.cachesim import block_hashes
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import UserError
+from prefixstudy.schema import SUMMARY_FIELDS, typed_frame
 from prefixstudy.workloads import DatasetRow, load_rows
 from prefixstudy.workloads.base import group_prefixes
 
@@ -36,6 +38,32 @@ UNITS = ("blocks", "bytes", "share", "offload_gib", "tier_blocks")
 # The CPU tier's units, and the backends that take each (0 is a value: no tier).
 TIER_UNITS = {"offload_gib": ("vllm", "vllm-server"), "tier_blocks": ("echo",)}
 INDEX = "capacity.json"
+TABLE = "capacity.csv"
+
+# capacity.csv's columns in order, each with its dtype and meaning (the docs' results reference
+# prints them): the capacity, then every summary.csv column of the point, then what the sweep adds.
+# A count the sweep may not know (a point that failed before its engine said) is float64, NaN.
+CAPACITY_FIELDS: dict[str, tuple[str, str]] = {
+    "capacity_unit": ("str", "the unit swept (`--capacity UNIT=...`): `blocks`, `bytes`, `share`, `offload_gib` "
+                      "or `tier_blocks`"),
+    "capacity": ("float64", "the capacity of this row's run, in `capacity_unit`"),
+    **SUMMARY_FIELDS,
+    "num_blocks": ("float64", "KV-cache blocks the engine allocated, as its point recorded them (the manifest's "
+                   "`num_blocks`; the echo backend: 0 unbounded); NaN where the point did not say"),
+    "tier_blocks": ("int64", "blocks of the CPU tier under the cache (the manifest's `tier_blocks`); 0: no tier"),
+    "working_set_blocks": ("float64", "whole prompt blocks that more than one request of the dataset has: what "
+                           "the cache must hold for every reuse to hit; NaN where the block size is unknown"),
+    "working_set_ratio": ("float64", "working_set_blocks / (num_blocks - 1): above 1 the working set does not "
+                          "fit (one block is vLLM's null block)"),
+    "reuse_footprint_blocks": ("float64", "median over the reusing requests of the distinct blocks cached "
+                               "between two uses of a block (the LRU queue's churn, `reuse_footprint_blocks`); "
+                               "NaN where unknown"),
+    "reuse_footprint_ratio": ("float64", "reuse_footprint_blocks / (num_blocks - 1): above 1 an LRU cache "
+                              "evicts a block before its reuse"),
+    "e2e_gain": ("float64", "(OFF - arm) / OFF of mean E2E, against OFF at the same capacity, rate and repeat; "
+                 "NaN on OFF's rows"),
+    "ttft_gain": ("float64", "the same for mean TTFT"),
+}
 
 
 def parse_capacity(text: str) -> tuple[str, list[float]]:
@@ -167,7 +195,8 @@ def run_capacity_sweep(cfg: StudyConfig, unit: str, values: list[float], parent:
 
 def capacity_table(parent: Path) -> pd.DataFrame:
     """One row per capacity x point: the engine's blocks, working set ÷ usable blocks, hit rates
-    (measured, with the engine's blocks, infinite cache), latency, and the gain over OFF."""
+    (measured, with the engine's blocks, infinite cache), latency, and the gain over OFF
+    (capacity.csv: ``CAPACITY_FIELDS``)."""
     from prefixstudy.results import load
 
     f = parent / INDEX
@@ -180,17 +209,17 @@ def capacity_table(parent: Path) -> pd.DataFrame:
         blocks = {p["mode"]: p.get("num_blocks") for p in res.manifest["points"]}
         tiers = {p["mode"]: p.get("tier_blocks", 0) for p in res.manifest["points"]}
         s = res.summary.copy()
-        s.insert(0, "capacity", r["capacity"])
+        s.insert(0, "capacity", float(r["capacity"]))
         s.insert(0, "capacity_unit", index["unit"])
-        s["num_blocks"] = s["mode"].map(blocks)
-        s["tier_blocks"] = s["mode"].map(tiers)  # the CPU tier's offload blocks, 0: none
+        s["num_blocks"] = s["mode"].map(blocks).astype(float)
+        s["tier_blocks"] = s["mode"].map(tiers).fillna(0)  # the CPU tier's offload blocks, 0: none
         s["working_set_blocks"] = r["working_set_blocks"]
         s["working_set_ratio"] = s["working_set_blocks"] / (s["num_blocks"] - 1)  # one block is vLLM's null block
         s["reuse_footprint_blocks"] = r.get("reuse_footprint_blocks")
         s["reuse_footprint_ratio"] = s["reuse_footprint_blocks"] / (s["num_blocks"] - 1)
         out.append(s)
     df = pd.concat(out, ignore_index=True)
-    return with_gain(df, ["capacity"])
+    return typed_frame(with_gain(df, ["capacity"]), CAPACITY_FIELDS)
 
 
 def with_gain(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

@@ -24,8 +24,12 @@ import pandas as pd
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import UserError
 from prefixstudy.metrics import replicas as rm
+from prefixstudy.schema import typed_frame
 
 INDEX = "routing.json"
+# The parent's tables and their columns (metrics.replicas: ROUTING_FIELDS, REPLICAS_FIELDS,
+# REPLICAS_SUMMARY_FIELDS).
+ROUTING, REPLICAS, REPLICAS_SUMMARY = "routing.csv", "replicas.csv", "replicas_summary.csv"
 log = logging.getLogger(__name__)
 
 
@@ -115,10 +119,10 @@ def routing_report(parent: Path) -> Path:
         out.write_text("# Routing\n\nNo policy finished a point: see each policy's manifest.json (`error`).\n")
         return out
     table = rm.policy_table(runs)
-    table.to_csv(parent / "routing.csv", index=False)
-    per = pd.concat([rm.replica_table(req, its).assign(policy=p) for p, (req, its, _) in runs.items()],
-                    ignore_index=True)
-    per.to_csv(parent / "replicas.csv", index=False)
+    table.to_csv(parent / ROUTING, index=False)
+    per = typed_frame(pd.concat([rm.replica_table(req, its).assign(policy=p) for p, (req, its, _) in runs.items()],
+                                ignore_index=True), rm.REPLICAS_FIELDS)
+    per.to_csv(parent / REPLICAS, index=False)
     summary = rm.replica_summary(runs)
-    summary.to_csv(parent / "replicas_summary.csv", index=False)
+    summary.to_csv(parent / REPLICAS_SUMMARY, index=False)
     return write_routing_report(parent, list(runs), table, per, summary)

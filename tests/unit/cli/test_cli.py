@@ -143,3 +143,15 @@ def test_capacity_sweep_and_breakdown_commands_on_the_echo_backend(tmp_path):
                                                         "capacity.md", "capacity.png", "capacity.svg"]
     b = cli("breakdown", parent / "blocks-14", "--by", "group")
     assert b.stdout.count("| on | 50 |") == 6 and b.stdout.count("| off | 50 |") == 6
+
+
+def test_the_command_list_fits_80_columns_whole():
+    """Each command's line in `prefixstudy --help` is its whole SHORT_HELP, never a phrase cut with '...'."""
+    from click.testing import CliRunner
+
+    from prefixstudy.cli import SHORT_HELP, main
+
+    assert set(SHORT_HELP) == set(main.commands)
+    out = CliRunner().invoke(main, ["--help"], terminal_width=80).output
+    listed = dict(ln.split(maxsplit=1) for ln in out.split("Commands:\n")[1].splitlines() if ln.strip())
+    assert listed == SHORT_HELP

@@ -6,21 +6,16 @@ config (a new backend's config class, a new workload section) is walked without 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from prefixstudy.engines import config_classes
+from tests.scripts import load_script
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _hook():
-    spec = importlib.util.spec_from_file_location("docs_reference_hook", REPO / "docs/hooks/reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("docs/hooks/reference.py")
 
 
 hook = _hook()

@@ -11,6 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.scripts import load_script
+
 from prefixstudy.config import load_config
 from prefixstudy.metrics.headline import HEADLINE_FIELDS, MODES, headline_columns
 from prefixstudy.results import load
@@ -29,10 +31,7 @@ KIND = {"str": "O", "bool": "b", "int64": "i", "float64": "f"}
 
 
 def _hook():
-    spec = importlib.util.spec_from_file_location("docs_reference_hook", REPO / "docs/hooks/reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("docs/hooks/reference.py")
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 from prefixstudy.config import load_config
 from prefixstudy.engines.echo import EchoEngine
 from prefixstudy.results.merge import merge_runs
@@ -121,9 +123,7 @@ def test_committed_manifests_hold_only_documented_keys(path):
 
 
 def test_the_results_page_lists_every_key_once():
-    spec = importlib.util.spec_from_file_location("docs_reference_hook", REPO / "docs/hooks/reference.py")
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
+    hook = load_script("docs/hooks/reference.py")
     page = hook.results_page().split("## `manifest.json`", 1)[1]
     top, points = page.split("### A point's keys", 1)
     for section, keys in ((top, MANIFEST_KEYS), (points, POINT_KEYS)):

@@ -11,6 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.scripts import load_script
+
 from prefixstudy.capacity import run_capacity_sweep
 from prefixstudy.config import load_config
 from prefixstudy.report.capacity import write_capacity_report
@@ -34,10 +36,7 @@ ROWS = {"capacity.csv": 4, "routing.csv": 3, "replicas.csv": 6, "replicas_summar
 
 
 def _hook():
-    spec = importlib.util.spec_from_file_location("docs_reference_hook", REPO / "docs/hooks/reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("docs/hooks/reference.py")
 
 
 @pytest.fixture(scope="module")

@@ -3,21 +3,17 @@ committed profile runs and studies give, through experiments/sim/tp_profile.py."
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.scripts import load_script
+
 
 pytestmark = pytest.mark.slow  # two step-cost fits over the committed studies' steps
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("tp_profile", REPO / "experiments/sim/tp_profile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("experiments/sim/tp_profile.py")
 
 
 def test_ratios_md_is_what_the_committed_files_give():

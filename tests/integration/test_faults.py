@@ -1,7 +1,7 @@
 """Fault injection on the real tiny engine: the results on disk stay consistent and complete.
 
 Each test drives the real CLI in a subprocess and hurts it from outside: kill -9 of the
-engine core, SIGINT then --resume, and an arrival rate far past the engine's capacity (the
+engine core, then SIGINT and --resume in the same run, and an arrival rate far past the engine's capacity (the
 overload guard's logic is tested on the echo backend, tests/unit/runner/test_overload.py).
 
 Two of these runs also check what a user sees on the console, so that no engine starts for that
@@ -86,31 +86,16 @@ def run_dir(out: Path) -> Path:
     return d
 
 
-def test_engine_core_killed_mid_point_is_recorded_and_sweep_goes_on(tmp_path):
-    proc = start(["--modes", "on", "--rates", "1,4", "--num-requests", "10", "--set", "dataset.output_len=64"],
+def test_engine_core_killed_then_sigint_then_resume_reruns_what_did_not_finish(tmp_path):
+    # One run, three faults a user meets, three engine starts: kill -9 of the engine core mid point
+    # (the point fails, the engine restarts, the sweep goes on), SIGINT at the next point (finished
+    # points flushed, the resume hint), then --resume (the failed and the missing point run again,
+    # the finished one is kept as it was).
+    proc = start(["--modes", "on", "--rates", "1,4,8", "--num-requests", "8", "--set", "dataset.output_len=64"],
                  tmp_path)
     wait_for_point(proc, "cache ON @ 1 req/s")
     time.sleep(3)  # a few requests in flight
     engine_core(proc).send_signal(signal.SIGKILL)
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 1, out[-3000:]
-    assert "1 point(s) failed" in out
-    res = load(run_dir(tmp_path))
-    s = res.summary.set_index("rate")
-    assert s.loc[1.0, "status"] == "failed" and s.loc[4.0, "status"] == "ok"
-    assert "engine died" in s.loc[1.0, "error"]
-    # Every scheduled request of the dead point is a row: sent = ok + failed + unfinished.
-    assert s.loc[1.0, "n_sent"] == 10 == s.loc[1.0, "n_ok"] + s.loc[1.0, "n_failed"] + s.loc[1.0, "n_unfinished"]
-    assert s.loc[1.0, "n_failed"] + s.loc[1.0, "n_unfinished"] >= 1
-    assert s.loc[4.0, "n_ok"] == 10 and s.loc[4.0, "hit_rate_measured"] == pytest.approx(1152 / 1214)
-    assert res.manifest["status"] == "complete_with_failures"
-    m = res.measured
-    assert len(m[m["rate"] == 1.0]) == 10 and len(m[m["rate"] == 4.0]) == 10
-
-
-def test_sigint_flushes_finished_points_then_resume_completes(tmp_path):
-    proc = start(["--modes", "on", "--rates", "4,8", "--num-requests", "8", "--set", "dataset.output_len=32"],
-                 tmp_path)
     wait_for_point(proc, "cache ON @ 8 req/s")
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=300)
@@ -119,7 +104,16 @@ def test_sigint_flushes_finished_points_then_resume_completes(tmp_path):
     assert f"prefixstudy run --resume {run}" in out
     first = load(run)
     assert first.manifest["status"] == "interrupted"
-    assert [(p["mode"], p["rate"], p["status"]) for p in first.manifest["points"]] == [("on", 4.0, "ok")]
+    assert [(p["mode"], p["rate"], p["status"]) for p in first.manifest["points"]] == [("on", 1.0, "failed"),
+                                                                                        ("on", 4.0, "ok")]
+    s = first.summary.set_index("rate")
+    assert s.loc[1.0, "status"] == "failed" and "engine died" in s.loc[1.0, "error"]
+    # Every scheduled request of the dead point is a row: sent = ok + failed + unfinished.
+    assert s.loc[1.0, "n_sent"] == 8 == s.loc[1.0, "n_ok"] + s.loc[1.0, "n_failed"] + s.loc[1.0, "n_unfinished"]
+    assert s.loc[1.0, "n_failed"] + s.loc[1.0, "n_unfinished"] >= 1
+    assert s.loc[4.0, "n_ok"] == 8 and s.loc[4.0, "hit_rate_measured"] == pytest.approx(1152 / 1214)
+    m = first.measured
+    assert len(m[m["rate"] == 1.0]) == 8 and len(m[m["rate"] == 4.0]) == 8
     before = first.requests[first.requests["rate"] == 4.0].reset_index(drop=True)
     assert len(before) == 9  # 8 measured + 1 warm-up, nothing of the interrupted point
 
@@ -132,20 +126,22 @@ def test_sigint_flushes_finished_points_then_resume_completes(tmp_path):
                           env=dict(os.environ), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     lines = console(done)
-    assert len(lines) == 5, lines
-    assert re.fullmatch(r"\[ ON      8 req/s\] ok 8/8  e2e [0-9.]+ ms  prefill [0-9.]+ ms  hit 0\.949(  SATURATED)?",
-                        lines[0])
-    # The run's table (report.console): both points, the one kept and the one the resume ran.
-    assert lines[1].split()[:3] == ["mode", "rate", "ok/sent"]
-    assert [ln.split()[:3] for ln in lines[2:4]] == [["ON", "4", "8/8"], ["ON", "8", "8/8"]]
-    assert lines[4] == f"results: {run}"
+    assert len(lines) == 7, lines
+    for line, rate in zip(lines[:2], (1, 8), strict=True):
+        assert re.fullmatch(rf"\[ ON {rate:6d} req/s\] ok 8/8  e2e [0-9.]+ ms  prefill [0-9.]+ ms  hit 0\.949"
+                            r"(  SATURATED)?", line), line
+    # The run's table (report.console): every point, the one kept and the two the resume ran.
+    assert lines[2].split()[:3] == ["mode", "rate", "ok/sent"]
+    assert [ln.split()[:3] for ln in lines[3:6]] == [["ON", "1", "8/8"], ["ON", "4", "8/8"], ["ON", "8", "8/8"]]
+    assert lines[6] == f"results: {run}"
     res = load(run)
     assert res.manifest["status"] == "complete" and len(res.manifest["resumed_at"]) == 1
-    assert [(p["rate"], p["status"]) for p in res.manifest["points"]] == [(4.0, "ok"), (8.0, "ok")]
+    assert [(p["rate"], p["status"]) for p in res.manifest["points"]] == [(4.0, "ok"), (1.0, "ok"), (8.0, "ok")]
     # The finished point was kept as it was, not run again.
     after = res.requests[res.requests["rate"] == 4.0].reset_index(drop=True)
     pd.testing.assert_frame_equal(before, after)
-    assert res.summary["n_ok"].tolist() == [8, 8]
+    assert res.summary.sort_values("rate")["n_ok"].tolist() == [8, 8, 8]
+    assert len(res.measured) == 24
 
 
 def test_overload_is_cut_at_the_point_deadline_and_flagged_and_a_default_run_prints_only_its_own(tmp_path):

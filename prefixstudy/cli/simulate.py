@@ -24,9 +24,11 @@ from prefixstudy.errors import UserError
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config field, dotted.")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Simulate points in this many processes.")
+@click.option("--stepwise", is_flag=True,
+              help="Every step through vLLM's scheduler, no decode lane (slower; the same results).")
 @click.option("--report/--no-report", default=True, show_default=True, help="Build the report at the end.")
 @click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
-def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, report, verbose):
+def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, stepwise, report, verbose):
     """Predict a study: CONFIG's sweep on the simulated engine (the whole sweep in seconds)."""
     from prefixstudy.config import load_config
     from prefixstudy.configs import resolve_config
@@ -42,7 +44,7 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, report
 
     need_vllm("prefixstudy simulate: the simulator replays vLLM's own scheduler, so it")  # before any results folder
 
-    run_dir = run_sim(cfg, calibration, gpu, tp, out, jobs)
+    run_dir = run_sim(cfg, calibration, gpu, tp, out, jobs, stepwise=stepwise)
     click.echo(f"results: {run_dir}")
     if report:
         from prefixstudy.report import build_report

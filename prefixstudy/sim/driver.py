@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from prefixstudy.sim.lane import DecodeLane
 from prefixstudy.sim.vllm_setup import make_request, runner_output
 
 SAMPLED_TOKEN_ID = 0  # any id: outputs are never shared between requests, so never hit the cache
@@ -65,11 +66,14 @@ class Simulator:
     """One engine (one mode): a scheduler, its block hasher, a cost model, and a virtual clock
     that only ever moves forward (idle gaps jump to the next arrival)."""
 
-    def __init__(self, scheduler, hasher, cost_ms: StepCost):
+    def __init__(self, scheduler, hasher, cost_ms: StepCost, stepwise: bool = False):
         self.sched, self.hasher, self.cost_ms = scheduler, hasher, cost_ms
         self.clock_s = 0.0
         self.steps: list[dict] = []
         self.num_steps = 0
+        # The decode lane (``sim.lane``) replays stretches of pure decode steps without
+        # schedule(); ``stepwise`` keeps every step on vLLM's own scheduler, to check it against.
+        self.lane = None if stepwise else DecodeLane.for_scheduler(scheduler)
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.sched.reset_prefix_cache())
@@ -102,6 +106,10 @@ class Simulator:
             if not self.sched.has_unfinished_requests():
                 self.clock_s = max(self.clock_s, pending[i].arrival_s)  # idle: jump to the next arrival
                 continue
+            if self.lane is not None:
+                next_arrival_s = pending[i].arrival_s if i < len(pending) else math.inf
+                if self.lane.advance(self, traces, record, min(next_arrival_s, math.nextafter(deadline_s, math.inf))):
+                    continue  # back to the arrivals and the deadline, as after any step
             for rid in self.step(traces, record):
                 for c in children.pop(rid, ()):  # release the finished parent's next turns
                     done = traces[rid]

@@ -1,8 +1,12 @@
 """Stage: sim, in parallel.  Points simulated in worker processes, one scheduler per (mode, point).
 
-Each worker resolves the VllmConfig once (seconds: vLLM's import and config resolution) and builds
-a fresh scheduler per point, which is what a point sees on the real engine too: its prefix cache is
-reset before it starts.  Workers are spawned, not forked: the parent may already hold vLLM's threads.
+Each point starts from what a fresh scheduler would give it (``SimSession.restart``): its prefix
+cache reset, as on the real engine, and the clock and request ids from the start.  A worker keeps
+one session per mode rather than building one per point, because building one allocates every
+KV block object.  Workers are forked from a fork server that has already imported
+vLLM and resolved a config once (``sim.preload``), so no worker pays the import; the fork server
+is a clean process, where the parent may already hold vLLM's threads, so the parent never forks.
+``start`` starts it before the parent fits the step cost, so the import runs beside the fit.
 """
 
 from __future__ import annotations
@@ -13,30 +17,51 @@ from typing import Iterator
 
 from prefixstudy.config import StudyConfig
 from prefixstudy.schema import PointResult
-from prefixstudy.sim.study import SimSession, SimTarget, scheduler_spec, sweep_points
+from prefixstudy.sim.study import RowFacts, SimSession, SimTarget, scheduler_spec, sweep_points
 
 _WORKER: dict = {}
 
 
-def _init(cfg: StudyConfig, target: SimTarget) -> None:
-    from prefixstudy.sim.vllm_setup import vllm_config
+def _init(cfg: StudyConfig) -> None:
     from prefixstudy.workloads import load_rows
 
-    _WORKER.update(cfg=cfg, target=target, rows=load_rows(cfg),
-                   vc=vllm_config(scheduler_spec(cfg, target, cfg.sweep.modes[0])))
+    rows = load_rows(cfg)
+    _WORKER.update(cfg=cfg, rows=rows, facts=RowFacts.of(rows))
 
 
-def _point(mode: str, rate: float, repeat: int) -> PointResult:
+def _ready() -> None:
+    """A no-op task: submitting one per worker starts the workers now."""
+
+
+def _point(target: SimTarget, mode: str, rate: float, repeat: int) -> PointResult:
+    from prefixstudy.sim.vllm_setup import vllm_config
+
     w = _WORKER
-    return SimSession(w["cfg"], mode, w["rows"], w["target"], w["vc"]).run_point(rate, repeat)
+    if "vc" not in w:  # one resolution per worker; build_scheduler re-pins what differs by mode
+        w["vc"] = vllm_config(scheduler_spec(w["cfg"], target, w["cfg"].sweep.modes[0]))
+    sessions = w.setdefault("sessions", {})
+    if mode not in sessions:  # building one allocates every KV block: 0.5 s at 122,000 blocks
+        sessions[mode] = SimSession(w["cfg"], mode, w["rows"], target, w["vc"], w["facts"])
+    session = sessions[mode]
+    session.restart()
+    return session.run_point(rate, repeat)
 
 
-def run_points(cfg: StudyConfig, target: SimTarget, jobs: int) -> Iterator[PointResult]:
+def start(cfg: StudyConfig, jobs: int) -> ProcessPoolExecutor:
+    """``jobs`` workers, starting now (the fork server imports vLLM in the background)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["prefixstudy.sim.preload"])
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init, initargs=(cfg,))
+    for _ in range(jobs):
+        pool.submit(_ready)
+    return pool
+
+
+def run_points(pool: ProcessPoolExecutor, cfg: StudyConfig, target: SimTarget) -> Iterator[PointResult]:
     """Every mode x rate of ``cfg``, yielded in the sweep's order (ON first, then by rate); the
     highest rates, the longest points, are started first."""
     points = [(m, r, k) for m in cfg.sweep.modes for r, k in sweep_points(cfg)]
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init, initargs=(cfg, target)) as pool:
-        futures = {p: pool.submit(_point, *p) for p in sorted(points, key=lambda p: -p[1])}
+    with pool:
+        futures = {p: pool.submit(_point, target, *p) for p in sorted(points, key=lambda p: -p[1])}
         for p in points:
             yield futures[p].result()

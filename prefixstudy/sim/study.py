@@ -41,6 +41,7 @@ class SimTarget:
     num_gpu_blocks: int
     block_size: int
     cost: CostModel
+    stepwise: bool = False  # every step through vLLM's scheduler (no decode lane, ``sim.lane``)
 
 
 def engine_limits(cfg: StudyConfig) -> dict:
@@ -79,16 +80,39 @@ def scheduler_spec(cfg: StudyConfig, target: SimTarget, mode: str) -> SchedulerS
                          enable_chunked_prefill=lim["enable_chunked_prefill"], tensor_parallel_size=target.tp)
 
 
+@dataclass(frozen=True)
+class RowFacts:
+    """What every point derives from the dataset rows alone: computed once per process, not per
+    point (a point's own scheduler is fresh, these are not state)."""
+
+    prefixes: dict[int, list[int]]
+    token_range: tuple[int, int]
+
+    @classmethod
+    def of(cls, rows: list[DatasetRow]) -> "RowFacts":
+        return cls(group_prefixes(rows), token_range(rows))
+
+
 class SimSession:
     """One mode's simulated engine, many points (the runner's ModeSession, in virtual time)."""
 
-    def __init__(self, cfg: StudyConfig, mode: str, rows: list[DatasetRow], target: SimTarget, vc=None):
+    def __init__(self, cfg: StudyConfig, mode: str, rows: list[DatasetRow], target: SimTarget, vc=None,
+                 facts: RowFacts | None = None):
         self.cfg, self.mode, self.rows, self.target = cfg, mode, rows, target
         spec = scheduler_spec(cfg, target, mode)
         sched, hasher = build_scheduler(spec, load_arch(cfg.model), vc)
-        self.sim = Simulator(sched, hasher, target.cost)
+        self.sim = Simulator(sched, hasher, target.cost, target.stepwise)
         self.sim.clock_s = EPOCH_S
-        self.prefixes = group_prefixes(rows)
+        self.facts = facts or RowFacts.of(rows)
+        self.prefixes = self.facts.prefixes
+        self._seq = 0
+
+    def restart(self) -> None:
+        """Make the next point see what a freshly built session would: the clock back at the
+        epoch and request ids from the start (the prefix cache is reset by every point).  The
+        blocks' order in the free queue is not the fresh one, which changes no decision: with no
+        block cached, vLLM tells free blocks apart by their id alone, and no record holds an id."""
+        self.sim.clock_s = EPOCH_S
         self._seq = 0
 
     def _one_at_a_time(self, kind: str, rate: float, prompts: list[tuple[list[int], int]]) -> list[SimTrace]:
@@ -107,7 +131,7 @@ class SimSession:
         warm_groups = {g for g, p in self.prefixes.items() if p} if sw.prime_prefixes else set()
         self._one_at_a_time("prime", rate, [(self.prefixes[g], 1) for g in sorted(warm_groups)])
         # The runner's own warm-up rows (same prefixes, fresh suffixes) and plan, not re-derived.
-        wrows = warmup_rows(self.rows, self.prefixes, sw.warmup_requests, token_range(self.rows))
+        wrows = warmup_rows(self.rows, self.prefixes, sw.warmup_requests, self.facts.token_range)
         tw = self.sim.clock_s
         wtr = self._one_at_a_time("warmup", rate, [(r.prompt_token_ids, r.output_len) for r in wrows])
         warm_groups |= {r.group for r in wrows}
@@ -180,8 +204,8 @@ def sessions(cfg: StudyConfig, rows: list[DatasetRow], target: SimTarget) -> lis
     spec = scheduler_spec(cfg, target, cfg.sweep.modes[0])
     if lim["max_num_batched_tokens"] < lim["max_model_len"] and not lim["enable_chunked_prefill"]:
         raise UserError("field 'engine.max_num_batched_tokens': below max_model_len needs chunked prefill")
-    vc = vllm_config(spec)
-    return [SimSession(cfg, m, rows, target, vc) for m in cfg.sweep.modes]
+    vc, facts = vllm_config(spec), RowFacts.of(rows)
+    return [SimSession(cfg, m, rows, target, vc, facts) for m in cfg.sweep.modes]
 
 
 def model_dir_or_error(cfg: StudyConfig) -> Path:

@@ -1,0 +1,24 @@
+"""Stage: sim, in parallel.  Imported once by the fork server that ``sim.pool``'s workers are
+forked from: vLLM's import and its first config resolution (lazy imports inside it) take
+seconds, and a worker forked after them starts without paying either."""
+
+from __future__ import annotations
+
+import logging
+
+from prefixstudy.configs import shipped_model_dir
+from prefixstudy.sim.vllm_setup import SchedulerSpec, build_scheduler, vllm_config
+
+
+def _warm() -> None:
+    from prefixstudy.model.arch import load_arch
+
+    tiny = shipped_model_dir("tiny-llama")
+    if tiny is None:
+        return
+    spec = SchedulerSpec(model_dir=str(tiny), prefix_caching=True, num_gpu_blocks=16)
+    build_scheduler(spec, load_arch(tiny), vllm_config(spec))
+
+
+logging.getLogger("vllm").setLevel(logging.ERROR)
+_warm()

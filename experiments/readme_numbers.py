@@ -241,7 +241,8 @@ def tier_cost_table(studies: tuple[str, ...] = ("h200-offload", "h200-offload-fi
 
 
 RENDER = {"h200-offload": offload_table, "tier-cost": lambda _: tier_cost_table()}
-TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp2", "h200-multiturn-sync", "h200-offload", "tier-cost")}
+TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp2", "h200-tp1-ray", "h200-multiturn-sync", "h200-offload",
+                                   "tier-cost")}
 
 
 def render(study: str) -> str:

@@ -22,6 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "experiments/results/h200-tp-shard-profile"
 STUDIES = {1: REPO / "experiments/results/h200-tp1", 2: REPO / "experiments/results/h200-tp2"}
+# TP 1 through Ray's executor, as TP 2 ran: the ratio to it is the degree's alone.
+RAY_TP1 = REPO / "experiments/results/h200-tp1-ray"
 LAYER_GEMMS = ("qkv", "o", "gate_up", "down")
 CHUNK = 2048  # tokens: a long prefill chunk, where the GEMMs' own time dominates their launch
 
@@ -55,6 +57,7 @@ def table() -> str:
     cfg = load_config(STUDIES[2] / "config.yaml")
     arch = load_arch(cfg.model)
     fits = {tp: fit(load_steps(d), source=str(d)) for tp, d in STUDIES.items()}
+    ray1 = fit(load_steps(RAY_TP1), source=str(RAY_TP1))
     deps = {tp: Deployment(arch, *calibration_hardware(d)[:2]) for tp, d in STUDIES.items()}
     ctx = 0.0 if "context_tokens" in fits[1].coef_ms else mean_context_tokens(load_rows(cfg))
     roof = {tp: roofline_terms(dep, ctx) for tp, dep in deps.items()}
@@ -63,15 +66,18 @@ def table() -> str:
     # What the roofline transfer gives c0: the source's overhead over its roofline, carried unchanged.
     c0_transfer = fits[1].c0_ms - roof[1]["c0"] + roof[2]["c0"]
     lines = [
-        "| term | fit TP 1 | fit TP 2 | TP 2 / TP 1, fits | roofline transfer | shard profile |",
-        "|---|---|---|---|---|---|",
-        f"| c0 (ms a step) | {fits[1].c0_ms:.3f} | {fits[2].c0_ms:.3f} | {fits[2].c0_ms / fits[1].c0_ms:.3f} | "
-        f"{c0_transfer / fits[1].c0_ms:.3f} | - |",
+        "| term | fit TP 1 | fit TP 1, Ray | fit TP 2, Ray | TP 2 / TP 1, fits | TP 2 / TP 1, both Ray | "
+        "roofline transfer | shard profile |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| c0 (ms a step) | {fits[1].c0_ms:.3f} | {ray1.c0_ms:.3f} | {fits[2].c0_ms:.3f} | "
+        f"{fits[2].c0_ms / fits[1].c0_ms:.3f} | {fits[2].c0_ms / ray1.c0_ms:.3f} | {c0_transfer / fits[1].c0_ms:.3f} | - |",
     ]
     for term in fits[1].coef_ms:
         a, b = fits[1].coef_ms[term], fits[2].coef_ms.get(term, float("nan"))
+        r = ray1.coef_ms.get(term, float("nan"))
         p = f"{prof[2] / prof[1]:.3f} ({prof[1]:.5f} / {prof[2]:.5f} ms a token)" if term == "prefill_tokens" else "-"
-        lines.append(f"| {term} (ms) | {a:.5f} | {b:.5f} | {b / a:.3f} | {roof[2][term] / roof[1][term]:.3f} | {p} |")
+        lines.append(f"| {term} (ms) | {a:.5f} | {r:.5f} | {b:.5f} | {b / a:.3f} | {b / r:.3f} | "
+                     f"{roof[2][term] / roof[1][term]:.3f} | {p} |")
     meta = json.loads((PROFILE / "tp_shard_profile.json").read_text())["meta"]
     per_layer = {tp: sum(ms[(tp, op, 1)] for op in LAYER_GEMMS) * arch.layers for tp in (1, 2)}
     lines += [
@@ -79,7 +85,8 @@ def table() -> str:
         f"Profile: {meta['gpu']}, torch {meta['torch']}, {len(list(PROFILE.glob('tp_shard_profile*.json')))} runs, "
         f"median per shape; GEMM peak measured {meta['measured_gemm_peak_tflops']} TFLOPS, copy "
         f"{meta['measured_copy_gb_s']} GB/s (first run). Ring all-reduce bytes over the datasheet link "
-        f"({deps[2].gpu.link_gb_s:.0f} GB/s a direction). Fits: `sim.cost.fit` on every step of each study.",
+        f"({deps[2].gpu.link_gb_s:.0f} GB/s a direction). Fits: `sim.cost.fit` on every step of each study "
+        f"(h200-tp1 in process, h200-tp1-ray and h200-tp2 through Ray's executor; three leases).",
         "",
         f"One token through the four GEMMs of {arch.layers} layers, each kernel timed alone: "
         f"{per_layer[1]:.2f} ms at TP 1 and {per_layer[2]:.2f} ms at TP 2, more than TP 1's whole fitted c0: "

@@ -6,7 +6,7 @@ For each study and each point (mode, rate): fit the step cost on the study's OTH
 repeat of this one left out), simulate each repeat of the point with vLLM's scheduler on that
 repeat's own arrival schedule (seed + repeat, as the runner drew it), compare with the measurement.
 Then the transfer check: fit on all of TP 1, carry it to TP 2 with the roofline (and back), simulate
-every point of the other study.  Writes accuracy.csv (one row per point, repeat and check),
+every point of the other study; and the same from TP 1 run through Ray's executor (h200-tp1-ray) to TP 2.  Writes accuracy.csv (one row per point, repeat and check),
 accuracy.md (per point: the means over repeats, the measured repeats' range, and the errors) and
 summary.md (the table in docs/simulator.md: counts within 5 / 10 %, knees, hit rates).
 """
@@ -33,7 +33,11 @@ from prefixstudy.sim.vllm_setup import vllm_config
 from prefixstudy.sim.study import scheduler_spec
 from prefixstudy.workloads import load_rows
 
-STUDIES = {"h200-tp1": Path("experiments/results/h200-tp1"), "h200-tp2": Path("experiments/results/h200-tp2")}
+STUDIES = {"h200-tp1": Path("experiments/results/h200-tp1"), "h200-tp2": Path("experiments/results/h200-tp2"),
+           "h200-tp1-ray": Path("experiments/results/h200-tp1-ray")}
+# (source, target): TP 1 in process -> TP 2 through Ray and back; TP 1 through Ray -> TP 2 through Ray
+# (the same executor at both degrees, so what is left of the error is the degree's).
+TRANSFERS = (("h200-tp1", "h200-tp2"), ("h200-tp2", "h200-tp1"), ("h200-tp1-ray", "h200-tp2"))
 METRICS = ("mean_e2e_ms", "p90_e2e_ms", "mean_ttft_ms", "mean_tpot_ms", "hit_rate_measured", "saturated")
 
 
@@ -200,7 +204,8 @@ def main() -> None:
         for d in STUDIES.values():
             rows += held_out(d)
     if "transfer" in a.checks:
-        rows += transferred(STUDIES["h200-tp1"], STUDIES["h200-tp2"]) + transferred(STUDIES["h200-tp2"], STUDIES["h200-tp1"])
+        for src, dst in TRANSFERS:
+            rows += transferred(STUDIES[src], STUDIES[dst])
     write(add_cost_error(pd.DataFrame(rows)), a.out)
     print(f"wrote {a.out}/accuracy.csv, accuracy.md, summary.md", file=sys.stderr)
 

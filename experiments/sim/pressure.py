@@ -29,7 +29,9 @@ CALIBRATION = RESULTS / "h200-tp1"
 def runs() -> list[tuple[str, Path]]:
     out = [(f"{d.parent.name}/{d.name}", d) for d in sorted((RESULTS / "h200-cache-pressure").glob("groups-*/blocks-*"),
                                                             key=lambda d: (d.parent.name, float(d.name.split("-")[1])))]
-    return out + [("multiturn", RESULTS / "h200-multiturn")]
+    # h200-multiturn ran with async scheduling on (vLLM's default), as did the cache-pressure sweeps;
+    # h200-multiturn-sync is the same sessions one engine step at a time, as h200-tp1 (the fit) ran.
+    return out + [("multiturn", RESULTS / "h200-multiturn"), ("multiturn-sync", RESULTS / "h200-multiturn-sync")]
 
 
 def table(df: pd.DataFrame) -> str:

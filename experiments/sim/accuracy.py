@@ -6,7 +6,8 @@ For each study and each point (mode, rate): fit the step cost on the study's OTH
 repeat of this one left out), simulate each repeat of the point with vLLM's scheduler on that
 repeat's own arrival schedule (seed + repeat, as the runner drew it), compare with the measurement.
 Then the transfer check: fit on all of TP 1, carry it to TP 2 with the roofline (and back), simulate
-every point of the other study; and the same from TP 1 run through Ray's executor (h200-tp1-ray) to TP 2.  Writes accuracy.csv (one row per point, repeat and check),
+every point of the other study; and the same from TP 1 run through Ray's executor (h200-tp1-ray) to
+TP 2.  Writes accuracy.csv (one row per point, repeat and check),
 accuracy.md (per point: the means over repeats, the measured repeats' range, and the errors) and
 summary.md (the table in docs/simulator.md: counts within 5 / 10 %, knees, hit rates).
 """

@@ -41,9 +41,11 @@ class Executor(Protocol):
     def run(self, cfg: "StudyConfig", rows: "list[DatasetRow]", sink: StudySink, progress: bool = True) -> None: ...
 
 
-# Backends that run in this process and cost nothing to start: Ray's actors only slow them down
-# (two echo rates: 54 s under Ray, 37 s local), so ``auto`` keeps them local unless a cluster is named.
-IN_PROCESS_KINDS = ("echo",)
+# Backends whose engine needs no GPU of this cluster: echo runs in this process (two echo rates:
+# 54 s under Ray, 37 s local), and http measures a server that runs elsewhere, so a local Ray
+# cluster would only add its start and its processes.  ``auto`` keeps them local unless a cluster
+# is named.
+LOCAL_BY_DEFAULT = ("echo", "http")
 
 
 def ray_installed() -> bool:
@@ -59,11 +61,11 @@ def ray_installed() -> bool:
 
 
 def resolve_executor(requested: str, engine_kind: str | None = None, address: str = "local") -> str:
-    """``auto`` becomes ``ray`` when ray imports (``local`` for an in-process stand-in, unless a
-    Ray cluster ``address`` is named), else ``local``; the others stay what they are."""
+    """``auto`` becomes ``ray`` when ray imports (``local`` for the ``LOCAL_BY_DEFAULT`` kinds,
+    unless a Ray cluster ``address`` is named), else ``local``; the others stay what they are."""
     if requested != "auto":
         return requested
-    if engine_kind in IN_PROCESS_KINDS and address == "local":
+    if engine_kind in LOCAL_BY_DEFAULT and address == "local":
         return "local"
     return "ray" if ray_installed() else "local"
 

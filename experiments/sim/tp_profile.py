@@ -66,7 +66,7 @@ def table() -> str:
     # What the roofline transfer gives c0: the source's overhead over its roofline, carried unchanged.
     c0_transfer = fits[1].c0_ms - roof[1]["c0"] + roof[2]["c0"]
     lines = [
-        "| term | fit TP 1 | fit TP 1, Ray | fit TP 2, Ray | TP 2 / TP 1, fits | TP 2 / TP 1, both Ray | "
+        "| term | fit TP 1 | fit TP 1, Ray | fit TP 2, Ray | TP 2 / TP 1 in process | TP 2 / TP 1, both Ray | "
         "roofline transfer | shard profile |",
         "|---|---|---|---|---|---|---|---|",
         f"| c0 (ms a step) | {fits[1].c0_ms:.3f} | {ray1.c0_ms:.3f} | {fits[2].c0_ms:.3f} | "

@@ -15,13 +15,10 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from typing import Callable
 
 from prefixstudy.sim.lane import DecodeLane
+from prefixstudy.sim.step import SAMPLED_TOKEN_ID, StepCost, StepFeatures
 from prefixstudy.sim.vllm_setup import make_request, runner_output
-
-SAMPLED_TOKEN_ID = 0  # any id: outputs are never shared between requests, so never hit the cache
-
 
 @dataclass(frozen=True)
 class SimRequest:
@@ -46,20 +43,6 @@ class SimTrace:
     prompt_token_ids: list[int] | None = None  # as sent (a later turn's carries its history)
 
 
-@dataclass(frozen=True)
-class StepFeatures:
-    """What a step computes: the inputs of the step-cost model (``prefixstudy.sim.cost``)."""
-
-    prefill_tokens: int  # prompt tokens computed this step
-    decode_tokens: int  # tokens of requests past their prompt
-    context_tokens: int  # KV tokens attended, summed over scheduled requests, after the step
-    num_reqs: int  # requests in the batch
-    cached_tokens: int = 0  # prompt tokens served from the cache to requests first scheduled now
-    num_prefill_reqs: int = 0  # requests computing prompt tokens this step
-    prompt_tokens_new: int = 0  # prompt length of the requests first scheduled now
-
-
-StepCost = Callable[[StepFeatures], float]  # -> step_ms
 
 
 class Simulator:

@@ -28,10 +28,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from prefixstudy.sim.step import SAMPLED_TOKEN_ID, StepFeatures
+
 if TYPE_CHECKING:
     from prefixstudy.sim.driver import Simulator, SimTrace
-
-SAMPLED_TOKEN_ID = 0  # the driver's; duplicated here to keep the import one-way
 
 
 class DecodeLane:
@@ -89,8 +89,6 @@ class DecodeLane:
     def advance(self, sim: "Simulator", traces: dict[str, "SimTrace"], record: bool, stop_s: float) -> int:
         """Run the stretch that starts now (no step starts at or after ``stop_s`` but the first);
         returns its number of steps, 0 where none can be taken here."""
-        from prefixstudy.sim.driver import StepFeatures
-
         s = self.sched
         if len(s.waiting) or len(getattr(s, "kv_holding_waiting", ())):
             return 0
@@ -103,13 +101,7 @@ class DecodeLane:
             return 0
         computed, limit = steady
         bs = self.block_size
-        by_phase: list[list[int]] = [[] for _ in range(bs)]
-        for idx, n in enumerate(computed):
-            by_phase[n % bs].append(idx)
-        # Step j allocates for requests whose n + j is a block boundary and caches for those whose
-        # n + j + 1 is; both depend on j only through j mod block size.
-        allocs = [len(by_phase[-q % bs]) for q in range(bs)]
-        events = [sorted(set(by_phase[-q % bs] + by_phase[(-q - 1) % bs])) for q in range(bs)]
+        allocs, events = self._block_events(computed)
         free = self.kvm.block_pool.get_num_free_blocks()
         new_step = getattr(self.kvm, "new_step_starts", None)
         counts_steps = hasattr(s, "current_step")
@@ -131,10 +123,7 @@ class DecodeLane:
                 new_step()
             for idx in events[q]:
                 req = running[idx]
-                if appended[idx] < j:
-                    req.append_output_token_ids([SAMPLED_TOKEN_ID] * (j - appended[idx]))
-                    appended[idx] = j
-                req.num_computed_tokens = computed[idx] + j
+                self._catch_up(req, idx, appended, computed, j)
                 if self.kvm.allocate_slots(req, 1, num_lookahead_tokens=self.lookahead) is None:
                     raise RuntimeError(f"decode lane: allocation failed for {req.request_id} with {free - used} "
                                        f"blocks counted free")
@@ -149,15 +138,35 @@ class DecodeLane:
         if not j:
             return 0
         for idx, req in enumerate(running):
-            if appended[idx] < j:
-                req.append_output_token_ids([SAMPLED_TOKEN_ID] * (j - appended[idx]))
-            req.num_computed_tokens = computed[idx] + j
+            self._catch_up(req, idx, appended, computed, j)
             tr = traces.get(req.request_id)
             if tr is not None:
                 tr.token_times.extend(times)
         self._after_steps({r.request_id for r in running})
         self.steps += j
         return j
+
+    def _block_events(self, computed: list[int]) -> tuple[list[int], list[list[int]]]:
+        """Per step phase q (step j mod block size): how many blocks that step allocates, and the
+        requests whose state the KV cache manager must see then.  Step j allocates for requests
+        whose n + j is a block boundary and caches for those whose n + j + 1 is; both depend on j
+        only through j mod block size."""
+        bs = self.block_size
+        by_phase: list[list[int]] = [[] for _ in range(bs)]
+        for idx, n in enumerate(computed):
+            by_phase[n % bs].append(idx)
+        allocs = [len(by_phase[-q % bs]) for q in range(bs)]
+        events = [sorted(set(by_phase[-q % bs] + by_phase[(-q - 1) % bs])) for q in range(bs)]
+        return allocs, events
+
+    @staticmethod
+    def _catch_up(req, idx: int, appended: list[int], computed: list[int], j: int) -> None:
+        """Bring one request to where ``j`` lane steps leave it: its sampled tokens appended (lazily,
+        only when the KV cache manager or the end of the stretch needs them) and its computed tokens."""
+        if appended[idx] < j:
+            req.append_output_token_ids([SAMPLED_TOKEN_ID] * (j - appended[idx]))
+            appended[idx] = j
+        req.num_computed_tokens = computed[idx] + j
 
     def _after_steps(self, scheduled_ids: set[str]) -> None:
         """What the skipped schedule() calls leave on the scheduler itself after such steps."""

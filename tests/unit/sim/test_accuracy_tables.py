@@ -5,8 +5,6 @@ accuracy check fails here, as the replaced h200-tp1 once went unnoticed."""
 
 from __future__ import annotations
 
-import sys
-
 import pandas as pd
 import pytest
 
@@ -17,11 +15,7 @@ ACC = REPO / "experiments/results/sim-accuracy"
 
 @pytest.fixture(scope="module")
 def accuracy():
-    sys.path.insert(0, str(REPO / "experiments/sim"))  # pressure.py imports accuracy by name
-    try:
-        yield load_script("experiments/sim/accuracy.py")
-    finally:
-        sys.path.remove(str(REPO / "experiments/sim"))
+    return load_script("experiments/sim/accuracy.py")
 
 
 def _points(df: pd.DataFrame) -> list[tuple]:

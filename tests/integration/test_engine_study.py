@@ -9,7 +9,7 @@ import prefixstudy
 from prefixstudy.engines.step_log import TIMING_METHODS
 from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS, SUMMARY_COLUMNS
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.alone]
 
 
 def test_on_requests_hit_the_block_aligned_prefix(tiny_study):

@@ -144,6 +144,7 @@ def test_engine_core_killed_then_sigint_then_resume_reruns_what_did_not_finish(t
     assert len(res.measured) == 24
 
 
+@pytest.mark.alone  # its point must end within 0.5 s of the deadline
 def test_overload_is_cut_at_the_point_deadline_and_flagged_and_a_default_run_prints_only_its_own(tmp_path):
     # About 10x what the 2-core tiny engine sustains (a few req/s with 143-token outputs).  A
     # default run otherwise (Ray, the engine's own settings, the report), as a user's shell starts

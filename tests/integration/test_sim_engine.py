@@ -25,7 +25,7 @@ import prefixstudy
 from prefixstudy.config import load_config
 from prefixstudy.sim.run import simulate
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.alone]
 
 
 @pytest.fixture(scope="module")

@@ -63,11 +63,14 @@ def test_sim_predicts_the_cpu_engines_mean_e2e(tiny_study, simulated, tmp_path):
     err = (own.mean_e2e_ms / real.mean_e2e_ms - 1).abs()
     assert err.max() < E2E_TOL, f"relative E2E error by point, each mode on its own engine's steps:\n{err}"
     # What caching buys and what load costs, as the engine showed them: ON below OFF at each rate
-    # (301 vs 582 ms at 2 req/s), and each mode slower at 8 req/s than at 2.
+    # (134 vs 183 ms at 2 req/s), and OFF slower at 8 req/s than at 2 (183 vs 270 ms).  ON's 8
+    # requests barely overlap at either rate, so the engine's ON is flat with the rate (133.7 and
+    # 133.5 ms in fresh-clone run 19): an ordering there is the machine's noise, and each ON point
+    # is held to E2E_TOL above instead.
     for d in (real, sim):
         e = d["mean_e2e_ms"]
         assert e["on", 2.0] < e["off", 2.0] and e["on", 8.0] < e["off", 8.0]
-        assert e["on", 2.0] < e["on", 8.0] and e["off", 2.0] < e["off", 8.0]
+        assert e["off", 2.0] < e["off", 8.0]
 
 
 def test_sim_serves_the_same_prefix_hits_as_the_engine(simulated):

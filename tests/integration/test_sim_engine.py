@@ -65,7 +65,7 @@ def test_sim_predicts_the_cpu_engines_mean_e2e(tiny_study, simulated, tmp_path):
     # What caching buys and what load costs, as the engine showed them: ON below OFF at each rate
     # (134 vs 183 ms at 2 req/s), and OFF slower at 8 req/s than at 2 (183 vs 270 ms).  ON's 8
     # requests barely overlap at either rate, so the engine's ON is flat with the rate (133.7 and
-    # 133.5 ms in fresh-clone run 19): an ordering there is the machine's noise, and each ON point
+    # 133.5 ms on this 2-core machine): an ordering there is the machine's noise, and each ON point
     # is held to E2E_TOL above instead.
     for d in (real, sim):
         e = d["mean_e2e_ms"]

@@ -74,7 +74,8 @@ class Simulator:
         traces = {r.request_id: SimTrace(r.arrival_s if r.parent is None else math.inf) for r in requests}
         sent: dict[str, list[int]] = {}  # the prompt each request was sent with
         i = 0
-        while i < len(pending) or self.sched.has_unfinished_requests():
+        lane = self.lane
+        while i < len(pending) or self.unfinished():
             while i < len(pending) and pending[i].arrival_s <= self.clock_s:
                 r = pending[i]
                 sent[r.request_id] = r.prompt_token_ids
@@ -82,16 +83,19 @@ class Simulator:
                                                     r.arrival_s, self.hasher))
                 i += 1
             if self.clock_s > deadline_s:
+                if lane is not None:
+                    lane.give_back_all(traces)
                 self._abort([r.request_id for r in pending[:i]])
                 for tr in traces.values():  # the real runner cancels at the deadline: later tokens never arrive
                     tr.token_times = [t for t in tr.token_times if t <= deadline_s]
                 break
-            if not self.sched.has_unfinished_requests():
+            if not self.unfinished():
                 self.clock_s = max(self.clock_s, pending[i].arrival_s)  # idle: jump to the next arrival
                 continue
-            if self.lane is not None:
+            if lane is not None:
+                lane.give_back_due(traces)
                 next_arrival_s = pending[i].arrival_s if i < len(pending) else math.inf
-                if self.lane.advance(self, traces, record, min(next_arrival_s, math.nextafter(deadline_s, math.inf))):
+                if lane.advance(self, record, min(next_arrival_s, math.nextafter(deadline_s, math.inf))):
                     continue  # back to the arrivals and the deadline, as after any step
             for rid in self.step(traces, record):
                 for c in children.pop(rid, ()):  # release the finished parent's next turns
@@ -105,6 +109,10 @@ class Simulator:
             traces[rid].prompt_token_ids = prompt
         return traces
 
+    def unfinished(self) -> bool:
+        """Requests running or waiting, the lane's held ones included."""
+        return self.sched.has_unfinished_requests() or bool(self.lane is not None and self.lane.held)
+
     def _abort(self, request_ids: list[str]) -> None:
         from vllm.v1.request import RequestStatus
 
@@ -115,9 +123,19 @@ class Simulator:
     def step(self, traces: dict[str, SimTrace], record: bool) -> list[str]:
         """One engine step; returns the requests it finished."""
         start_s = self.clock_s
-        so = self.sched.schedule()
+        lane = self.lane
+        if lane is None:
+            so = self.sched.schedule()
+        else:
+            lane.before_schedule(traces)
+            try:
+                so = self.sched.schedule()
+            finally:
+                lane.after_schedule()
         feats, sampled_ids, new_ids = self.features(so)
-        step_ms = float(self.cost_ms(feats)) if so.total_num_scheduled_tokens else 0.0
+        if lane is not None:
+            feats = lane.held_features(feats)
+        step_ms = float(self.cost_ms(feats)) if feats.prefill_tokens + feats.decode_tokens else 0.0
         self.clock_s = start_s + step_ms / 1e3
         req_ids = list(so.num_scheduled_tokens)
         sampled = [[SAMPLED_TOKEN_ID] if r in sampled_ids else [] for r in req_ids]
@@ -132,6 +150,8 @@ class Simulator:
                 traces[rid].token_times.append(self.clock_s)
         if record:
             self.steps.append(self.step_row(start_s, step_ms, feats))
+        if lane is not None:
+            lane.after_step(self.clock_s)
         return [r for r in req_ids if r not in self.sched.requests]
 
     def features(self, so) -> tuple[StepFeatures, set[str], dict[str, int]]:
@@ -161,7 +181,8 @@ class Simulator:
                 "prefill_tokens": f.prefill_tokens, "cached_tokens": f.cached_tokens,
                 "decode_tokens": f.decode_tokens, "context_tokens": f.context_tokens,
                 "num_prefill_reqs": f.num_prefill_reqs, "num_decode_reqs": f.num_reqs - f.num_prefill_reqs,
-                "num_running": len(self.sched.running), "num_waiting": len(self.sched.waiting),
+                "num_running": len(self.sched.running) + (self.lane.num_held if self.lane else 0),
+                "num_waiting": len(self.sched.waiting),
                 "kv_cache_usage": float(usage), "prefix_queries": f.prompt_tokens_new if caching else 0,
                 "prefix_hits": f.cached_tokens if caching else 0,
                 "prompt_tokens": f.prefill_tokens, "generation_tokens": f.decode_tokens, "timing": "sim"}

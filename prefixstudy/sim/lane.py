@@ -1,30 +1,42 @@
-"""Stage: sim.  The decode lane: many engine steps at once where vLLM's decisions repeat.
+"""Stage: sim.  The decode lane: steady decoders held outside vLLM's per-request loops.
 
-While nothing waits, every running request is past its prompt and none can finish, preempt or
-be joined by an arrival, ``schedule()`` gives each running request one token a step, in
-``running`` order, and ``update_from_output()`` appends one sampled token to each.  The lane
-replays such a stretch without either call and leaves vLLM's state as the step-by-step path
-would: each request's ``num_computed_tokens`` and output tokens (so its block hashes), and the
-KV cache itself, because ``KVCacheManager.allocate_slots`` is called exactly where and in the
-order ``schedule()`` calls it with effect (a request's first token in a new block allocates that
-block; its last token in a block caches the full block).  Every other call ``schedule()`` makes
-in such a step does nothing for a full-attention model, so it is skipped.
+A running request that is simply decoding (past its prompt, one token a step, nothing
+speculative or structured) gets the same from vLLM every step: ``schedule()`` gives it one token
+and calls ``KVCacheManager.allocate_slots``, which does something only when that token opens a
+block (it allocates one) or fills one (it caches it), and ``update_from_output()`` appends one
+sampled token.  The lane takes such requests out of ``scheduler.running`` ("held") and advances
+them itself: their sampled tokens are appended lazily (when the KV cache manager needs their
+block hashes, or when they go back), ``allocate_slots`` is called for them exactly at the steps
+where it has an effect, and each step is priced with them in its batch.  vLLM's scheduler sees
+the rest (prompts, requests about to finish) with its token budget and its admission limit
+lowered by the number held, so it decides about them what it would decide with the held
+requests in ``running``, because the lane holds requests only while:
 
-The stretch ends before: the first step that starts at or after the next arrival or past the
-point's deadline (the caller passes the earlier of the two), the step at which any request would
-reach ``max_tokens`` or ``max_model_len`` (it finishes and frees blocks: left to vLLM), and the
-step whose block allocations would exceed the free blocks at the start (no block is freed inside
-the lane, so up to there no allocation can fail and nothing is preempted).  Each step is priced
-and recorded as ``Simulator.step`` prices and records it, from the same ``StepFeatures``.
+- the held get their token before the budget could run out: all of ``running``'s demand fits in
+  the budget, or every held request is ahead of every visible one in ``running`` (vLLM serves
+  ``running`` in order);
+- no allocation of a running request can fail, so nothing is preempted: the free blocks cover the
+  held allocations and an upper bound of every visible running request's;
+- the held allocations come before ``schedule()``, as in vLLM the running requests' come before
+  the waiting ones', so a waiting request sees the free blocks and cached prefixes it would see
+  (the order among running requests decides only which free block each gets: no record holds a
+  block id, and the blocks evicted are the free queue's first ones either way);
+- a held request goes back into ``running``, at its place, before the step at which it reaches
+  ``max_tokens`` or ``max_model_len``: vLLM finishes it and frees its blocks in ``running``'s order.
+
+A step that breaks a condition gets every held request back first, and vLLM schedules it as it
+is.  While nothing is visible (nothing waits and every running request is held) the lane runs a
+stretch of steps without ``schedule()`` at all, up to the next arrival, the point's deadline, the
+next release or the step whose allocations would exceed the free blocks.
 
 Only schedulers without the features whose per-step state the lane does not replay take it
-(``for_scheduler``: speculative decoding, KV or encoder connectors, LoRA, async scheduling,
-deferred block frees, more than one KV-cache group or another attention kind); ``--stepwise``
-turns it off.
+(``for_scheduler``); ``--stepwise`` turns it off.  ``tests/unit/sim/test_fast_path.py`` checks
+that both give the same requests and steps, bit for bit.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import TYPE_CHECKING
 
@@ -34,8 +46,20 @@ if TYPE_CHECKING:
     from prefixstudy.sim.driver import Simulator, SimTrace
 
 
+class Held:
+    """One held request: at the start of lane step g its computed tokens are ``base + g``; its
+    sampled tokens are appended up to step ``appended``; it was taken at step ``since``."""
+
+    __slots__ = ("req", "base", "since", "appended", "rank")
+
+    def __init__(self, req, base: int, since: int, rank: int):
+        self.req, self.base, self.since, self.appended, self.rank = req, base, since, since, rank
+
+
 class DecodeLane:
-    """The lane for one scheduler; ``advance`` runs one stretch."""
+    """The lane for one scheduler.  ``g`` counts the scheduler's steps; the driver calls
+    ``before_schedule`` / ``after_step`` around each step it gives vLLM, and ``advance`` for a
+    stretch without it."""
 
     def __init__(self, scheduler, manager):
         from vllm.v1.request import RequestStatus
@@ -44,131 +68,258 @@ class DecodeLane:
         self.kvm = scheduler.kv_cache_manager
         self.block_size = int(manager.block_size)
         self.req_to_blocks = manager.req_to_blocks  # request id -> its blocks (one group)
+        self.caching = bool(self.kvm.enable_caching)  # without it, a call that allocates nothing does nothing
         self.running_status = RequestStatus.RUNNING
-        self.lookahead = int(getattr(scheduler, "num_lookahead_tokens", 0))
-        self.steps = 0  # steps taken in the lane, over the scheduler's life
-        self.token_budget = int(getattr(scheduler, "max_num_scheduled_tokens",
-                                        scheduler.scheduler_config.max_num_batched_tokens))
+        self.token_budget = int(scheduler.max_num_scheduled_tokens)
+        # vLLM 0.32 admits into running up to max_num_active_reqs, 0.26 up to max_num_running_reqs
+        self.admit_attr = "max_num_active_reqs" if hasattr(scheduler, "max_num_active_reqs") \
+            else "max_num_running_reqs"
+        self.waiting_queues = [q for q in ("waiting", "kv_holding_waiting", "skipped_waiting")
+                               if hasattr(scheduler, q)]
+        self.g = 0
+        self.held: dict[str, Held] = {}
+        self.by_phase: list[dict[str, Held]] = [{} for _ in range(self.block_size)]  # base % block size
+        self.releases: list[tuple[int, int, str]] = []  # heap of (step it goes back before, rank, id)
+        self.base_sum = 0
+        self.max_rank = -1  # at least the highest rank held (not lowered on release: only ever safe)
+        self.times: list[float] = []  # end of each step since times_g0, while anything is held
+        self.times_g0 = 0
+        self.rank: dict[str, int] = {}  # the visible running requests' places in running
+        self.next_rank = 0
+        self.steps = 0  # steps taken with at least one request held, over the scheduler's life
+        self.lowered = 0
 
     @classmethod
     def for_scheduler(cls, scheduler) -> "DecodeLane | None":
         """The lane, or None where the scheduler uses a feature with per-step state the lane
-        does not replay."""
+        does not replay, or decides by something the held requests would change."""
+        from vllm.v1.core.sched.request_queue import SchedulingPolicy
+
         vc = scheduler.vllm_config
         coordinator = getattr(scheduler.kv_cache_manager, "coordinator", None)
         managers = getattr(coordinator, "single_type_managers", ())
         if (vc.speculative_config is not None or getattr(vc, "lora_config", None) is not None
                 or getattr(vc.scheduler_config, "async_scheduling", False)
+                or getattr(vc.scheduler_config, "long_prefill_token_threshold", 0)
+                or getattr(scheduler, "policy", SchedulingPolicy.FCFS) != SchedulingPolicy.FCFS
+                or getattr(scheduler.kv_cache_manager, "watermark_blocks", 0)
                 or any(getattr(scheduler, a, None) is not None
                        for a in ("connector", "ec_connector", "aux_output_connector"))
                 or getattr(scheduler, "defer_block_free", False)
                 or getattr(scheduler, "num_lookahead_tokens", 0)
+                or not hasattr(scheduler, "max_num_scheduled_tokens")
                 or len(managers) != 1 or type(managers[0]).__name__ != "FullAttentionManager"):
             return None
         return cls(scheduler, managers[0])
 
-    def _steady(self, running) -> tuple[list[int], int] | None:
-        """(computed tokens of each running request, most steps none of them finishes in), or
-        None where some request is not simply decoding."""
-        bs, limit, computed = self.block_size, math.inf, []
-        s = self.sched
-        step = getattr(s, "current_step", 0)
-        for req in running:
-            n = req.num_computed_tokens
-            if (req.status != self.running_status or n < req.num_prompt_tokens or req.num_tokens != n + 1
-                    or req.spec_token_ids or getattr(req, "num_output_placeholders", 0)
-                    or getattr(req, "next_decode_eligible_step", 0) > step or req.has_encoder_inputs
-                    or req.use_structured_output
-                    or len(self.req_to_blocks.get(req.request_id, ())) != -(-n // bs)):
-                return None
-            # update_from_output's check_stop at step j sees num_tokens n + j + 2, outputs o + j + 1.
-            limit = min(limit, req.max_tokens - req.num_output_tokens - 1, s.max_model_len - n - 2)
-            computed.append(n)
-        return computed, limit
+    @property
+    def num_held(self) -> int:
+        return len(self.held)
 
-    def advance(self, sim: "Simulator", traces: dict[str, "SimTrace"], record: bool, stop_s: float) -> int:
-        """Run the stretch that starts now (no step starts at or after ``stop_s`` but the first);
-        returns its number of steps, 0 where none can be taken here."""
+    # -- taking and giving back ---------------------------------------------------------------
+
+    def _limit(self, req, n: int) -> int:
+        """Steps the request decodes without finishing, or -1 where it is not simply decoding."""
         s = self.sched
-        if len(s.waiting) or len(getattr(s, "kv_holding_waiting", ())):
-            return 0
-        running = list(s.running)
-        n_reqs = len(running)
-        if not n_reqs or n_reqs > self.token_budget or n_reqs > s.max_num_running_reqs:
-            return 0
-        steady = self._steady(running)
-        if steady is None or steady[1] < 1:
-            return 0
-        computed, limit = steady
+        if (req.status != self.running_status or n < req.num_prompt_tokens or req.num_tokens != n + 1
+                or req.spec_token_ids or getattr(req, "num_output_placeholders", 0)
+                or getattr(req, "next_decode_eligible_step", 0) > getattr(s, "current_step", 0)
+                or req.has_encoder_inputs or req.use_structured_output
+                or len(self.req_to_blocks.get(req.request_id, ())) != -(-n // self.block_size)):
+            return -1
+        # update_from_output's check_stop at step j sees num_tokens n + j + 2, outputs o + j + 1.
+        return min(req.max_tokens - req.num_output_tokens - 1, s.max_model_len - n - 2)
+
+    def take(self) -> None:
+        """After a step: rank the visible running requests (vLLM only appends to running) and hold
+        the ones now simply decoding."""
+        s = self.sched
+        ranks, new_ranks, keep = self.rank, {}, []
+        g, bs = self.g, self.block_size
+        for req in s.running:
+            rid = req.request_id
+            r = ranks.get(rid)
+            if r is None:  # appended since the last step (new, or resumed after a preemption)
+                r = self.next_rank
+                self.next_rank += 1
+            n = req.num_computed_tokens
+            limit = self._limit(req, n)
+            if limit < 1:
+                new_ranks[rid] = r
+                keep.append(req)
+                continue
+            if not self.held:
+                self.times, self.times_g0 = [], g
+            h = Held(req, n - g, g, r)
+            self.held[rid] = h
+            self.by_phase[h.base % bs][rid] = h
+            self.base_sum += h.base
+            self.max_rank = max(self.max_rank, r)
+            heapq.heappush(self.releases, (g + limit, r, rid))
+        if len(keep) != len(s.running):
+            s.running[:] = keep
+        self.rank = new_ranks
+
+    def _catch_up(self, h: Held) -> None:
+        """Bring a held request to the start of step g: its sampled tokens appended and its
+        computed tokens set, as the steps it was held would have left them."""
+        if h.appended < self.g:
+            h.req.append_output_token_ids([SAMPLED_TOKEN_ID] * (self.g - h.appended))
+            h.appended = self.g
+        h.req.num_computed_tokens = h.base + self.g
+
+    def _give_back(self, hs: list[Held], traces: dict[str, "SimTrace"]) -> None:
+        """Put held requests back into running at their places, caught up, their token times
+        recorded."""
+        for h in hs:
+            self._catch_up(h)
+            rid = h.req.request_id
+            del self.held[rid]
+            del self.by_phase[h.base % self.block_size][rid]
+            self.base_sum -= h.base
+            tr = traces.get(rid)
+            if tr is not None:
+                tr.token_times.extend(self.times[h.since - self.times_g0:self.g - self.times_g0])
+            self.rank[rid] = h.rank
+        if not self.held:
+            self.releases, self.max_rank, self.times, self.times_g0 = [], -1, [], self.g
+        merged = sorted([h.req for h in hs] + self.sched.running, key=lambda r: self.rank[r.request_id])
+        self.sched.running[:] = merged
+
+    def give_back_all(self, traces: dict[str, "SimTrace"]) -> None:
+        if self.held:
+            self._give_back(list(self.held.values()), traces)
+
+    def give_back_due(self, traces: dict[str, "SimTrace"]) -> None:
+        """Give back the held requests that finish at this step."""
+        due = []
+        while self.releases and self.releases[0][0] <= self.g:
+            due.append(self.held[heapq.heappop(self.releases)[2]])
+        if due:
+            self._give_back(due, traces)
+
+    # -- one step through vLLM's scheduler ----------------------------------------------------
+
+    def _block_events(self, g: int) -> tuple[int, list[Held]]:
+        """Step g's held allocations: how many blocks it takes, and the requests whose state the
+        KV cache manager must see (a token opening a block allocates it; with prefix caching on,
+        one filling a block caches it), in running's order."""
         bs = self.block_size
-        allocs, events = self._block_events(computed)
+        opening = self.by_phase[-g % bs]
+        filling = self.by_phase[(-g - 1) % bs] if self.caching else None
+        if not filling:
+            return len(opening), sorted(opening.values(), key=lambda h: h.rank)
+        return len(opening), sorted([*opening.values(), *filling.values()], key=lambda h: h.rank)
+
+    def _allocate(self, events: list[Held]) -> None:
+        """What ``schedule()``'s ``allocate_slots(request, 1)`` does for each: a block opened is
+        allocated; a block filled is cached, all such a call does then (it allocates nothing)."""
+        kvm, bs, g = self.kvm, self.block_size, self.g
+        for h in events:
+            self._catch_up(h)
+            if (h.base + g) % bs == 0:
+                if kvm.allocate_slots(h.req, 1) is None:
+                    raise RuntimeError(f"decode lane: allocation failed for {h.req.request_id} at step {g}")
+            else:
+                kvm.cache_blocks(h.req, h.base + g + 1)
+
+    def _visible_fits(self, n_alloc: int) -> bool:
+        """Whether this step's conditions hold with the held kept out of running."""
+        s, bs, budget = self.sched, self.block_size, self.token_budget
+        need, demand, first_rank = n_alloc, 0, None
+        for req in s.running:
+            want = req.num_tokens_with_spec + getattr(req, "num_output_placeholders", 0) - req.num_computed_tokens
+            demand += want
+            after = req.num_computed_tokens + min(want, budget)
+            need += max(0, -(-after // bs) - len(self.req_to_blocks.get(req.request_id, ())))
+            if first_rank is None:
+                first_rank = self.rank.get(req.request_id, self.next_rank)
+        held = len(self.held)
+        if need > self.kvm.block_pool.get_num_free_blocks():
+            return False
+        return held + demand <= budget or (held <= budget and (first_rank is None or first_rank > self.max_rank))
+
+    def before_schedule(self, traces: dict[str, "SimTrace"]) -> None:
+        """Give back what finishes now; if the step's conditions fail, everything; else make the
+        held allocations and lower vLLM's limits by the number held (``after_schedule`` restores
+        them)."""
+        self.give_back_due(traces)
+        if not self.held:
+            return
+        n_alloc, events = self._block_events(self.g)
+        if not self._visible_fits(n_alloc):
+            self.give_back_all(traces)
+            return
+        self._allocate(events)
+        self.lowered = len(self.held)
+        self.sched.max_num_scheduled_tokens -= self.lowered
+        setattr(self.sched, self.admit_attr, getattr(self.sched, self.admit_attr) - self.lowered)
+
+    def after_schedule(self) -> None:
+        if self.lowered:
+            self.sched.max_num_scheduled_tokens += self.lowered
+            setattr(self.sched, self.admit_attr, getattr(self.sched, self.admit_attr) + self.lowered)
+            self.lowered = 0
+
+    def held_features(self, f: StepFeatures) -> StepFeatures:
+        """The step's features with the held requests' tokens added (one decode token each)."""
+        n = len(self.held)
+        if not n:
+            return f
+        return StepFeatures(f.prefill_tokens, f.decode_tokens + n, f.context_tokens + self.base_sum + n * (self.g + 1),
+                            f.num_reqs + n, f.cached_tokens, f.num_prefill_reqs, f.prompt_tokens_new)
+
+    def after_step(self, end_s: float) -> None:
+        if self.held:
+            self.times.append(end_s)
+            self.steps += 1
+        self.g += 1
+        self.take()
+
+    # -- a stretch without vLLM's scheduler ---------------------------------------------------
+
+    def advance(self, sim: "Simulator", record: bool, stop_s: float) -> int:
+        """Where every running request is held and nothing waits, run the stretch that starts now
+        (no step starts at or after ``stop_s`` but the first); returns its number of steps, 0
+        where none can be taken here."""
+        s = self.sched
+        n = len(self.held)
+        if not n or s.running or any(len(getattr(s, q)) for q in self.waiting_queues) \
+                or n > self.token_budget:
+            return 0
         free = self.kvm.block_pool.get_num_free_blocks()
+        last = self.releases[0][0] if self.releases else math.inf  # the first step not taken here
         new_step = getattr(self.kvm, "new_step_starts", None)
         counts_steps = hasattr(s, "current_step")
-        appended = [0] * n_reqs
-        context0 = sum(computed)
-        times: list[float] = []
         used = j = 0
-        while j < limit:
+        while self.g < last:
             start_s = sim.clock_s
             if j and not start_s < stop_s:
                 break
-            q = j % bs
-            if used + allocs[q] > free:
+            n_alloc, events = self._block_events(self.g)
+            if used + n_alloc > free:
                 break
-            used += allocs[q]
+            used += n_alloc
             if counts_steps:
                 s.current_step += 1
             if new_step is not None:
                 new_step()
-            for idx in events[q]:
-                req = running[idx]
-                self._catch_up(req, idx, appended, computed, j)
-                if self.kvm.allocate_slots(req, 1, num_lookahead_tokens=self.lookahead) is None:
-                    raise RuntimeError(f"decode lane: allocation failed for {req.request_id} with {free - used} "
-                                       f"blocks counted free")
-            feats = StepFeatures(0, n_reqs, context0 + n_reqs * (j + 1), n_reqs)
+            self._allocate(events)
+            feats = StepFeatures(0, n, self.base_sum + n * (self.g + 1), n)
             step_ms = float(sim.cost_ms(feats))
             sim.clock_s = start_s + step_ms / 1e3
             sim.num_steps += 1
-            times.append(sim.clock_s)
             if record:
                 sim.steps.append(sim.step_row(start_s, step_ms, feats))
+            self.times.append(sim.clock_s)
+            self.steps += 1
+            self.g += 1
             j += 1
-        if not j:
-            return 0
-        for idx, req in enumerate(running):
-            self._catch_up(req, idx, appended, computed, j)
-            tr = traces.get(req.request_id)
-            if tr is not None:
-                tr.token_times.extend(times)
-        self._after_steps({r.request_id for r in running})
-        self.steps += j
+        if j:
+            self._after_steps()
         return j
 
-    def _block_events(self, computed: list[int]) -> tuple[list[int], list[list[int]]]:
-        """Per step phase q (step j mod block size): how many blocks that step allocates, and the
-        requests whose state the KV cache manager must see then.  Step j allocates for requests
-        whose n + j is a block boundary and caches for those whose n + j + 1 is; both depend on j
-        only through j mod block size."""
-        bs = self.block_size
-        by_phase: list[list[int]] = [[] for _ in range(bs)]
-        for idx, n in enumerate(computed):
-            by_phase[n % bs].append(idx)
-        allocs = [len(by_phase[-q % bs]) for q in range(bs)]
-        events = [sorted(set(by_phase[-q % bs] + by_phase[(-q - 1) % bs])) for q in range(bs)]
-        return allocs, events
-
-    @staticmethod
-    def _catch_up(req, idx: int, appended: list[int], computed: list[int], j: int) -> None:
-        """Bring one request to where ``j`` lane steps leave it: its sampled tokens appended (lazily,
-        only when the KV cache manager or the end of the stretch needs them) and its computed tokens."""
-        if appended[idx] < j:
-            req.append_output_token_ids([SAMPLED_TOKEN_ID] * (j - appended[idx]))
-            appended[idx] = j
-        req.num_computed_tokens = computed[idx] + j
-
-    def _after_steps(self, scheduled_ids: set[str]) -> None:
+    def _after_steps(self) -> None:
         """What the skipped schedule() calls leave on the scheduler itself after such steps."""
         s = self.sched
         s.finished_req_ids = set()
@@ -177,6 +328,5 @@ class DecodeLane:
         prev = getattr(s, "prev_step_scheduled_req_ids", None)
         if prev is not None and not getattr(s, "use_v2_model_runner", False):
             prev.clear()
-            prev.update(scheduled_ids)
         if hasattr(s, "prefill_capacity_bound"):
             s.prefill_capacity_bound = False  # nothing waits: num_waiting > len(deferred) is False

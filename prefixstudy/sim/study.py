@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -158,7 +158,8 @@ class SimSession:
         meta = {"status": "ok", "error": "", "n_sent": n, "started_at": started_at,
                 "duration_s": self.sim.clock_s - t0, "warmup_s": t0 - tw, "block_size": self.target.block_size,
                 "engine_startup_s": 0.0, "sim_wall_s": time.perf_counter() - wall0, "sim_steps": len(self.sim.steps)}
-        req = typed_requests(pd.DataFrame([{**asdict(r), "repeat": repeat} for r in records]))
+        # vars, not asdict: the fields are scalars, and asdict deep-copies each one (a second a sweep)
+        req = typed_requests(pd.DataFrame([{**vars(r), "repeat": repeat} for r in records]))
         its = _iterations(self.mode, rate, self.sim.steps, t0).assign(repeat=repeat)
         return PointResult(self.mode, rate, req, typed_iterations(its), meta, repeat)
 

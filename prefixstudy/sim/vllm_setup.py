@@ -124,8 +124,28 @@ def build_scheduler(spec: SchedulerSpec, arch: Arch, vc=None):
 
         hash_fn = get_hash_fn_by_name(vc.cache_config.prefix_caching_hash_algo)
         ku.init_none_hash(hash_fn)
-        hasher = ku.get_request_block_hasher(hash_bs, hash_fn)
+        hasher = ku.get_request_block_hasher(hash_bs, MemoHash(hash_fn))
     return sched, hasher
+
+
+class MemoHash:
+    """A block hash function that remembers its answers: every request of a group hashes the same
+    prefix blocks, each a pickle and a SHA-256, and the answer is the function's (deterministic).
+    Forgets everything past ``limit`` entries, so a long sweep's unique blocks do not pile up."""
+
+    def __init__(self, fn: Callable[[Any], bytes], limit: int = 200_000):
+        self.fn, self.limit, self.memo = fn, limit, {}
+
+    def __call__(self, key: Any) -> bytes:
+        try:
+            out = self.memo.get(key)
+        except TypeError:  # an unhashable extra key (none here: no multimodal input, no LoRA)
+            return self.fn(key)
+        if out is None:
+            if len(self.memo) >= self.limit:
+                self.memo.clear()
+            out = self.memo[key] = self.fn(key)
+        return out
 
 
 def make_request(request_id: str, prompt: list[int], output_len: int, arrival_s: float, hasher):

@@ -108,7 +108,8 @@ class DecodeLane:
                 or getattr(scheduler, "defer_block_free", False)
                 or getattr(scheduler, "num_lookahead_tokens", 0)
                 or not hasattr(scheduler, "max_num_scheduled_tokens")
-                or len(managers) != 1 or type(managers[0]).__name__ != "FullAttentionManager"):
+                or len(managers) != 1 or type(managers[0]).__name__ != "FullAttentionManager"
+                or managers[0].block_size < 2):  # a block of one token opens and fills at once
             return None
         return cls(scheduler, managers[0])
 
@@ -212,16 +213,17 @@ class DecodeLane:
         return len(opening), sorted([*opening.values(), *filling.values()], key=lambda h: h.rank)
 
     def _allocate(self, events: list[Held]) -> None:
-        """What ``schedule()``'s ``allocate_slots(request, 1)`` does for each: a block opened is
-        allocated; a block filled is cached, all such a call does then (it allocates nothing)."""
-        kvm, bs, g = self.kvm, self.block_size, self.g
+        """What ``schedule()``'s ``allocate_slots(request, 1)`` does for each, and all it does for a
+        decoding request of a full-attention model whose allocation cannot fail: a block opened is
+        allocated (every full block before it is already cached), a block filled is cached."""
+        coordinator, kvm, bs, g = self.kvm.coordinator, self.kvm, self.block_size, self.g
         for h in events:
             self._catch_up(h)
-            if (h.base + g) % bs == 0:
-                if kvm.allocate_slots(h.req, 1) is None:
-                    raise RuntimeError(f"decode lane: allocation failed for {h.req.request_id} at step {g}")
+            n = h.base + g + 1  # the request's tokens with a slot once this step's token has one
+            if n % bs == 1:
+                coordinator.allocate_new_blocks(h.req.request_id, n, n)
             else:
-                kvm.cache_blocks(h.req, h.base + g + 1)
+                kvm.cache_blocks(h.req, n)
 
     def _visible_fits(self, n_alloc: int) -> bool:
         """Whether this step's conditions hold with the held kept out of running."""

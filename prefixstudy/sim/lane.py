@@ -87,6 +87,8 @@ class DecodeLane:
         self.rank: dict[str, int] = {}  # the visible running requests' places in running
         self.next_rank = 0
         self.steps = 0  # steps taken with at least one request held, over the scheduler's life
+        self.stretch_steps = 0  # of those, steps taken without schedule()
+        self.returns = 0  # steps whose conditions failed: every held request went back first
         self.lowered = 0
 
     @classmethod
@@ -250,6 +252,7 @@ class DecodeLane:
             return
         n_alloc, events = self._block_events(self.g)
         if not self._visible_fits(n_alloc):
+            self.returns += 1
             self.give_back_all(traces)
             return
         self._allocate(events)
@@ -315,6 +318,7 @@ class DecodeLane:
                 sim.steps.append(sim.step_row(start_s, step_ms, feats))
             self.times.append(sim.clock_s)
             self.steps += 1
+            self.stretch_steps += 1
             self.g += 1
             j += 1
         if j:

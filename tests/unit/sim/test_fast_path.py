@@ -25,7 +25,7 @@ SHORT = {"sweep.min_duration_s": 6, "sweep.num_requests": 40}
 
 
 def both_ways(config: str, overrides: dict, gpu: str | None, tp: int | None, mode: str, rate: float):
-    """(fast PointResult, stepwise PointResult, steps the fast one took in the lane)."""
+    """(fast PointResult, stepwise PointResult, the fast one's lane)."""
     from prefixstudy.sim.vllm_setup import vllm_config
 
     cfg = load_config(resolve_config(config), overrides)
@@ -37,8 +37,8 @@ def both_ways(config: str, overrides: dict, gpu: str | None, tp: int | None, mod
         session = SimSession(cfg, mode, rows, replace(target, stepwise=stepwise), vc, facts)
         out.append(session.run_point(rate, 0))
         if not stepwise:
-            lane_steps = session.sim.lane.steps
-    return out[0], out[1], lane_steps
+            lane = session.sim.lane
+    return out[0], out[1], lane
 
 
 def assert_identical(fast, stepwise) -> None:
@@ -55,7 +55,8 @@ def test_the_seed_sweep_mostly_in_the_lane_is_step_for_step_the_same():
     """ON at 16 req/s on 8 x A100: 96 requests of 143 tokens, most steps pure decode."""
     fast, step, lane = both_ways("seed-a100x8-tp8", SHORT, "A100-SXM4-40GB", 8, "on", 16)
     assert_identical(fast, step)
-    assert len(step.iterations) == fast.meta["sim_steps"] and lane > len(step.iterations) // 2
+    assert len(step.iterations) == fast.meta["sim_steps"] and lane.steps > len(step.iterations) // 2
+    assert lane.stretch_steps > 0 and lane.steps - lane.stretch_steps > 0  # both kinds of held step
     assert list(step.requests.error[~step.requests.warmup]) == [""] * 96
 
 
@@ -65,7 +66,8 @@ def test_a_saturated_point_is_the_same():
     fast, step, lane = both_ways("seed-a100x8-tp8", SHORT, "A100-SXM4-40GB", 8, "off", 64)
     assert_identical(fast, step)
     it = step.iterations
-    assert it.num_running.max() == 256 and it.num_waiting.max() > 100 and lane > 0
+    assert it.num_running.max() == 256 and it.num_waiting.max() > 100
+    assert lane.steps - lane.stretch_steps > len(it) // 2  # most steps admit a prompt beside the held
 
 
 @pytest.mark.slow  # each point twice, once without the lane
@@ -76,7 +78,7 @@ def test_lru_eviction_under_cache_pressure_is_the_same():
     fast, step, lane = both_ways("h200-cache-pressure", over, None, None, "on", 24)
     assert_identical(fast, step)
     m = step.requests[~step.requests.warmup]
-    assert 0 < m.num_cached_tokens.sum() < m.expected_cached_tokens.sum() and lane > 0
+    assert 0 < m.num_cached_tokens.sum() < m.expected_cached_tokens.sum() and lane.steps > 0
 
 
 @pytest.mark.slow  # each point twice, once without the lane
@@ -87,7 +89,21 @@ def test_preemption_in_a_small_cache_is_the_same():
     fast, step, lane = both_ways("seed-a100x8-tp8", over, "A100-SXM4-40GB", 8, "off", 64)
     assert_identical(fast, step)
     m = step.requests[~step.requests.warmup]
-    assert step.iterations.prefill_tokens.sum() > m.prompt_tokens[m.ttft_ms.notna()].sum() and lane > 0
+    assert step.iterations.prefill_tokens.sum() > m.prompt_tokens[m.ttft_ms.notna()].sum()
+    assert lane.steps > 0 and lane.returns > 0  # short of blocks: every held request went back
+
+
+@pytest.mark.slow  # each point twice, once without the lane
+def test_a_token_budget_shorter_than_a_prompt_is_the_same():
+    """A 512-token budget and 1214-token prompts at 32 req/s: prompts are computed in chunks, and
+    where a chunk would take the budget that a held request ahead of it in ``running`` needs, every
+    held request goes back for that step."""
+    over = {**SHORT, "engine.max_num_batched_tokens": 512}
+    fast, step, lane = both_ways("seed-a100x8-tp8", over, "A100-SXM4-40GB", 8, "off", 32)
+    assert_identical(fast, step)
+    it = step.iterations
+    assert it.prefill_tokens.max() <= 512 and (it.prefill_tokens % 1214 != 0).any()
+    assert lane.steps > 0 and lane.returns > 0
 
 
 @pytest.mark.slow  # each point twice, once without the lane
@@ -95,7 +111,7 @@ def test_multi_turn_sessions_are_the_same():
     """Later turns arrive think time after their parent's last token, which the lane produces."""
     fast, step, lane = both_ways("h200-multiturn", {}, None, None, "on", 6)
     assert_identical(fast, step)
-    assert (step.requests.parent_index >= 0).sum() == 90 and lane > 0
+    assert (step.requests.parent_index >= 0).sum() == 90 and lane.steps > 0
 
 
 def test_the_lane_stops_before_an_allocation_that_would_preempt(make_sim):
@@ -111,9 +127,9 @@ def test_the_lane_stops_before_an_allocation_that_would_preempt(make_sim):
         if stepwise:
             sim.lane = None
         traces = sim.run(reqs)
-        out.append((traces, sim.steps, sim.lane.steps if sim.lane else 0))
+        out.append((traces, sim.steps, sim.lane))
     (fast, fast_steps, lane), (step, step_steps, _) = out
-    assert fast == step and fast_steps == step_steps and lane > 0
+    assert fast == step and fast_steps == step_steps and lane.steps > 0
     # b was preempted: it computed its prompt (and its tokens so far) twice
     assert sum(s["prefill_tokens"] for s in step_steps) > 64
     assert [len(t.token_times) for t in step.values()] == [40, 40]

@@ -13,10 +13,10 @@ average is read before and after (other sessions share this machine).  Then the 
 compared: the branch against its own ``--stepwise`` run must be identical (requests.parquet and
 iterations.parquet, every column but wall-clock stamps); the baseline's differ where the step
 cost changed since, and the differing columns are listed.  One JSON line per invocation is
-appended to benchmarks/results/sim_speed.jsonl.
+appended to benchmarks/results/simulate_speed.jsonl.
 
     git worktree add /tmp/bd45018 bd45018      # once: the baseline's code
-    python benchmarks/sim_speed.py [--baseline /tmp/bd45018] [--runs 3]
+    python benchmarks/simulate_speed.py [--baseline /tmp/bd45018] [--runs 3]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 COMMAND = ["simulate", "experiments/seed-a100x8-tp8.yaml", "--calibration", "experiments/results/h200-tp1",
            "--gpu", "A100-SXM4-40GB", "--tp", "8", "--jobs", "2"]
 WALL_CLOCK_COLUMNS = ["started_at"]  # host stamps, different in every run
-RESULTS = REPO / "benchmarks/results/sim_speed.jsonl"
+RESULTS = REPO / "benchmarks/results/simulate_speed.jsonl"
 
 
 def load_avg() -> list[float]:
@@ -87,7 +87,7 @@ def main() -> None:
     args = ap.parse_args()
     if not (args.baseline / "prefixstudy").is_dir():
         sys.exit(f"--baseline {args.baseline}: no prefixstudy there (git worktree add {args.baseline} bd45018)")
-    tmp = Path(tempfile.mkdtemp(prefix="sim_speed-"))
+    tmp = Path(tempfile.mkdtemp(prefix="simulate_speed-"))
     runs: dict[str, list[dict]] = {"baseline": [], "branch": []}
     load_start = load_avg()
     for i in range(args.runs):
@@ -98,7 +98,8 @@ def main() -> None:
     stepwise = run_once(REPO, tmp / "branch-stepwise", ["--stepwise", "--no-report"])
     print("branch --stepwise", {k: v for k, v in stepwise.items() if k != "run_dir"}, flush=True)
     branch_dir, base_dir = Path(runs["branch"][0]["run_dir"]), Path(runs["baseline"][0]["run_dir"])
-    med = {name: {k: statistics.median(r[k] for r in rs) for k in ("wall_s", "points_phase_s", "sim_s")}
+    med = {name: {k: statistics.median(r[k] for r in rs)
+                  for k in ("wall_s", "points_phase_s", "sim_s", "requests_per_sim_s")}
            for name, rs in runs.items()}
     record = {
         "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import signal
 import threading
 import time
@@ -33,6 +34,18 @@ from prefixstudy.workloads.base import DatasetRow, group_prefixes
 from prefixstudy.workloads.trace import trace_offsets
 
 
+def percentile(ordered: list[float], q: float) -> float:
+    """``np.percentile(a, q)`` (its default, linear method) of an ascending list, to the bit: the same
+    index, weight and interpolation.  A tenth of numpy's time on a request's ~150 gaps, where numpy's
+    per-call overhead was most of a simulated point's record keeping."""
+    n = len(ordered)
+    index = (q / 100) * (n - 1)
+    lo = math.floor(index)
+    a, b = ordered[lo], ordered[min(lo + 1, n - 1)]
+    weight, diff = index - lo, b - a
+    return b - diff * (1 - weight) if weight >= 0.5 else a + diff * weight
+
+
 def make_record(mode: str, rate: float, index: int, request_id: str, row: DatasetRow, warmup: bool,
                 scheduled_s: float, t0: float, tr: RequestTrace, expected: int = 0, estimated: int = 0,
                 parent_index: int = -1, repeat: int = 0) -> RequestRecord:
@@ -44,7 +57,8 @@ def make_record(mode: str, rate: float, index: int, request_id: str, row: Datase
     e2e = (times[-1] - tr.sent_mono) * 1e3 if n else nan
     # Gaps between tokens are measured only where every token arrived on its own clock reading.
     itl = np.diff(times) * 1e3 if n > 1 and not tr.unstreamed_tokens else np.array([])
-    itl_p50, itl_p99 = np.percentile(itl, [50, 99]) if len(itl) else (nan, nan)  # one call: half the time of two
+    ordered = sorted(itl.tolist())
+    itl_p50, itl_p99 = (percentile(ordered, 50), percentile(ordered, 99)) if ordered else (nan, nan)
     error = tr.error
     if not error and n < row.output_len:
         error = f"short output: {n} of {row.output_len} tokens"

@@ -168,6 +168,33 @@ def test_itl_summary_pools_every_gap_as_vllm_bench_does():
     assert itl_summary([], [50]) == {}
 
 
+def test_percentile_is_numpys_to_the_bit():
+    """The record's ITL p50 / p99 come from runner.percentile, which must equal np.percentile's
+    default (linear) method exactly: on gaps like a request's (sums of clock differences, ties,
+    one gap, constant gaps) and on plain random arrays."""
+    import numpy as np
+
+    from prefixstudy.runner import percentile
+
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(3000):
+        n = int(rng.integers(1, 300))
+        a = rng.random(n) * rng.choice([1e-3, 1.0, 5.09, 37.1, 1e3])
+        if rng.random() < 0.3:
+            a = np.round(a, int(rng.integers(0, 3)))  # ties
+        if rng.random() < 0.1:
+            a = np.full(n, 5.0897)
+        for gaps in (a, np.diff(np.cumsum(a)) * 1e3):
+            if len(gaps):
+                ordered = sorted(gaps.tolist())
+                for q in (0, 1, 50, 90, 99, 99.9, 100):
+                    assert percentile(ordered, q) == float(np.percentile(gaps, q))
+                    checked += 1
+    assert checked > 30_000
+    assert percentile([2.0], 99) == 2.0 and percentile([1.0, 3.0], 50) == 2.0 and percentile([1.0, 3.0], 99) == 2.98
+
+
 def test_every_point_records_its_itl_spread():
     res = run_point(cfg_with(**{"engine.decode_ms_per_token": 2.0}), "on", 50.0)
     itl = res.meta["itl_ms"]

@@ -178,7 +178,7 @@ def test_percentile_is_numpys_to_the_bit():
 
     rng = np.random.default_rng(7)
     checked = 0
-    for _ in range(3000):
+    for _ in range(1000):
         n = int(rng.integers(1, 300))
         a = rng.random(n) * rng.choice([1e-3, 1.0, 5.09, 37.1, 1e3])
         if rng.random() < 0.3:
@@ -191,7 +191,7 @@ def test_percentile_is_numpys_to_the_bit():
                 for q in (0, 1, 50, 90, 99, 99.9, 100):
                     assert percentile(ordered, q) == float(np.percentile(gaps, q))
                     checked += 1
-    assert checked > 30_000
+    assert checked > 10_000
     assert percentile([2.0], 99) == 2.0 and percentile([1.0, 3.0], 50) == 2.0 and percentile([1.0, 3.0], 99) == 2.98
 
 

@@ -54,8 +54,8 @@ class Simulator:
         self.clock_s = 0.0
         self.steps: list[dict] = []
         self.num_steps = 0
-        # The decode lane (``sim.lane``) replays stretches of pure decode steps without
-        # schedule(); ``stepwise`` keeps every step on vLLM's own scheduler, to check it against.
+        # The decode lane (``sim.lane``) keeps steadily decoding requests out of vLLM's per-request
+        # loops; ``stepwise`` keeps every step on vLLM's own scheduler, to check it against.
         self.lane = None if stepwise else DecodeLane.for_scheduler(scheduler)
 
     def reset_prefix_cache(self) -> bool:

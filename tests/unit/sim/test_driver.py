@@ -102,3 +102,28 @@ def test_a_later_turn_whose_parent_is_cut_is_never_sent(make_sim):
                   SimRequest("b", [5, 6, 7], 1, float("nan"), parent="a")], deadline_s=0.01)
     assert tr["b"].arrival_s == float("inf") and tr["b"].token_times == []
     assert not sim.sched.has_unfinished_requests()
+
+
+def test_the_block_hash_memo_answers_as_the_hash_function_does():
+    """MemoHash (sim.vllm_setup) stands between vLLM's request block hasher and its hash function:
+    the same bytes for every key, the function called once per distinct key until the memo is full,
+    then forgotten; a key it cannot hold goes straight to the function."""
+    import hashlib
+    import pickle
+
+    from prefixstudy.sim.vllm_setup import MemoHash
+
+    calls = []
+
+    def sha(key):
+        calls.append(key)
+        return hashlib.sha256(pickle.dumps(key)).digest()
+
+    memo = MemoHash(sha, limit=3)
+    keys = [(b"p", (1, 2, 3), None), (b"p", (1, 2, 4), None), (b"q", (1, 2, 3), None)]
+    assert [memo(k) for k in keys + keys] == [sha(k) for k in keys + keys]
+    assert len(calls) == 3 + 6  # the memo's three, then the six direct checks
+    calls.clear()
+    memo((b"r", (5,), None))  # a fourth key: the full memo is emptied first
+    assert len(memo.memo) == 1 and len(calls) == 1
+    assert memo((b"p", (1,), [["unhashable"]])) == sha((b"p", (1,), [["unhashable"]]))

@@ -92,7 +92,10 @@ class _Server:
                                      stdout=subprocess.DEVNULL)
         os.close(req_r)
         os.close(rep_w)
-        self.requests, self.replies = os.fdopen(req_w, "w"), os.fdopen(rep_r, "r")
+        # Replies unbuffered: a buffered reader can take the pid line and the exit-code line in one
+        # read, and the select() that waits for the exit code would then wait on an empty pipe until
+        # its timeout (a CLI call that fails at once did: 600 s, fresh-clone run 24).
+        self.requests, self.replies = os.fdopen(req_w, "w"), os.fdopen(rep_r, "rb", buffering=0)
 
     def _reply(self, timeout: float | None):
         if timeout is not None and not select.select([self.replies], [], [], timeout)[0]:

@@ -133,7 +133,7 @@ class MemoHash:
     prefix blocks, each a pickle and a SHA-256, and the answer is the function's (deterministic).
     Forgets everything past ``limit`` entries, so a long sweep's unique blocks do not pile up."""
 
-    def __init__(self, fn: Callable[[Any], bytes], limit: int = 200_000):
+    def __init__(self, fn: Callable[[Any], bytes], limit: int = 50_000):  # about 20 MB of keys
         self.fn, self.limit, self.memo = fn, limit, {}
 
     def __call__(self, key: Any) -> bytes:

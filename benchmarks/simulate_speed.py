@@ -105,7 +105,9 @@ def main() -> None:
         "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
         "machine": f"{platform.node()}: {os.cpu_count()} cores, shared with other sessions",
         "load_avg_start": load_start, "load_avg_end": load_avg(),
-        "branch_commit": git("rev-parse", "--short", "HEAD") + (" (dirty)" if git("status", "--porcelain") else ""),
+        # An uncommitted results file (this benchmark's own earlier line) changes no code.
+        "branch_commit": git("rev-parse", "--short", "HEAD")
+        + (" (dirty)" if git("status", "--porcelain", "--", ".", ":!benchmarks/results") else ""),
         "baseline_commit": git("rev-parse", "--short", "HEAD", cwd=args.baseline),
         "command": "prefixstudy " + " ".join(COMMAND), "runs_each": args.runs, "medians": med,
         "ratio_wall": round(med["baseline"]["wall_s"] / med["branch"]["wall_s"], 2),

@@ -22,6 +22,8 @@ from pathlib import Path
 T0 = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks/results/simulate_phases.jsonl"
+sys.path.insert(0, str(REPO / "benchmarks"))
+from simulate_speed import COMMAND  # noqa: E402 - the one seed command both benchmarks time
 
 
 def timed(mod, name: str, spans: dict[str, float]) -> None:
@@ -48,8 +50,7 @@ def main() -> None:
     timed(pool, "start", spans)
     timed(run, "_simulate", spans)
     out = tempfile.mkdtemp(prefix="simulate_phases-")
-    sys.argv = ["prefixstudy", "simulate", "experiments/seed-a100x8-tp8.yaml", "--calibration",
-                "experiments/results/h200-tp1", "--gpu", "A100-SXM4-40GB", "--tp", "8", "--jobs", "2", "--out", out]
+    sys.argv = ["prefixstudy", *COMMAND, "--out", out]
     os.chdir(REPO)
     try:
         entrypoint()

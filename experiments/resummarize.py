@@ -1,6 +1,7 @@
-"""Re-derive every committed study's study-wide numbers with today's code: the step-cost fit and
-the engine columns of summary.csv, the step-timing checks and the fit in manifest.json,
-headline.csv, and the reports built from them (report.md and plots/ of a study, routing.* of a
+"""Re-derive every committed study with today's code (``prefixstudy report RUN --rederive``'s
+``results.rederive``): each point's summary.csv row from its records (saturation included), the
+step-cost fit and the engine columns of summary.csv, the step-timing checks and the fit in
+manifest.json, headline.csv, and the reports built from them (report.md and plots/ of a study, routing.* of a
 routing sweep, capacity.* of a capacity sweep).  Only studies whose request and step records are
 committed can be re-derived; the others are left as they are.
 
@@ -36,22 +37,22 @@ def main() -> int:
 
     from prefixstudy.report.build import build_report
     from prefixstudy.report.capacity import write_capacity_report
-    from prefixstudy.results import MANIFEST, load, write_json
-    from prefixstudy.results.finish import finish_run
+    from prefixstudy.results.rederive import rederive
     from prefixstudy.routing_sweep import routing_report
 
     todo = [r for r in runs() if not a.studies or r.relative_to(RESULTS).parts[0] in a.studies]
     parents = set()
     for run in todo:
         t0 = time.perf_counter()
-        manifest = load(run).manifest
-        finish_run(run, manifest)
-        write_json(run / MANIFEST, manifest)
+        changed = rederive(run)
         if run.parent != RESULTS:
             parents.add(run.parent)
         elif not a.no_reports and (run / "report.md").is_file():
             build_report(run)
         print(f"{run.relative_to(RESULTS)}: {time.perf_counter() - t0:.0f} s", flush=True)
+        for c in changed.to_dict("records"):
+            print(f"  {c['mode']} {c['rate']:g} r{c['repeat']}: saturated {c['saturated_before']} -> "
+                  f"{c['saturated']} {c['saturation_reason']}", flush=True)
     if not a.no_reports:
         for parent in sorted(parents):
             if (parent / "routing.json").is_file():

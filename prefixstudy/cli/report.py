@@ -33,7 +33,11 @@ def _slo(text: str | None) -> dict[str, float]:
 @click.option("--point", default=None, metavar="[MODE] RATE",
               help="Point of the engine time series, e.g. 8 or 'on 8'; default: highest rate where both modes are unsaturated.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
-def report(results_dir: Path, slo, threshold_ms, peers, point, seed):
+@click.option("--rederive", is_flag=True,
+              help="First recompute summary.csv, headline.csv, arms.csv and the manifest's derived fields from the "
+                   "run's own request and step records with this version's analysis (saturation included); the "
+                   "records and config.yaml are left as they are.  Prints the points whose saturation changed.")
+def report(results_dir: Path, slo, threshold_ms, peers, point, seed, rederive):
     """Write report.md, report.html and plots/ (PNG + SVG) into RESULTS_DIR."""
     from prefixstudy.report import build_report, parse_point
 
@@ -47,6 +51,8 @@ def report(results_dir: Path, slo, threshold_ms, peers, point, seed):
         if not any(c in p for c in "*?[") and not Path(p).exists():
             raise UserError(f"--peer {p}: file not found")
         bench_files(p)  # an empty folder or glob is refused now, not after the analysis
+    if rederive:
+        _rederive(results_dir)
     try:
         out = build_report(results_dir, parsed_slo, threshold_ms, peers, parsed_point, seed=seed)
     except OSError as e:  # a read-only or full filesystem: files are replaced whole, so none is left half-written
@@ -54,6 +60,23 @@ def report(results_dir: Path, slo, threshold_ms, peers, point, seed):
                         "the results themselves are untouched") from None
     click.echo(f"report: {out}")
     click.echo(f"report: {out.with_name('report.md')}")
+
+
+def _rederive(results_dir: Path) -> None:
+    from prefixstudy.results import find_run_dir
+    from prefixstudy.results.rederive import rederive
+
+    run = find_run_dir(results_dir)
+    try:
+        changed = rederive(run)
+    except OSError as e:
+        raise UserError(f"{e.filename or run}: cannot rewrite the derived files ({e.strerror or e}); "
+                        "the records are untouched") from None
+    click.echo(f"re-derived: {run} (summary.csv, headline.csv, manifest.json)")
+    for c in changed.to_dict("records"):
+        now = f"saturated: {c['saturation_reason']}" if c["saturated"] else "kept up"
+        click.echo(f"  {c['mode'].upper()} {c['rate']:g} req/s repeat {c['repeat'] + 1}: "
+                   f"{'saturated' if c['saturated_before'] else 'kept up'} -> {now}")
 
 
 @click.command()

@@ -36,6 +36,12 @@ class EngineConfigBase(BaseModel):
                                         description="Not for configs (refused here): caching is set per arm, "
                                         "`sweep.modes` on / off or `arms[].prefix_caching`.")
 
+    @property
+    def admission_limit(self) -> int | None:
+        """Requests one engine runs at once at most (vLLM's ``max_num_seqs``); None: none, or not
+        known.  The saturation check's "ran full" rule reads it (metrics.saturation)."""
+        return None
+
 
 @dataclass
 class RequestTrace:

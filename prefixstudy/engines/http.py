@@ -83,6 +83,14 @@ class HttpEngineConfig(EngineConfigBase):
                                      "point (the `server_*` summary columns); None: not scraped.")
     health_timeout_s: float = Field(60.0, gt=0, description="Seconds to wait at start for GET /health to "
                                     "answer.")
+    max_num_seqs: int | None = Field(None, gt=0, description="The server's own `max_num_seqs` (SGLang: "
+                                     "`max_running_requests`), when known: with it a point is saturated once the "
+                                     "server ran full; None: a trend test on the requests in flight decides "
+                                     "(weaker, docs/saturation.md).")
+
+    @property
+    def admission_limit(self) -> int | None:
+        return self.max_num_seqs
 
     @field_validator("targets", mode="before")
     @classmethod

@@ -78,6 +78,10 @@ class VllmEngineConfig(EngineConfigBase):
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Any other vLLM engine argument, by its "
                                        "AsyncEngineArgs name (e.g. `num_gpu_blocks_override`); applied last.")
 
+    @property
+    def admission_limit(self) -> int | None:
+        return self.max_num_seqs
+
 
 def engine_args(model: str, e: VllmEngineConfig, mode: str) -> dict:
     """The AsyncEngineArgs kwargs for one arm (built-in on / off differ only in prefix caching)."""

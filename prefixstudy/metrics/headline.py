@@ -300,6 +300,61 @@ def knee(head: pd.DataFrame, mode: str) -> tuple[float, float, float]:
     return (math.nan, last, math.nan)
 
 
+def _counts(h: pd.DataFrame, mode: str) -> list[tuple[float, int, int]]:
+    """(arrival rate, repeats saturated, repeats) of each rate ``mode`` ran, in rate order."""
+    share = h[f"{mode}_saturated_share"] if f"{mode}_saturated_share" in h else h[f"{mode}_saturated"].astype(float)
+    n = h["n_repeats"] if "n_repeats" in h else pd.Series(1, index=h.index)
+    return [(float(x), int(round(float(s) * int(k))), int(k))
+            for x, s, k in zip(h["arrival_rate"], share, n, strict=True)]
+
+
+def knee_bracket(head: pd.DataFrame, mode: str) -> dict:
+    """A mode's knee as an arrival-rate bracket with its evidence (the rule of ``knee``): ``lo``
+    the last rate where most repeats kept up (every lower rate too) and ``hi`` the next, where most
+    saturated, each with ``*_saturated`` of ``*_repeats``; ``mixed``: the rates up to ``hi`` whose
+    repeats disagreed, as (rate, saturated, repeats).  ``hi`` is NaN when no rate was mostly
+    saturated (the knee is beyond ``lo``); ``lo`` is NaN when the lowest rate already was.
+    ``text``: one sentence, e.g. "OFF's knee lies between 16.2 req/s (kept up in 2 of 2 repeats)
+    and 19.9 req/s (saturated in 2 of 2)"."""
+    counts = _counts(_ran(head, mode), mode)
+    out = {"mode": mode, "lo": math.nan, "lo_saturated": 0, "lo_repeats": 0, "hi": math.nan, "hi_saturated": 0,
+           "hi_repeats": 0, "mixed": []}
+    for x, k, n in counts:
+        if 0 < k < n:
+            out["mixed"].append((x, k, n))
+        if k / n > 0.5:
+            out.update(hi=x, hi_saturated=k, hi_repeats=n)
+            break
+        out.update(lo=x, lo_saturated=k, lo_repeats=n)
+    out["text"] = _bracket_text(out)
+    return out
+
+
+def _bracket_text(b: dict) -> str:
+    name = b["mode"].upper() if b["mode"] in MODES else b["mode"]
+
+    def kept(x, k, n):
+        return f"{x:.1f} req/s (kept up in {n - k} of {n} repeat{'s' if n > 1 else ''})"
+
+    def sat(x, k, n):
+        return f"{x:.1f} req/s (saturated in {k} of {n})"
+
+    if math.isfinite(b["lo"]) and math.isfinite(b["hi"]):
+        text = (f"{name}'s knee lies between {kept(b['lo'], b['lo_saturated'], b['lo_repeats'])} and "
+                f"{sat(b['hi'], b['hi_saturated'], b['hi_repeats'])}")
+    elif math.isfinite(b["lo"]):
+        text = f"{name} saturated in most repeats of no rate it ran, up to " \
+               f"{kept(b['lo'], b['lo_saturated'], b['lo_repeats'])}: its knee is beyond"
+    elif math.isfinite(b["hi"]):
+        text = f"{name} saturated already at its lowest rate, {sat(b['hi'], b['hi_saturated'], b['hi_repeats'])}"
+    else:
+        return f"{name} ran no rate"
+    others = [m for m in b["mixed"] if m[0] not in (b["lo"], b["hi"])]
+    if others:
+        text += "; repeats disagreed at " + ", ".join(f"{x:.1f} req/s ({k} of {n} saturated)" for x, k, n in others)
+    return text
+
+
 def rate_at_threshold(head: pd.DataFrame, mode: str, threshold_ms: float, metric: str = "p90_e2e") -> tuple:
     """(rate, lo, hi): the arrival rate at which ``mode``'s ``metric`` crosses ``threshold_ms``,
     linearly interpolated between the two rates around the crossing; lo/hi from the interval's

@@ -36,7 +36,8 @@ def summarize_point(requests: pd.DataFrame, meta: dict, tolerance: float = 0.05,
     columns (metrics.engine_fit.ENGINE_COLUMNS) are NaN here: they need the whole study's fit.
 
     ``requests``/``iterations``: this point's rows only.  ``meta``: mode, rate and optionally
-    repeat, status, error, n_sent, duration_s (used when no request finished).
+    repeat, status, error, n_sent, duration_s (used when no request finished), admission_limit
+    (the engine's max_num_seqs x replicas, for the saturation check).
     """
     ok, n_failed, n_unfinished = split_outcomes(requests)
     duration = duration_s(ok) if not ok.empty else float(meta.get("duration_s", math.nan))
@@ -57,9 +58,10 @@ def summarize_point(requests: pd.DataFrame, meta: dict, tolerance: float = 0.05,
     row["hit_rate_ok"] = hit_rate_ok("on" if cached else "off", row["hit_rate_measured"], bound, tolerance)
     lag = ok["dispatch_lag_ms"]
     row["dispatch_lag_p50_ms"], row["dispatch_lag_p99_ms"] = percentile(lag, 50), percentile(lag, 99)
-    sat = saturation(requests, iterations)
+    sat = saturation(requests, iterations, meta.get("admission_limit"))
     row.update({k: sat[k] for k in ("arrival_rate", "completion_ratio", "in_system_first", "in_system_last",
-                                    "e2e_first_ms", "e2e_last_ms")})
+                                    "e2e_first_ms", "e2e_last_ms", "backlog_growth_per_s", "backlog_growth_lo",
+                                    "full_share", "waiting_share")})
     row["saturated"], row["saturation_reason"] = sat["saturated"], sat["reason"]
     row["error"] = meta.get("error", "") or ""
     # HTTP backends put the server's in the point's meta, engines that split their hits by tier

@@ -6,7 +6,8 @@ import math
 
 import pandas as pd
 
-from prefixstudy.metrics.saturation import COMPLETION_MIN, GROWTH_MIN, GROWTH_REL, TREND_REL
+from prefixstudy.metrics.headline import knee_bracket
+from prefixstudy.metrics.saturation import ALPHA, BATCHES, COMPLETION_MIN, GROWTH_SHARE_MIN
 from prefixstudy.report.data import ReportData
 from prefixstudy.report.render import SAT_MARK
 from prefixstudy.results import StudyResults
@@ -30,12 +31,15 @@ ESTIMATOR_TEXT = (
 SATURATION_TEXT = (
     f"A point is saturated when, within its arrival window, a sent request was left unfinished, fewer "
     f"than {COMPLETION_MIN:.0%} of the arrivals completed within the window shifted by the early "
-    f"latency, the number of requests in the engine (running + waiting) rose from the first third to "
-    f"the last by at least {GROWTH_MIN:g} and {GROWTH_REL:.0%}, or mean E2E of the last third reached "
-    f"{TREND_REL:g}× the first third's. A saturated point's latency grows with how long it runs: it is "
-    f"a bound, and so is a gain measured there. The knee (metrics.headline.knee) is the midpoint, in "
-    f"actual arrival rate, between the last rate where most repeats kept up (and every lower rate "
-    f"too) and the next rate, where most repeats saturated; a rate a mode never ran ends the search."
+    f"latency, or the backlog grew: the number of requests in the system (sent, not yet answered) rose "
+    f"through the window, after the time an empty engine takes to fill, by at least "
+    f"{GROWTH_SHARE_MIN:.0%} of the arrival rate and steeper than a stationary queue's fluctuation "
+    f"allows (least-squares slope of {BATCHES} batch means, one-sided Student's t at {ALPHA:g}; error "
+    f"rates measured in docs/saturation.md). A saturated point's latency grows with how long it runs: "
+    f"it is a bound, and so is a gain measured there. A mode's knee (metrics.headline.knee_bracket) "
+    f"lies between the last rate where most repeats kept up (and every lower rate too) and the next "
+    f"rate, where most repeats saturated, in actual arrival rate; a rate a mode never ran ends the "
+    f"search, and a rate whose repeats disagree is named with its share saturated."
 )
 INTERVAL_TEXT = (
     "Intervals are 95 %. With two or more repeats a rate's interval is Student's t over the repeats' own "
@@ -120,12 +124,10 @@ def _saturation_sentence(d: ReportData, mode: str) -> str | None:
     if sat.empty:
         return (f"Caching {mode.upper()}: no point saturated (up to {p['rate'].max():.2f} req/s); "
                 f"knee ≥ {p['rate'].max():.2f} req/s.")
-    knee = d.knees[mode]
-    knee_txt = (f"knee ≈ {knee:.1f} req/s (midway between the last rate where most repeats kept up and the next)"
-                if math.isfinite(knee) else "no knee: already saturated at the lowest rate")
+    bracket = knee_bracket(d.head, mode)["text"] if len(d.head) else "no headline.csv to place the knee"
     why = "; ".join(f"{r['rate']:.2f}: {r['saturation_reason']}" for _, r in sat.iterrows() if r["saturation_reason"])
     return (f"Caching {mode.upper()}: saturated at {', '.join(f'{r:.2f}' for r in sat['rate'])} req/s"
-            f"{f' ({why})' if why else ''}; {knee_txt}.")
+            f"{f' ({why})' if why else ''}; {bracket}.")
 
 
 def headline_paragraphs(d: ReportData) -> list[str]:

@@ -32,45 +32,84 @@ def steps(in_system, t=None, mode="on", rate=1.0):
 
 # ----------------------------------------------------------------- saturation
 
-def test_steady_point_is_not_saturated():
-    s = saturation.saturation(point([100.0] * 12), steps([1] * 12))
-    assert s["arrival_rate"] == 1.0 and s["completion_ratio"] == 1.0
-    assert (s["in_system_first"], s["in_system_last"]) == (1.0, 1.0)
-    assert (s["e2e_first_ms"], s["e2e_last_ms"]) == (100.0, 100.0)
+def queue(e2e_s, gap_s=0.1):
+    """Requests every ``gap_s`` s, request i answered after ``e2e_s(i)`` seconds."""
+    n = 200
+    return point([e2e_s(i) * 1e3 for i in range(n)], gap_s=gap_s)
+
+
+def test_a_level_backlog_is_not_saturated_whatever_its_size():
+    # 10 req/s, each in the system 0.5 s: 5 in the system from the first answer on, exactly.
+    s = saturation.saturation(queue(lambda i: 0.5), None)
+    assert s["arrival_rate"] == pytest.approx(10.0) and s["completion_ratio"] == 1.0
+    assert s["backlog_growth_per_s"] == 0.0 and s["backlog_growth_lo"] == 0.0
     assert not s["saturated"] and s["reason"] == ""
 
 
-def test_running_requests_that_pile_up_saturate_below_max_num_seqs():
-    # Nobody waits (num_waiting 0), but running rises 4 -> 12: vLLM v1 overload below max_num_seqs.
-    s = saturation.saturation(point([100.0] * 12), steps([4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12]))
-    assert (s["in_system_first"], s["in_system_last"]) == (4.0, 12.0)
-    assert s["saturated"] and s["reason"] == "in system 4.0->12.0"
-    # +3 from 8 is under +50 %: a busy but steady engine
-    s = saturation.saturation(point([100.0] * 12), steps([8, 8, 8, 8, 9, 9, 9, 9, 11, 11, 11, 11]))
-    assert not s["saturated"]
+def test_a_backlog_that_grows_by_a_tenth_of_the_arrivals_is_saturated():
+    # Departures every 0.11 s against arrivals every 0.1 s: load 1.1, the backlog grows by
+    # 10 - 1 / 0.11 = 0.909 req/s (9 % of arrivals), as an engine at 1.1x its capacity does.
+    s = saturation.saturation(queue(lambda i: 0.5 + 0.01 * i), None)
+    assert s["backlog_growth_per_s"] == pytest.approx(10 - 1 / 0.11, rel=0.01)
+    assert s["backlog_growth_lo"] > 0.8
+    assert s["saturated"] and s["reason"].startswith("backlog grew 0.91 req/s (9% of arrivals; in system")
 
 
-def test_without_engine_steps_the_clients_requests_in_flight_fill_up():
-    """A server measured over HTTP has no steps: the count is the client's, sent and not answered.
-    Every request answered at 20 s (the first four) or 30 s: E2E barely trends (18.5 -> 20.5 s),
-    but the requests in flight at each send go 1, 2, 3, 4 ... 9, 10, 11, 12, as OFF at 32 req/s on
-    an H200 through vllm serve (no rule fired there before)."""
-    t = np.arange(12.0)
-    s = saturation.saturation(point(list((np.where(t < 4, 20.0, 30.0) - t) * 1e3)), None)
-    assert (s["in_system_first"], s["in_system_last"]) == (2.5, 10.5)
-    assert (s["e2e_first_ms"], s["e2e_last_ms"]) == (18500.0, 20500.0) and s["completion_ratio"] == 1.0
-    assert s["saturated"] and s["reason"] == "in system 2.5->10.5"
-    steady = saturation.saturation(point([100.0] * 12), None)
-    assert (steady["in_system_first"], steady["in_system_last"]) == (1.0, 1.0) and not steady["saturated"]
+def test_a_significant_but_small_growth_is_not_a_backlog():
+    # Departures every 0.102 s: the backlog grows by 0.196 req/s, steadily (its lower bound is above
+    # 0), but that is 2 % of the arrivals, under GROWTH_SHARE_MIN: no practical backlog.
+    s = saturation.saturation(queue(lambda i: 0.5 + 0.002 * i), None)
+    assert s["backlog_growth_per_s"] == pytest.approx(10 - 1 / 0.102, rel=0.02)
+    assert s["backlog_growth_lo"] > 0 and not s["saturated"]
 
 
-def test_latency_that_climbs_through_the_point_saturates_it():
-    # thirds by schedule (12 requests over 11 s): first t <= 3.67 (4 requests), last t >= 7.33 (4)
-    e2e = [100.0] * 4 + [150.0] * 4 + [160.0] * 4
-    s = saturation.saturation(point(e2e), steps([1] * 12))
-    assert (s["e2e_first_ms"], s["e2e_last_ms"]) == (100.0, 160.0)
-    assert s["saturated"] and s["reason"] == "E2E 100->160 ms"
-    assert not saturation.saturation(point([100.0] * 4 + [140.0] * 8), steps([1] * 12))["saturated"]  # 1.4x
+def test_an_empty_engine_filling_up_is_not_a_backlog():
+    # Each request 3 s in the system: the count rises 0 -> 30 through the first 3 s, then stays.
+    # The thirds' means at the sends say 23.5 -> 30.1; the burn-in (the longest early E2E, 3 s)
+    # leaves only the level part to test.
+    s = saturation.saturation(queue(lambda i: 3.0), None)
+    assert (round(s["in_system_first"], 1), round(s["in_system_last"], 1)) == (23.5, 30.1)
+    assert s["backlog_growth_per_s"] == 0.0 and not s["saturated"]
+
+
+def test_an_engine_that_ran_full_is_saturated():
+    # 10 req/s, each 0.6 s in the system: 6 requests in it all through the window's last half.
+    req = queue(lambda i: 0.6)
+    full = saturation.saturation(req, None, limit=6)
+    assert full["full_share"] == 1.0 and full["saturated"]
+    assert full["reason"] == "ran full: 100% of the window's last half at >= 90% of its 6-request limit"
+    roomy = saturation.saturation(req, None, limit=10)  # 6 < 9: room left to grow the batch
+    assert roomy["full_share"] == 0.0 and not roomy["saturated"]
+    # With a limit known, the trend test does not decide: a rising count with room left is a fill.
+    rising = saturation.saturation(queue(lambda i: 0.5 + 0.01 * i), None, limit=256)
+    assert rising["backlog_growth_lo"] > 0.8 and rising["full_share"] == 0.0 and not rising["saturated"]
+
+
+def test_requests_that_waited_for_admission_saturate_the_point():
+    # Steps every 0.1 s through the window (0 .. 19.9 s); its last half starts at 9.95 s.
+    t = np.arange(200) * 0.1
+    late = t >= 9.95
+
+    def with_waiting(share):
+        waiting = np.zeros(200, int)
+        waiting[np.flatnonzero(late)[: round(share * late.sum())]] = 3
+        it = steps([5] * 200, t=t)
+        return it.assign(num_waiting=waiting)
+
+    req = queue(lambda i: 0.5)
+    s = saturation.saturation(req, with_waiting(0.6))
+    assert s["waiting_share"] == 0.6 and s["saturated"]
+    assert s["reason"] == "requests waited in 60% of the steps of the window's last half"
+    s = saturation.saturation(req, with_waiting(0.4))
+    assert s["waiting_share"] == 0.4 and not s["saturated"]
+    # Engine steps known: the trend test does not decide (a rising count with nobody waiting).
+    s = saturation.saturation(queue(lambda i: 0.5 + 0.01 * i), with_waiting(0.0))
+    assert s["backlog_growth_lo"] > 0.8 and not s["saturated"]
+
+
+def test_a_window_too_short_to_test_gets_no_trend_verdict():
+    s = saturation.saturation(point([100.0] * 9), None)  # 9 arrivals, 8 after the burn-in (0.1 s)
+    assert math.isnan(s["backlog_growth_per_s"]) and not s["saturated"]
 
 
 def test_completions_that_fall_behind_saturate_the_point():

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments/results"
 README = REPO / "README.md"
 BEGIN, END = "<!-- readme_numbers: headline -->", "<!-- /readme_numbers -->"
+STEADY_SPREAD_PCT = 10.0  # OFF's (max - min) / mean of its repeats' mean E2E at the headline's mid rate
 
 
 def _ci(v: float, lo: float, hi: float, spec: str = ".0f", scale: float = 1.0) -> str:
@@ -45,7 +46,10 @@ def _gain(h: pd.Series) -> str:
 
 def headline_block(results: Path = RESULTS) -> str:
     """The README's headline block, every number from the committed files (see the module doc)."""
-    from prefixstudy.metrics.headline import knee, rate_at_threshold
+    import yaml
+
+    from prefixstudy.metrics.headline import knee_bracket, rate_at_threshold
+    from prefixstudy.metrics.saturation import FULL_LEVEL, FULL_SHARE
 
     d = results / "h200-tp1"
     head = pd.read_csv(d / "headline.csv").sort_values("arrival_rate").reset_index(drop=True)
@@ -55,9 +59,11 @@ def headline_block(results: Path = RESULTS) -> str:
     repeats = int(head["n_repeats"].max())
     low = head.iloc[0]
     calm = head[(head["on_saturated_share"] == 0) & (head["off_saturated_share"] == 0)]
-    mid = calm.iloc[-1]
+    # Nearer the knee a point can keep up and still be filling at its end: its repeats then differ
+    # and its interval informs nothing.  The mid rate is the highest one whose OFF repeats agree.
+    steady = calm[calm["off_spread_pct"] < STEADY_SPREAD_PCT]
+    mid = steady.iloc[-1]
     all_sat = head[head["off_saturated_share"] == 1.0]
-    _, k_lo, k_hi = knee(head, "off")
     off = summ[(summ["mode"] == "off") & (summ["status"] == "ok")]
     p90_low = float(off[off["rate"] == off["rate"].min()]["p90_e2e_ms"].mean())
     y = 2 * p90_low
@@ -68,7 +74,8 @@ def headline_block(results: Path = RESULTS) -> str:
         f"{_ci(low['on_mean_e2e_ms'], low['on_mean_e2e_lo'], low['on_mean_e2e_hi'])} ms, **{_gain(low)}**: "
         f"about one prefill, since prompts took {100 * low['off_engine_prefill_share']:.0f} % of OFF's busy "
         f"engine time;",
-        f"* at **{mid['arrival_rate']:.1f} req/s**, the highest rate where neither mode saturated in any repeat, "
+        f"* at **{mid['arrival_rate']:.1f} req/s**, the highest rate where neither mode saturated in any repeat "
+        f"and OFF's repeats agreed within {STEADY_SPREAD_PCT:g} %, "
         f"from {_ci(mid['off_mean_e2e_ms'], mid['off_mean_e2e_lo'], mid['off_mean_e2e_hi'])} to "
         f"{_ci(mid['on_mean_e2e_ms'], mid['on_mean_e2e_lo'], mid['on_mean_e2e_hi'])} ms, **{_gain(mid)}**: "
         f"prompts took {100 * mid['off_engine_prefill_share']:.0f} % [{100 * mid['off_engine_prefill_share_lo']:.0f}, "
@@ -76,16 +83,30 @@ def headline_block(results: Path = RESULTS) -> str:
         f"{mid['off_decode_slowdown']:.2f}× as long as it "
         f"would have been without the prefills it carried;",
     ]
+    point_s = float(yaml.safe_load((d / "config.yaml").read_text())["sweep"]["min_duration_s"])
+    for _, f in calm[calm["arrival_rate"] > mid["arrival_rate"]].iterrows():
+        reps = summ[(summ["mode"] == "off") & (summ["rate"] == f["rate"])].sort_values("repeat")
+        rises = ", ".join(f"{a:.0f}→{b:.0f}" for a, b in zip(reps["in_system_first"], reps["in_system_last"],
+                                                             strict=True))
+        lines.append(
+            f"* at **{f['arrival_rate']:.1f} req/s** OFF kept up in every repeat, but its repeats' mean E2E differed "
+            f"by {f['off_spread_pct']:.0f} % and the requests in its engine rose from the arrival window's first "
+            f"third to its last ({rises}): a {point_s:g}-second point there ends before the engine settles, so the "
+            f"{_gain(f)} gain informs little;")
     if len(all_sat):
         s = all_sat.iloc[0]
         rows = summ[(summ["mode"] == "off") & (summ["rate"] == s["rate"])].sort_values("repeat")
-        rises = ", ".join(f"{a:.0f}→{b:.0f}" for a, b in zip(rows["in_system_first"], rows["in_system_last"], strict=True))
+        limit = int(manifest["points"][0]["admission_limit"]) if manifest["points"][0].get("admission_limit") \
+            else int(yaml.safe_load((d / "config.yaml").read_text())["engine"]["max_num_seqs"])
+        share = rows["full_share"].min()
+        why = (f"the engine ran full, at {100 * FULL_LEVEL:.0f} % or more of its {limit}-request limit through "
+               + ("all" if share == 1 else f"at least {100 * share:.0f} %") + " of the arrival window's last half"
+               if rows["full_share"].min() >= FULL_SHARE else "; ".join(rows["saturation_reason"]))
         lines.append(
-            f"* at **{s['arrival_rate']:.1f} req/s** OFF saturated in all {len(rows)} repeats (requests in the "
-            f"engine rose {rises} through the arrival window), so the "
+            f"* at **{s['arrival_rate']:.1f} req/s** OFF saturated in all {len(rows)} repeats ({why}), so the "
             f"{100 * s['gain_mean_e2e']:.0f} % [{100 * s['gain_mean_e2e_lo']:.0f}, {100 * s['gain_mean_e2e_hi']:.0f}] "
-            f"gain there is a lower bound. OFF's knee lies between {k_lo:.1f} and {k_hi:.1f} req/s; ON kept up "
-            f"to {head['arrival_rate'].max():.1f} req/s.")
+            f"gain there is a lower bound. {knee_bracket(head, 'off')['text']}; "
+            f"{knee_bracket(head, 'on')['text']}.")
     lines.append(
         f"* at a p90 E2E threshold of {y:.0f} ms (twice OFF's p90 at the lowest rate), caching ON sustains "
         f"**{on_r[0]:.1f} req/s [{on_r[1]:.1f}, {on_r[2]:.1f}]** and OFF **{off_r[0]:.1f} req/s "
@@ -240,9 +261,22 @@ def tier_cost_table(studies: tuple[str, ...] = ("h200-offload", "h200-offload-fi
     return "\n".join(out + [END])
 
 
-RENDER = {"h200-offload": offload_table, "tier-cost": lambda _: tier_cost_table()}
+def knees_table(results: Path = RESULTS) -> str:
+    """Each committed study's knees (metrics.headline.knee_bracket): for ON and OFF, the bracket
+    with the repeats on each side, from its headline.csv; studies whose records are committed."""
+    from prefixstudy.metrics.headline import MODES, knee_bracket
+
+    out = [table_begin("knees"), "| study | caching ON | caching OFF |", "|---|---|---|"]
+    for d in sorted(p.parent for p in results.glob("*/headline.csv") if (p.parent / "requests.parquet").exists()):
+        head = pd.read_csv(d / "headline.csv")
+        cells = [knee_bracket(head, m)["text"] if head[f"{m}_mean_e2e_ms"].notna().any() else "–" for m in MODES]
+        out.append(f"| {d.name} | " + " | ".join(cells) + " |")
+    return "\n".join(out + [END])
+
+
+RENDER = {"h200-offload": offload_table, "tier-cost": lambda _: tier_cost_table(), "knees": lambda _: knees_table()}
 TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp2", "h200-tp1-ray", "h200-multiturn-sync", "h200-offload",
-                                   "tier-cost")}
+                                   "tier-cost", "knees")}
 
 
 def render(study: str) -> str:

@@ -182,7 +182,7 @@ def summary_fields() -> dict[str, tuple[str, str]]:
                                  "window after its burn-in (metrics.saturation.backlog_trend)"),
         "backlog_growth_lo": ("float64", "req/s, its one-sided 99 % lower bound (t on batch means); decides only "
                               "where neither the admission limit nor engine steps are known"),
-        "full_share": ("float64", "share of the window's last half with the requests in the system at >= 90 % of "
+        "full_share": ("float64", "share of the window's last half with the requests in the system at >= 80 % of "
                        "the engine's admission limit (max_num_seqs x replicas); NaN: limit not known"),
         "waiting_share": ("float64", "share of the engine's steps in the window's last half with requests waiting; "
                           "NaN: no engine steps"),

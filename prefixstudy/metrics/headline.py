@@ -343,8 +343,11 @@ def _bracket_text(b: dict) -> str:
         text = (f"{name}'s knee lies between {kept(b['lo'], b['lo_saturated'], b['lo_repeats'])} and "
                 f"{sat(b['hi'], b['hi_saturated'], b['hi_repeats'])}")
     elif math.isfinite(b["lo"]):
-        text = f"{name} saturated in most repeats of no rate it ran, up to " \
-               f"{kept(b['lo'], b['lo_saturated'], b['lo_repeats'])}: its knee is beyond"
+        if b["mixed"]:
+            text = f"{name} kept up in most repeats of every rate it ran, up to " \
+                   f"{kept(b['lo'], b['lo_saturated'], b['lo_repeats'])}: its knee is beyond"
+        else:
+            text = f"{name} kept up in every repeat of every rate it ran, up to {b['lo']:.1f} req/s: its knee is beyond"
     elif math.isfinite(b["hi"]):
         text = f"{name} saturated already at its lowest rate, {sat(b['hi'], b['hi_saturated'], b['hi_repeats'])}"
     else:

@@ -23,12 +23,11 @@ A point is **saturated** if any of these holds:
    grew**, a trend test on the requests in the system (``backlog_trend``).
 
 Why these.  A continuous-batching engine below capacity keeps up by growing its batch: from an
-empty start the number in the system climbs to a level that can take seconds to settle (on vLLM's
-scheduler priced as h200-tp1 OFF, about 100 requests and 5 s at 0.8 of capacity), and then
-wanders around it by tens of requests.  Within a 15-second point that climb and wander look like a
-trend to any test on the count alone: the trend test flags 20-35 % of stationary points at 0.8 of
-capacity there.  Above capacity the same engine runs into its admission limit within the point and
-requests wait; below 0.8 of capacity it never comes near it.  Rules 3 and 4 look at that, so a
+empty start the number in the system climbs to a level that near capacity takes seconds to settle,
+and then wanders around it by tens of requests.  Within a 15-second point that climb and wander
+look like a trend to any test on the count alone (rule 5's error rates, beside the others', show
+it).  Above capacity the same engine runs into its admission limit within the point and requests
+wait; at 0.8 of capacity it stays well below its limit.  Rules 3 and 4 look at that, so a
 transient cannot fake them; ``docs/saturation.md`` has the error rates of each
 (``benchmarks/saturation_error_rates.py``).  ``backlog_growth_per_s`` and the thirds
 (``in_system_first`` ... ``e2e_last_ms``) are reported for the reader wherever they are not the
@@ -41,7 +40,7 @@ whose measured requests mostly failed (more than ``FAILED_SHARE``) is **failed**
 
 A saturated point's latency depends on how long it ran: it is a lower bound, and a gain
 measured there is a bound too.  A rate's knee goes by the majority of its repeats
-(metrics.headline.knee), and one saturated repeat only makes its gain a bound.
+(metrics.headline.knee_bracket), and one saturated repeat only makes its gain a bound.
 """
 
 from __future__ import annotations
@@ -57,8 +56,8 @@ from prefixstudy.metrics.requests import counted, measured, open_at_end
 
 COMPLETION_MIN = 0.9
 MISSING_MIN = 2  # requests: one late request of a short point is not a trend
-FULL_LEVEL = 0.9  # of the admission limit: the engine ran full
-FULL_SHARE = 0.25  # of the window's last half
+FULL_LEVEL = 0.8  # of the admission limit: the engine ran full
+FULL_SHARE = 0.1  # of the window's last half
 WAIT_SHARE = 0.5  # of the engine's steps in the window's last half with requests waiting
 BATCHES = 10  # batch means of the backlog trend test (rule 5)
 SAMPLES_PER_BATCH = 20  # times the number in system is read per batch, evenly spaced
@@ -255,6 +254,7 @@ def saturation(requests: pd.DataFrame, iterations: pd.DataFrame | None = None, l
     rule5 = not limit and math.isnan(s["waiting_share"])
     if rule5 and growth_lo > 0 and growth >= GROWTH_SHARE_MIN * s["arrival_rate"]:
         why.append(f"backlog grew {growth:.2f} req/s ({growth / s['arrival_rate']:.0%} of arrivals; "
-                   f"in system {n_first:.1f}->{n_last:.1f})")
+                   f"in system {n_first:.1f}->{n_last:.1f}; a trend test, weaker than the server's limit: "
+                   f"engine.max_num_seqs)")
     s["saturated"], s["reason"] = bool(why), "; ".join(why)
     return s

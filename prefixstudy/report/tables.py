@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from prefixstudy.metrics.headline import knee_bracket
-from prefixstudy.metrics.saturation import ALPHA, BATCHES, COMPLETION_MIN, GROWTH_SHARE_MIN
+from prefixstudy.metrics.saturation import COMPLETION_MIN, FULL_LEVEL, FULL_SHARE, WAIT_SHARE
 from prefixstudy.report.data import ReportData
 from prefixstudy.report.render import SAT_MARK
 from prefixstudy.results import StudyResults
@@ -31,15 +31,15 @@ ESTIMATOR_TEXT = (
 SATURATION_TEXT = (
     f"A point is saturated when, within its arrival window, a sent request was left unfinished, fewer "
     f"than {COMPLETION_MIN:.0%} of the arrivals completed within the window shifted by the early "
-    f"latency, or the backlog grew: the number of requests in the system (sent, not yet answered) rose "
-    f"through the window, after the time an empty engine takes to fill, by at least "
-    f"{GROWTH_SHARE_MIN:.0%} of the arrival rate and steeper than a stationary queue's fluctuation "
-    f"allows (least-squares slope of {BATCHES} batch means, one-sided Student's t at {ALPHA:g}; error "
-    f"rates measured in docs/saturation.md). A saturated point's latency grows with how long it runs: "
-    f"it is a bound, and so is a gain measured there. A mode's knee (metrics.headline.knee_bracket) "
-    f"lies between the last rate where most repeats kept up (and every lower rate too) and the next "
-    f"rate, where most repeats saturated, in actual arrival rate; a rate a mode never ran ends the "
-    f"search, and a rate whose repeats disagree is named with its share saturated."
+    f"latency, the engine ran full (the requests in the system at {FULL_LEVEL:.0%} or more of its "
+    f"admission limit, max_num_seqs x replicas, through {FULL_SHARE:.0%} of the window's last half), or "
+    f"requests waited for admission in {WAIT_SHARE:.0%} of the engine's steps there. Over HTTP without "
+    f"the server's limit, a trend test on the requests in flight decides instead. The error rates are "
+    f"measured on vLLM's scheduler in docs/saturation.md. A saturated point's latency grows with how "
+    f"long it runs: it is a bound, and so is a gain measured there. A mode's knee "
+    f"(metrics.headline.knee_bracket) lies between the last rate where most repeats kept up (and every "
+    f"lower rate too) and the next rate, where most repeats saturated, in actual arrival rate; a rate a "
+    f"mode never ran ends the search, and a rate whose repeats disagree is named with its share saturated."
 )
 INTERVAL_TEXT = (
     "Intervals are 95 %. With two or more repeats a rate's interval is Student's t over the repeats' own "

@@ -127,6 +127,9 @@ POINT_KEYS: dict[str, Key] = {
                     "`pid` / `node_id` / `pg_node_id` where known", optional=True),
     "sim_wall_s": Key("number", "a simulated point: wall-clock s its simulation took", optional=True),
     "sim_steps": Key("integer", "a simulated point: scheduler steps simulated", optional=True),
+    "admission_limit": Key("integer | null", "requests the engine (all replicas) runs at once at most: "
+                           "`max_num_seqs` x replicas; null: none or not known (the saturation check's \"ran "
+                           "full\" rule)", optional=True),
     "saturated": Key("boolean", "summary.csv's `saturated`: the engine did not keep up (its latency is a bound)"),
     "hit_rate_ok": Key("boolean", "summary.csv's `hit_rate_ok`: the hit-rate check passed"),
     "accounting_ok": Key("boolean", "n_sent = n_ok + n_failed + n_unfinished: every planned request is a row"),

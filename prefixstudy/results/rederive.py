@@ -85,6 +85,7 @@ def rederive(run_dir: Path) -> pd.DataFrame:
                             "saturated": bool(row["saturated"]), "saturation_reason": row["saturation_reason"]})
         if point:
             point["saturated"] = bool(row["saturated"]) and point.get("status", "ok") == "ok"
+            point.setdefault("admission_limit", limit)  # what the check used: recorded, as a new run's
     atomic_write_csv(run_dir / SUMMARY, pd.DataFrame(rows, columns=SUMMARY_COLUMNS))
     manifest = study.manifest
     finish_run(run_dir, manifest)

@@ -163,7 +163,8 @@ class ResultsWriter:
         point = {"mode": res.mode, "rate": res.rate, "repeat": res.repeat,
                  **{k: v for k, v in res.meta.items() if k != "traceback"}}
         limit = self.cfg.engine.admission_limit
-        point.setdefault("admission_limit", limit * self.cfg.replicas if limit else None)
+        if len(res.requests):  # what the saturation check held the point's requests against
+            point.setdefault("admission_limit", limit * self.cfg.replicas if limit else None)
         write_point_parts(self.dir, key, res.requests, res.iterations)
         row = summarize_point(res.requests, point, self.cfg.checks.hit_rate_tolerance, res.iterations)
         point.update(saturated=bool(row["saturated"]), hit_rate_ok=bool(row["hit_rate_ok"]),

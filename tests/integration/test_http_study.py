@@ -37,7 +37,8 @@ def test_http_hits_match_the_in_process_engine(http_study):
 
 def test_http_accounting_and_server_counters(http_study):
     s = http_study.summary.set_index(["mode", "rate"])
-    tail = [*SERVER_COLUMNS, *TIER_COLUMNS]  # added at the end, so older summaries keep their columns
+    # added at the end, so older summaries keep their columns; the saturation check's after them
+    tail = [*SERVER_COLUMNS, *TIER_COLUMNS, "backlog_growth_per_s", "backlog_growth_lo", "full_share", "waiting_share"]
     assert list(http_study.summary.columns) == SUMMARY_COLUMNS and SUMMARY_COLUMNS[-len(tail):] == tail
     assert set(s["status"]) == {"ok"} and s["n_sent"].tolist() == [8] * 4 and s["n_ok"].tolist() == [8] * 4
     assert s.loc["on", "hit_rate_measured"].tolist() == [pytest.approx(1152 / 1214)] * 2

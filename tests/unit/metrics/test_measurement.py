@@ -53,6 +53,7 @@ def test_a_backlog_that_grows_by_a_tenth_of_the_arrivals_is_saturated():
     assert s["backlog_growth_per_s"] == pytest.approx(10 - 1 / 0.11, rel=0.01)
     assert s["backlog_growth_lo"] > 0.8
     assert s["saturated"] and s["reason"].startswith("backlog grew 0.91 req/s (9% of arrivals; in system")
+    assert s["reason"].endswith("; a trend test, weaker than the server's limit: engine.max_num_seqs)")
 
 
 def test_a_significant_but_small_growth_is_not_a_backlog():
@@ -77,8 +78,8 @@ def test_an_engine_that_ran_full_is_saturated():
     req = queue(lambda i: 0.6)
     full = saturation.saturation(req, None, limit=6)
     assert full["full_share"] == 1.0 and full["saturated"]
-    assert full["reason"] == "ran full: 100% of the window's last half at >= 90% of its 6-request limit"
-    roomy = saturation.saturation(req, None, limit=10)  # 6 < 9: room left to grow the batch
+    assert full["reason"] == "ran full: 100% of the window's last half at >= 80% of its 6-request limit"
+    roomy = saturation.saturation(req, None, limit=10)  # 6 < 8: room left to grow the batch
     assert roomy["full_share"] == 0.0 and not roomy["saturated"]
     # With a limit known, the trend test does not decide: a rising count with room left is a fill.
     rising = saturation.saturation(queue(lambda i: 0.5 + 0.01 * i), None, limit=256)
@@ -288,6 +289,27 @@ def test_a_rate_the_mode_never_ran_is_passed_over_not_counted_as_kept_up():
     # and with nothing saturated after it, the knee is beyond the last rate OFF ran, not the last rate
     k = headline.knee(head.iloc[:4], "off")
     assert math.isnan(k[0]) and k[1] == 4.2 and math.isnan(k[2])
+
+
+def test_the_knee_bracket_names_its_evidence_and_one_noisy_repeat_moves_nothing():
+    head = pd.DataFrame({"arrival_rate": [1.0, 8.0, 16.0, 20.0, 24.0], "n_repeats": 3,
+                         "off_saturated_share": [0.0, 1 / 3, 0.0, 2 / 3, 1.0],
+                         "off_mean_e2e_ms": [900.0, 1400.0, 2200.0, 3100.0, 4300.0]})
+    b = headline.knee_bracket(head, "off")
+    assert (b["lo"], b["lo_saturated"], b["lo_repeats"], b["hi"], b["hi_saturated"]) == (16.0, 0, 3, 20.0, 2)
+    assert b["mixed"] == [(8.0, 1, 3), (20.0, 2, 3)]
+    assert b["text"] == ("OFF's knee lies between 16.0 req/s (kept up in 3 of 3 repeats) and 20.0 req/s "
+                         "(saturated in 2 of 3); repeats disagreed at 8.0 req/s (1 of 3 saturated)")
+    # the noisy repeat at 8 req/s does not move the knee: the same bracket without it
+    quiet = headline.knee_bracket(head.assign(off_saturated_share=[0.0, 0.0, 0.0, 2 / 3, 1.0]), "off")
+    assert (quiet["lo"], quiet["hi"], quiet["mixed"]) == (16.0, 20.0, [(20.0, 2, 3)])
+    none = headline.knee_bracket(head.assign(off_saturated_share=0.0), "off")
+    assert none["text"] == "OFF kept up in every repeat of every rate it ran, up to 24.0 req/s: its knee is beyond"
+    tie = headline.knee_bracket(head.assign(n_repeats=2, off_saturated_share=[0.0, 0.0, 0.0, 0.0, 0.5]), "off")
+    assert tie["text"] == ("OFF kept up in most repeats of every rate it ran, up to 24.0 req/s (kept up in 1 of 2 "
+                           "repeats): its knee is beyond")
+    first = headline.knee_bracket(head.assign(off_saturated_share=1.0), "off")
+    assert first["text"] == "OFF saturated already at its lowest rate, 1.0 req/s (saturated in 3 of 3)"
 
 
 def test_two_repeats_get_a_t_interval_over_their_means():

@@ -4,11 +4,15 @@ This pins the definitions (counted request, saturation, hit rate, percentiles) a
 a column whose meaning changes on purpose must be listed here, with the reason.
 
 Definitions chosen on purpose, which every committed summary.csv carries:
-* ``saturated`` / ``saturation_reason``: the rule looks at the requests in the system, completions
-  and the E2E trend inside the arrival window; the engine columns come from the study-wide
-  step-cost fit (``results.finish``), so they are compared after the same fit.
-* Without engine steps (``vllm-server`` / ``http``), rule 3 of the saturation test counts the
-  client's requests in flight: it is what flags h200-vllm-server's OFF 32 req/s points.
+* ``saturated`` / ``saturation_reason``: the engine ran full (the requests in the system at 90 % of
+  the admission limit, which ``experiments/resummarize.py`` records in each manifest point from the
+  config's ``max_num_seqs``), requests waited for admission, completions fell behind or a request
+  was left open (``metrics.saturation``); the thirds of the window are reported, not a verdict.
+  The engine columns come from the study-wide step-cost fit (``results.finish``), so they are
+  compared after the same fit.
+* Without engine steps and a known limit (an ``http`` server whose ``max_num_seqs`` is not given)
+  a trend test on the client's requests in flight decides; ``vllm-server`` records its limit, so
+  h200-vllm-server's OFF 32 req/s points are flagged by running full.
 * The engine columns (``engine_prefill_share*``, ``decode_slowdown*``) come from a non-negative
   least-squares fit (``metrics.engine_fit``), because a step that computes more cannot cost less:
   where plain least squares made a term negative (h200-multiturn's prefill-request term, the

@@ -46,8 +46,7 @@ INTERVAL_TEXT = (
     "values (metrics.bootstrap.over_repeats; coverage tested by simulation at 2, 3 and 5 repeats), so "
     "run-to-run spread is inside it; with one repeat it is a moving-block bootstrap of consecutive "
     "requests, which cannot show that spread. An interval holds for the machine the study ran on: "
-    "another machine of the same kind can fall outside it (ON at 16 req/s measured 800 ms on another "
-    "H200 against h200-tp1's 855 [836, 876])."
+    "another machine of the same kind can fall outside it."
 )
 COUNTED_TEXT = "Counted requests: warmup == False and error == \"\". Percentiles: linear interpolation."
 
@@ -121,10 +120,9 @@ def _saturation_sentence(d: ReportData, mode: str) -> str | None:
     if p.empty:
         return None
     sat = p[p["saturated"]]
-    if sat.empty:
-        return (f"Caching {mode.upper()}: no point saturated (up to {p['rate'].max():.2f} req/s); "
-                f"knee ≥ {p['rate'].max():.2f} req/s.")
     bracket = knee_bracket(d.head, mode)["text"] if len(d.head) else "no headline.csv to place the knee"
+    if sat.empty:
+        return f"Caching {mode.upper()}: no point saturated (up to {p['rate'].max():.2f} req/s); {bracket}."
     why = "; ".join(f"{r['rate']:.2f}: {r['saturation_reason']}" for _, r in sat.iterrows() if r["saturation_reason"])
     return (f"Caching {mode.upper()}: saturated at {', '.join(f'{r:.2f}' for r in sat['rate'])} req/s"
             f"{f' ({why})' if why else ''}; {bracket}.")

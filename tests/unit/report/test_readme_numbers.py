@@ -52,3 +52,14 @@ def test_a_changed_number_is_caught(tmp_path):
     assert "req/s" in block and block.startswith(m.BEGIN) and block.endswith(m.END)
     wrong = block.replace(" ms, **", " ms, **9", 1)
     assert wrong != block and m.replace_block(wrong, block) == block  # a stale block is replaced whole
+
+
+def test_the_async_engine_is_lower_by_what_the_readme_says():
+    """vLLM's default (async) engine against the sync one on the same GPU: (sync - async) / sync of
+    mean E2E, positive where async is faster.  The README once had it backwards ("34-64 % lower",
+    the sync engine's excess over async)."""
+    m = _module()
+    low = m.async_lower(m.RESULTS / "h200-tp1", m.RESULTS / "h200-tp1-async")
+    assert list(low.index) == [("off", 1.0), ("off", 16.0), ("on", 1.0), ("on", 16.0)]
+    assert low.round(1).tolist() == [26.5, 39.0, 25.4, 30.0]
+    assert "mean E2E was 25–39 % lower than with it off, as below" in m.headline_block()

@@ -10,8 +10,8 @@ fit of the committed h200-tp1 study), at loads relative to each mode's measured 
 * **Verdict**: ``metrics.saturation.saturation`` on the point's records, as a study computes it.
 
 Writes ``benchmarks/results/saturation_error_rates.jsonl`` (one row per point, plus one per mode's
-capacity) and rewrites the table in ``docs/saturation.md`` from it.  ``--table`` only rewrites the
-table.  tests/unit/metrics/test_saturation_rates.py checks the table against the file, the targets
+capacity) and rewrites the tables in ``docs/saturation.md`` from it.  ``--table`` only rewrites the
+tables.  tests/unit/metrics/test_saturation_rates.py checks the tables against the file, the targets
 (at most 2 % flagged at <= 0.8 of capacity, at least 95 % at >= 1.1) and re-simulates points of the
 file to the same verdict.
 

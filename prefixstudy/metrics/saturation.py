@@ -167,6 +167,12 @@ def _in_system_at(requests: pd.DataFrame, t: np.ndarray) -> np.ndarray:
     return (np.searchsorted(start, t, side="right") - np.searchsorted(end, t, side="right")).astype(float)
 
 
+def _grid(lo: float, hi: float) -> np.ndarray:
+    """``BATCHES`` x ``SAMPLES_PER_BATCH`` evenly spaced times in [lo, hi], at the slots' middles."""
+    n = BATCHES * SAMPLES_PER_BATCH
+    return lo + (np.arange(n) + 0.5) * (hi - lo) / n
+
+
 def burn_in_s(requests: pd.DataFrame, a0: float, a1: float) -> float:
     """Seconds from the window's start before the number in system is tested: the longest E2E of
     the first third of requests (the time an empty engine takes to fill), at most a third of it."""
@@ -187,8 +193,7 @@ def backlog_trend(requests: pd.DataFrame, a0: float, a1: float) -> tuple[float, 
     sched = sent(requests)["scheduled_s"].to_numpy(float)
     if ((sched >= lo) & (sched <= a1)).sum() < MIN_WINDOW_REQUESTS:
         return math.nan, math.nan
-    n = BATCHES * SAMPLES_PER_BATCH
-    t = lo + (np.arange(n) + 0.5) * (a1 - lo) / n
+    t = _grid(lo, a1)
     y = _in_system_at(requests, t).reshape(BATCHES, SAMPLES_PER_BATCH).mean(axis=1)
     x = t.reshape(BATCHES, SAMPLES_PER_BATCH).mean(axis=1)
     dx = x - x.mean()
@@ -207,10 +212,7 @@ def full_share(requests: pd.DataFrame, a0: float, a1: float, limit: int | None) 
     ``FULL_LEVEL`` x ``limit``; NaN without a limit."""
     if not limit or not (math.isfinite(a0) and math.isfinite(a1)) or a1 <= a0:
         return math.nan
-    lo, hi = _late_half(a0, a1)
-    n = BATCHES * SAMPLES_PER_BATCH
-    t = lo + (np.arange(n) + 0.5) * (hi - lo) / n
-    return float((_in_system_at(requests, t) >= FULL_LEVEL * limit).mean())
+    return float((_in_system_at(requests, _grid(*_late_half(a0, a1))) >= FULL_LEVEL * limit).mean())
 
 
 def waiting_share(iterations: pd.DataFrame | None, a0: float, a1: float) -> float:

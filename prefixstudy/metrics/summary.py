@@ -85,7 +85,8 @@ def tier_hit_rates(summary_rows: pd.DataFrame, requests: pd.DataFrame) -> tuple[
     return out[0], out[1]
 
 
-def _at(df: pd.DataFrame, point: dict) -> pd.DataFrame:
+def point_rows(df: pd.DataFrame, point: dict) -> pd.DataFrame:
+    """The rows of ``df`` of one point (mode, rate, repeat; repeat 0 when the point has none)."""
     return df[(df["mode"] == point["mode"]) & (df["rate"] == point["rate"]) & (df["repeat"] == point.get("repeat", 0))]
 
 
@@ -96,8 +97,8 @@ def summarize(requests: pd.DataFrame, points: list[dict], tolerance: float = 0.0
     requests in the system is not looked at."""
     requests = with_repeat(requests)
     iterations = with_repeat(iterations) if iterations is not None else None
-    rows = [summarize_point(_at(requests, p), p, tolerance,
-                            _at(iterations, p) if iterations is not None and len(iterations) else None)
+    rows = [summarize_point(point_rows(requests, p), p, tolerance,
+                            point_rows(iterations, p) if iterations is not None and len(iterations) else None)
             for p in points]
     df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     return df.sort_values(["mode", "rate", "repeat"], key=lambda s: s.map({"on": 0, "off": 1}) if s.name == "mode" else s,

@@ -16,13 +16,12 @@ from pathlib import Path
 import pandas as pd
 
 from prefixstudy.errors import UserError
-from prefixstudy.metrics.requests import with_repeat
-from prefixstudy.metrics.summary import summarize_point
+from prefixstudy.metrics.requests import KEY, with_repeat
+from prefixstudy.metrics.summary import point_rows, summarize_point
 from prefixstudy.results.finish import finish_run
 from prefixstudy.results.store import MANIFEST, REQUESTS, SUMMARY, atomic_write_csv, write_json
 from prefixstudy.schema import SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS
 
-KEY = ["mode", "rate", "repeat"]
 # summary.csv columns that record what the run saw rather than what is derived from the records.
 KEPT = ["status", "error", "n_sent", "duration_s", *SERVER_COLUMNS, *TIER_COLUMNS]
 
@@ -72,12 +71,10 @@ def rederive(run_dir: Path) -> pd.DataFrame:
     rows, changed = [], []
     for old in study.summary.reindex(columns=SUMMARY_COLUMNS).to_dict("records"):
         key = (old["mode"], float(old["rate"]), int(old["repeat"]))
-        at = (req["mode"] == key[0]) & (req["rate"] == key[1]) & (req["repeat"] == key[2])
-        it = None
-        if its is not None:
-            it = its[(its["mode"] == key[0]) & (its["rate"] == key[1]) & (its["repeat"] == key[2])]
         point = points.get(key, {})
-        row = summarize_point(req[at], _meta(old, point, limit), tolerance, it if it is not None and len(it) else None)
+        meta = _meta(old, point, limit)
+        it = point_rows(its, meta) if its is not None else None
+        row = summarize_point(point_rows(req, meta), meta, tolerance, it if it is not None and len(it) else None)
         rows.append(row)
         before = bool(old["saturated"]) if pd.notna(old["saturated"]) else False
         if before != bool(row["saturated"]):

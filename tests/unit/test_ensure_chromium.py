@@ -33,8 +33,14 @@ def _run(tmp_path: Path, uid: int, apt_ok: bool = True, browser: bool = False) -
                             f'case "$1" in install) {install} ;; esac\n')
     if browser:
         _stub(bin_ / "chromium-browser", "")
-    res = subprocess.run([BASH, str(SCRIPT)], env={"PATH": str(bin_), "TMPDIR": str(tmp_path)},
+    return _call(tmp_path)
+
+
+def _call(tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The script with PATH = the stand-ins only; what it printed and apt-get's recorded calls."""
+    res = subprocess.run([BASH, str(SCRIPT)], env={"PATH": str(tmp_path / "bin"), "TMPDIR": str(tmp_path)},
                          capture_output=True, text=True, timeout=30)
+    calls = tmp_path / "apt-calls"
     return res, calls.read_text().splitlines() if calls.exists() else []
 
 
@@ -50,14 +56,8 @@ def test_as_root_it_asks_apt_get_for_chromium_quietly_and_goes_on(tmp_path):
                      "DEBIAN_FRONTEND=noninteractive install -y -qq --no-install-recommends chromium"]
     assert res.stderr == "make test: installing chromium (apt-get, once; the HTML report test renders in it)\n"
     assert res.stdout == ""
-    again, calls_after = _run_again(tmp_path)
+    again, calls_after = _call(tmp_path)
     assert (again.returncode, again.stderr, calls_after) == (0, "", calls)  # once: found on the next call
-
-
-def _run_again(tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
-    res = subprocess.run([BASH, str(SCRIPT)], env={"PATH": str(tmp_path / "bin"), "TMPDIR": str(tmp_path)},
-                         capture_output=True, text=True, timeout=30)
-    return res, (tmp_path / "apt-calls").read_text().splitlines()
 
 
 def test_not_root_it_stops_at_once_with_the_one_command(tmp_path):

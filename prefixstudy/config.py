@@ -139,10 +139,17 @@ class SweepConfig(BaseModel):
                          "arrival draw (seed `arrivals.seed` + repeat); 2 or more give intervals over repeats.")
     only_repeats: list[int] | None = Field(None, description="Run only these repeats (0-based), e.g. to give "
                                            "repeats to different machines and `prefixstudy merge` them; None: all.")
+    interleave_arms: bool = Field(True, description="In process, every arm's engine stays up and the arms take "
+                                  "turns point by point, in ABBA order (the first arm first, then the second "
+                                  "first, ...), so neither arm owns the early or the late part of the run; "
+                                  "false: one arm's whole sweep, then the next (one engine at a time).")
     # Set by study.pending_configs when a run is resumed; never saved.
     run_points: list[tuple[float, int]] | None = Field(None, exclude=True,
                                                        description="Internal: the (rate, repeat) points still to "
                                                        "run when a run is resumed; never saved, not for configs.")
+    done_points: set[tuple[str, float, int]] = Field(default_factory=set, exclude=True,
+                                                     description="Internal: (arm, rate, repeat) points a resumed "
+                                                     "interleaved run already has; never saved, not for configs.")
     max_concurrency: int | None = Field(None, gt=0, description="At most this many requests open at once (a "
                                         "request waits for a slot; its dispatch lag says how long); None: no limit.")
 
@@ -197,6 +204,17 @@ class SweepConfig(BaseModel):
             return list(self.run_points)
         repeats = self.only_repeats if self.only_repeats is not None else range(self.repeats)
         return [(rate, k) for k in repeats for rate in self.rates]
+
+    def turns(self) -> list[tuple[str, float, int]]:
+        """(arm, rate, repeat) in the order an interleaved run takes them: at the i-th point the arms
+        in order when i is even, reversed when odd (A B, B A, A B, ...)."""
+        # The parity is the point's place in the whole sweep, so a resumed run keeps the same order.
+        place = {p: i for i, p in enumerate((rate, k) for k in range(self.repeats) for rate in self.rates)}
+        out = []
+        for rate, k in self.points():
+            arms = self.modes if place.get((rate, k), 0) % 2 == 0 else self.modes[::-1]
+            out += [(m, rate, k) for m in arms if (m, float(rate), k) not in self.done_points]
+        return out
 
 
 class CheckConfig(BaseModel):

@@ -94,11 +94,16 @@ def iteration_frame(mode: str, rate: float, samples: list[IterationSample], t0: 
         return typed_iterations(df)
     df["step_start_s"] = df.pop("start_mono") - t0
     df["t_s"] = df.pop("end_mono") - t0
-    df["step_ms"] = (df["t_s"] - df["step_start_s"]) * 1e3
+    df["host_step_ms"] = (df["t_s"] - df["step_start_s"]) * 1e3
+    # A step timed on the GPU costs its span there; the host stamps stay beside it.
+    gpu = df.pop("gpu_ms").to_numpy(dtype=float)
+    timed = np.isfinite(gpu)
+    df["step_ms"] = np.where(timed, gpu, df["host_step_ms"])
     df = df.rename(columns={"queried_tokens": "prefix_queries", "sampled_tokens": "generation_tokens"})
     df["prefix_hits"] = df["cached_tokens"]
     df["prompt_tokens"] = df["prefill_tokens"]
-    df["mode"], df["rate"], df["repeat"], df["timing"] = mode, rate, repeat, timing
+    df["mode"], df["rate"], df["repeat"] = mode, rate, repeat
+    df["timing"] = np.where(timed, "gpu-span", timing)
     return typed_iterations(df)
 
 

@@ -58,8 +58,11 @@ REQUEST_COLUMNS: dict[str, str] = {c: t for c, (t, _) in REQUEST_FIELDS.items()}
 
 # One row per engine step, per point.  ``timing`` says where the step was timed:
 #   "engine":   inside the engine core (engines.vllm_steps): step_ms is the step's own busy time;
-#   "engine-async": the same stamps with vLLM's async scheduling on: a record holds the next
-#               step's scheduling and launch, so step_ms is not that step's cost (not fitted);
+#   "gpu-span": the step's span on the GPU (engines.vllm_gpu_timer), async scheduling or not:
+#               step_ms is that span, host_step_ms the scheduler's stamps;
+#   "engine-async": the scheduler's stamps with vLLM's async scheduling on and no GPU timer: a
+#               record holds the next step's scheduling and launch, so step_ms is not that
+#               step's cost (not fitted);
 #   "frontend": runs before that: step_ms is the gap between two StatLogger records seen by the
 #               frontend, so the first step after an idle spell carries the whole idle gap;
 #   "request":  a backend without steps (echo): one row per request, its whole span.
@@ -67,10 +70,12 @@ ITERATION_FIELDS: dict[str, tuple[str, str]] = {
     "mode": ("str", "the arm"),
     "rate": ("float64", "offered request rate of the point, req/s"),
     "repeat": ("int64", "which repeat of the rate (0-based)"),
-    "timing": ("str", "where the step was timed: `engine`, `engine-async`, `frontend` or `request` (above)"),
+    "timing": ("str", "where the step was timed: `gpu-span`, `engine`, `engine-async`, `frontend` or `request` "
+               "(above)"),
     "step_start_s": ("float64", "s since the point's start: step start (measured part only)"),
     "t_s": ("float64", "s since the point's start: step end"),
-    "step_ms": ("float64", "ms, (t_s - step_start_s) x 1000; never holds idle time when timing is `engine`"),
+    "step_ms": ("float64", "ms, the step's cost: its GPU span when timing is `gpu-span`, else (t_s - step_start_s) "
+                "x 1000; never holds idle time when timing is `engine` or `gpu-span`"),
     "prefill_tokens": ("int64", "prompt tokens computed this step"),
     "cached_tokens": ("int64", "prompt tokens served from the prefix cache to requests first scheduled here"),
     "decode_tokens": ("int64", "tokens computed for requests past their prompt"),
@@ -85,6 +90,7 @@ ITERATION_FIELDS: dict[str, tuple[str, str]] = {
     "prompt_tokens": ("int64", "= prefill_tokens (the name older runs used)"),
     "generation_tokens": ("int64", "tokens sampled this step"),
     "replica": ("int64", "which replica of the arm's fleet took the step; 0 for one engine"),
+    "host_step_ms": ("float64", "ms, (t_s - step_start_s) x 1000: the host stamps' span, whatever timed step_ms"),
 }
 ITERATION_COLUMNS: dict[str, str] = {c: t for c, (t, _) in ITERATION_FIELDS.items()}
 

@@ -21,7 +21,7 @@ from typing import Any
 from prefixstudy.config import StudyConfig, flat_config, load_config
 from prefixstudy.engines import check_engine_config, engine_class
 from prefixstudy.errors import StudyFailed, UserError, first_line, installed  # noqa: F401 (StudyFailed: importers' name)
-from prefixstudy.executors import engines_run_here, pick_executor
+from prefixstudy.executors import engines_run_here, interleaved, pick_executor
 from prefixstudy.results import find_run_dir, read_manifest, read_summary
 from prefixstudy.results.provenance import base_manifest, device_name, now
 from prefixstudy.results.store import CONFIG, ENGINE_LOG, SUMMARY, atomic_write_text
@@ -34,6 +34,8 @@ from prefixstudy.workloads import DatasetRow, describe, load_rows
 log = logging.getLogger(__name__)
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# Engines kept up together (interleaved arms) may claim this much of one device between them.
+MAX_RESIDENT = 0.95
 
 
 def check_plan(cfg: StudyConfig) -> None:
@@ -47,12 +49,22 @@ def check_plan(cfg: StudyConfig) -> None:
     if cfg.replicas > 1 and cfg.engine.kind == "sim":
         raise UserError("field 'replicas': the simulator runs one engine per mode (no router yet); "
                         "replicas > 1 needs an in-process backend (vllm, echo)")
+    check_resident(cfg)
     sw = cfg.sweep
     for rate in sw.rates:
         need = 1.25 * sw.requests_for(rate) / rate
         if sw.max_point_duration_s < need:
             raise UserError(f"field 'sweep.max_point_duration_s': {sw.max_point_duration_s:g} s is too short for "
                             f"{sw.requests_for(rate)} requests at {rate:g} req/s; use at least {need:.0f} s")
+
+
+def check_resident(cfg: StudyConfig) -> None:
+    """Interleaved arms keep every arm's engine up at once: their memory shares must fit together."""
+    share = cfg.engine.resident_share
+    if interleaved(cfg) and share is not None and share * len(cfg.sweep.modes) > MAX_RESIDENT:
+        raise UserError(f"field 'engine.gpu_memory_utilization': {len(cfg.sweep.modes)} arms x {share:g} do not fit "
+                        f"on one device at once (sweep.interleave_arms keeps every arm's engine up); use at most "
+                        f"{MAX_RESIDENT / len(cfg.sweep.modes):.2f}, or sweep.interleave_arms: false")
 
 
 def need_vllm(what: str) -> None:
@@ -146,12 +158,16 @@ class Study:
             return []
         if len({tuple(pts) for pts in pending.values()}) == 1:
             groups = [(list(pending), next(iter(pending.values())))]
+        elif interleaved(cfg):  # keep taking turns: every pending point, skipping the arms that have it
+            union = {p for pts in pending.values() for p in pts}
+            groups = [(list(pending), [p for p in cfg.sweep.points() if p in union])]
         else:
             groups = [([m], pts) for m, pts in pending.items()]
         out = []
         for modes, pts in groups:
             sub = cfg.model_copy(deep=True)
             sub.sweep.modes, sub.sweep.run_points = modes, pts
+            sub.sweep.done_points = {d for d in done if d[0] in modes}
             out.append(sub)
         return out
 

@@ -19,7 +19,6 @@ export PYTHONPATH=${CODE:+$CODE:}/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PY
 # `python -m` puts the working directory (this tree's prefixstudy) before PYTHONPATH unless told not to.
 [ -n "${CODE:-}" ] && export PYTHONSAFEPATH=1
 [ -n "${STEP_TRACE:-}" ] && export PREFIXSTUDY_STEP_TRACE=${OUT:-/tmp/out}/$STEP_TRACE
-[ -n "${STEP_TRACE_GPU:-}" ] && export PREFIXSTUDY_STEP_TRACE_GPU=1   # and each step's CUDA-event span
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}
 # SIGTERM before the device call's own limit: finished points are flushed, the run can be resumed.

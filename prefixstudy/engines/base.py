@@ -37,6 +37,13 @@ class EngineConfigBase(BaseModel):
                                         "`sweep.modes` on / off or `arms[].prefix_caching`.")
 
     @property
+    def resident_share(self) -> float | None:
+        """The share of its device one engine of this config holds while it is up (vLLM's
+        ``gpu_memory_utilization``); None: none, or not ours to know.  Interleaved arms keep every
+        arm's engine up at once, and the plan check refuses shares that cannot fit together."""
+        return None
+
+    @property
     def admission_limit(self) -> int | None:
         """Requests one engine runs at once at most (vLLM's ``max_num_seqs``); None: none, or not
         known.  The saturation check's "ran full" rule reads it (metrics.saturation)."""
@@ -83,6 +90,7 @@ class IterationSample:
     num_running: int
     num_waiting: int
     kv_cache_usage: float  # 0..1
+    gpu_ms: float = float("nan")  # the step's span on the GPU (engines.vllm_gpu_timer); NaN: not timed there
     replica: int = 0  # which replica of the mode's fleet took the step (engines.fleet)
 
 

@@ -12,17 +12,18 @@ from prefixstudy.engines.base import IterationSample
 
 ENV = "PREFIXSTUDY_STEP_LOG"  # the file the engine core appends to
 # start, end (monotonic s); prefill, cached, queried, decode, context, n_prefill_reqs,
-# n_decode_reqs, sampled, running, waiting; kv usage.  Order = IterationSample's fields.
-RECORD = struct.Struct("<2d10qd")
+# n_decode_reqs, sampled, running, waiting; kv usage; the step's span on the GPU in ms (NaN where
+# the engine has no GPU timer).  Order = IterationSample's fields.
+RECORD = struct.Struct("<2d10qdd")
 
 TRACE_ENV = "PREFIXSTUDY_STEP_TRACE"  # optional: the file the engine core appends trace events to
 # event, t (monotonic s; for "gpu_span" the step's CUDA-event span in s), step number, prompt
 # tokens, all tokens of that step
 TRACE = struct.Struct("<Bdqqq")
 TRACE_EVENTS = ("schedule_start", "schedule_end", "executed", "update_start", "update_end", "gpu_span")
-# Set with the trace on a GPU engine in process: the engine core's executor records CUDA events
-# around each step (engines.vllm_gpu_timer) and the trace gets each step's span on the GPU.
-GPU_SPANS_ENV = "PREFIXSTUDY_STEP_TRACE_GPU"
+# Set in the engine core's environment when its executor records CUDA events around each step
+# (engines.vllm_gpu_timer): each record, and the trace if there is one, gets the step's GPU span.
+GPU_SPANS_ENV = "PREFIXSTUDY_STEP_GPU_SPANS"
 
 # What a step record's span means, by the ``timing`` label its rows carry; saved in the manifest.
 TIMING_METHODS = {
@@ -32,7 +33,11 @@ TIMING_METHODS = {
     "engine-async": "scheduler stamps in the engine core with async scheduling on: a record runs from the "
                     "previous record's end to update_from_output(), and holds the next step's scheduling "
                     "and launch, while part of its own GPU work runs under the record before; not a "
-                    "per-step cost",
+                    "per-step cost, not fitted",
+    "gpu-span": "the step's span on the GPU (vLLM's default engine, async scheduling included): from a CUDA "
+                "event recorded before its inputs are prepared to one after its sampling is launched, on "
+                "the model runner's stream, so it starts when the previous step's GPU work ends and holds "
+                "launch bubbles but no other step's work; the host stamps stay in host_step_ms",
     "frontend": "StatLogger records at the frontend: gaps between output batches, idle time included",
     "request": "one row per request (no engine steps)",
     "sim": "the simulator's own steps",

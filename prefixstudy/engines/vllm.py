@@ -68,12 +68,13 @@ class VllmEngineConfig(EngineConfigBase):
                                               "`gpu_memory_utilization` is then ignored. None: from that share.")
     enforce_eager: bool = Field(False, description="vLLM's `enforce_eager`: true runs the model eagerly, "
                                 "without CUDA graphs.")
-    # vLLM turns async scheduling on by default for in-process GPU engines, where it overlaps step
-    # N+1's scheduling and launch with step N's GPU work and the per-step records shift
-    # (engines.vllm_steps).
-    async_scheduling: bool = Field(False, description="False: one engine step at a time, so each step record "
-                                   "holds its own step's work; true: vLLM's default, step rows labelled "
-                                   "`engine-async` and not fitted.")
+    # vLLM turns async scheduling on by default for in-process GPU engines: step N+1's scheduling and
+    # launch overlap step N's GPU work, so host stamps shift between steps (engines.vllm_steps) and
+    # such engines are timed on the GPU instead (engines.vllm_gpu_timer).
+    async_scheduling: bool | None = Field(None, description="None: vLLM's default (on for an in-process GPU "
+                                          "engine; its steps are then timed on the GPU); false: one engine "
+                                          "step at a time (vLLM's `--no-async-scheduling`, a slower engine than "
+                                          "the default); true: forced on.")
     seed: int = Field(0, description="vLLM's `seed` (its sampling).")
     extra_args: dict[str, Any] = Field(default_factory=dict, description="Any other vLLM engine argument, by its "
                                        "AsyncEngineArgs name (e.g. `num_gpu_blocks_override`); applied last.")
@@ -81,6 +82,10 @@ class VllmEngineConfig(EngineConfigBase):
     @property
     def admission_limit(self) -> int | None:
         return self.max_num_seqs
+
+    @property
+    def resident_share(self) -> float | None:
+        return None if self.kv_cache_memory_bytes is not None else self.gpu_memory_utilization
 
 
 def engine_args(model: str, e: VllmEngineConfig, mode: str) -> dict:
@@ -90,9 +95,11 @@ def engine_args(model: str, e: VllmEngineConfig, mode: str) -> dict:
         tensor_parallel_size=e.tensor_parallel_size, max_num_batched_tokens=e.max_num_batched_tokens,
         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len,
         gpu_memory_utilization=e.gpu_memory_utilization, enforce_eager=e.enforce_eager, seed=e.seed,
-        enable_prefix_caching=caching(e, mode), async_scheduling=e.async_scheduling,
+        enable_prefix_caching=caching(e, mode),
         disable_log_stats=False,  # RequestOutput.metrics and the StatLogger need stats on
     )
+    if e.async_scheduling is not None:  # None: vLLM decides, as for a user who never set it
+        args["async_scheduling"] = e.async_scheduling
     if e.block_size is not None:
         args["block_size"] = e.block_size
     if e.kv_cache_memory_bytes is not None:
@@ -174,9 +181,18 @@ def step_scheduler_cls(async_scheduling: bool) -> str:
     return f"prefixstudy.engines.vllm_steps.{name}"
 
 
-def step_timing_label(async_scheduling: bool) -> str:
+def step_timing_label(async_scheduling: bool, gpu_spans: bool = False) -> str:
     """The ``timing`` of this engine's step rows (step_log.TIMING_METHODS says what each means)."""
+    if gpu_spans:
+        return "gpu-span"
     return "engine-async" if async_scheduling else "engine"
+
+
+def gpu_timer_fits(vllm_config) -> bool:
+    """Whether ``engines.vllm_gpu_timer`` can time this engine's steps: the worker runs in the engine
+    core's own thread (vLLM's ``uni`` executor, one GPU in process) on a CUDA device."""
+    return (vllm_config.parallel_config.distributed_executor_backend == "uni"
+            and vllm_config.device_config.device_type == "cuda")
 
 
 class VllmEngine:
@@ -191,7 +207,7 @@ class VllmEngine:
                       if ray_workers and "distributed_executor_backend" not in engine.extra_args else {})
         self.llm = None
         # Iteration rows are engine steps, timed inside the engine core; start() reads what vLLM chose.
-        self.step_timing = step_timing_label(engine.async_scheduling)
+        self.step_timing = step_timing_label(bool(engine.async_scheduling))
         self.block_size = 0
         self.num_blocks = 0
         self.tier_blocks = 0  # the CPU tier's offload blocks (kv_offloading_size), 0: none
@@ -265,24 +281,25 @@ class VllmEngine:
         vllm_config = AsyncEngineArgs(**kwargs).create_engine_config()
         sched = vllm_config.scheduler_config
         sched.scheduler_cls = step_scheduler_cls(bool(sched.async_scheduling))
-        self.step_timing = step_timing_label(bool(sched.async_scheduling))
+        gpu_spans = gpu_timer_fits(vllm_config)
+        self.step_timing = step_timing_label(bool(sched.async_scheduling), gpu_spans)
         fd, self.step_log = tempfile.mkstemp(prefix=f"prefixstudy-steps-{self.mode}-", suffix=".bin")
         os.close(fd)
         # The engine core process inherits the environment as it starts, inside from_vllm_config.
         os.environ[step_log.ENV] = self.step_log
+        if gpu_spans:
+            from prefixstudy.engines.vllm_gpu_timer import EXECUTOR
+
+            vllm_config.parallel_config.distributed_executor_backend = EXECUTOR
+            os.environ[step_log.GPU_SPANS_ENV] = "1"
         trace = os.environ.get(step_log.TRACE_ENV)  # a diagnostic trace: one file per mode
         if trace:
             os.environ[step_log.TRACE_ENV] = f"{trace}-{self.mode}"
-            par = vllm_config.parallel_config
-            if (os.environ.get(step_log.GPU_SPANS_ENV) and par.distributed_executor_backend == "uni"
-                    and vllm_config.device_config.device_type == "cuda"):
-                from prefixstudy.engines.vllm_gpu_timer import EXECUTOR
-
-                par.distributed_executor_backend = EXECUTOR
         try:
             self.llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[vllm_tiers.tier_stat_logger(self._tiers)])
         finally:
             os.environ.pop(step_log.ENV, None)
+            os.environ.pop(step_log.GPU_SPANS_ENV, None)
             if trace:
                 os.environ[step_log.TRACE_ENV] = trace
         self.block_size = int(self.llm.vllm_config.cache_config.block_size)

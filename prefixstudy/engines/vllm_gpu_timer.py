@@ -8,9 +8,9 @@ another after its sampling is launched.  On the GPU the first completes when the
 sampling is done, so their difference is the step's own span on the GPU, bubbles while its kernels
 were still being launched included, whatever the host did meanwhile: with async scheduling it is a
 per-step cost where the scheduler's host stamps are not (engines.vllm_steps).  The scheduler, in the
-same thread, takes the span once the step's output is in (``gpu_span_ms``) and writes it to the
-step trace.  Imports vLLM and torch: only the engine core imports it, by the qualified name
-``engines.vllm`` puts in the parallel config.
+same thread, takes the span once the step's output is in (``gpu_span_ms``) and writes it into the
+step's record (and the step trace, if one is kept).  Imports vLLM and torch: only the engine core
+imports it, by the qualified name ``engines.vllm`` puts in the parallel config.
 """
 
 from __future__ import annotations

@@ -21,8 +21,11 @@ forward and sampling before it waits for N's output and calls ``update_from_outp
 do not run N+1's ``execute_model`` in this thread.  N's
 record then holds N+1's host-side scheduling and launch (long for a prefill run outside the full
 CUDA graphs), and N+1's GPU work runs under N's record, leaving N+1's own record short.  So the
-records of an async engine are labelled ``engine-async`` (``step_timing``) and are not per-step costs;
-``VllmEngineConfig.async_scheduling`` is off for measured runs.
+host stamps of an async engine are not per-step costs.  Where the engine core runs the worker in
+its own thread on a GPU (vLLM's default engine on one GPU), ``engines.vllm_gpu_timer`` brackets each
+step with CUDA events and every record carries the step's span on the GPU, which is its cost
+whether or not scheduling is async (rows timed ``gpu-span``); elsewhere an async engine's rows are
+labelled ``engine-async`` and not fitted.
 
 Records go to the file named by ``PREFIXSTUDY_STEP_LOG`` in the engine core's environment, one
 ``os.write`` per step (a few microseconds; unbuffered, so a step's record is on disk before its
@@ -37,6 +40,7 @@ qualified name ``engine_args`` puts in the scheduler config.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -61,7 +65,7 @@ class _StepTiming:
         self._trace_steps: dict[int, tuple[int, int, int]] = {}
         self._trace_n = 0
         self._gpu_spans = None
-        if self._trace_fd is not None and os.environ.get(GPU_SPANS_ENV):
+        if os.environ.get(GPU_SPANS_ENV):
             from prefixstudy.engines.vllm_gpu_timer import gpu_span_ms  # torch: GPU engines only
 
             self._gpu_spans = gpu_span_ms
@@ -109,18 +113,18 @@ class _StepTiming:
         if self._trace_fd is not None and id(scheduler_output) in self._trace_steps:
             self._trace(3, scheduler_output, time.monotonic())
         result = super().update_from_output(scheduler_output, model_runner_output)
+        end = time.monotonic()
+        # The step's output is in, so its closing CUDA event is done: taking the span waits for nothing.
+        ms = self._gpu_spans(id(scheduler_output)) if self._gpu_spans is not None else None
         pending = self._step_pending.pop(id(scheduler_output), None)
         if pending is not None:
-            end = time.monotonic()
             start = max(pending[0], self._step_last_end)
             self._step_last_end = end
-            os.write(self._step_fd, RECORD.pack(start, end, *pending[1:]))
+            os.write(self._step_fd, RECORD.pack(start, end, *pending[1:], math.nan if ms is None else ms))
         if self._trace_fd is not None and id(scheduler_output) in self._trace_steps:
             self._trace(4, scheduler_output, time.monotonic())
-            if self._gpu_spans is not None:
-                ms = self._gpu_spans(id(scheduler_output))
-                if ms is not None:
-                    self._trace(5, scheduler_output, ms / 1e3)
+            if ms is not None:
+                self._trace(5, scheduler_output, ms / 1e3)
             del self._trace_steps[id(scheduler_output)]
         return result
 

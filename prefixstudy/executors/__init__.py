@@ -79,6 +79,14 @@ def engines_run_here(cfg: "StudyConfig") -> bool:
     return cfg.ray.address == "local" and not os.environ.get("RAY_ADDRESS")
 
 
+def interleaved(cfg: "StudyConfig") -> bool:
+    """Whether the arms take turns point by point (``sweep.interleave_arms``): in process, with more
+    than one arm and one replica.  A Ray run's arms go side by side on their own GPUs, or one after
+    the other."""
+    return (cfg.sweep.interleave_arms and len(cfg.sweep.modes) > 1 and cfg.replicas == 1
+            and resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address) == "local")
+
+
 def pick_executor(cfg: "StudyConfig") -> Executor:
     if resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address) == "ray":
         from prefixstudy.executors.ray import RayExecutor

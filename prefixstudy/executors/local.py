@@ -1,12 +1,16 @@
-"""Executor ``local``: the engines in this process, one mode after the other."""
+"""Executor ``local``: the engines in this process.  With more than one arm and
+``sweep.interleave_arms`` every arm's engine stays up and the arms take turns point by point
+(``SweepConfig.turns``: A B, B A, ...), so that the arm is not confounded with the time or the
+order it ran in; otherwise one arm's whole sweep runs after another's."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from prefixstudy.executors import StudySink, point_line, repeat_tag, total_requests
+from prefixstudy.executors import StudySink, interleaved, point_line, repeat_tag, total_requests
 from prefixstudy.runner import ModeSession, run_until_signal
 
 if TYPE_CHECKING:
@@ -22,17 +26,34 @@ class LocalExecutor:
     async def _run(self, cfg, rows, sink: StudySink, progress: bool) -> None:
         bar = tqdm(total=total_requests(cfg), unit="req", disable=not progress, dynamic_ncols=True)
         try:
+            if interleaved(cfg):
+                await self._turns(cfg, rows, sink, bar)
+                return
             for mode in cfg.sweep.modes:
                 bar.set_description(f"starting engine (cache {mode.upper()})")
                 async with ModeSession(cfg, mode, rows, progress=bar.update) as session:
                     for rate, repeat in cfg.sweep.points():
-                        bar.set_description(f"cache {mode.upper()} @ {rate:g} req/s" + repeat_tag(cfg, repeat))
-                        res = await session.run_point(rate, repeat)
-                        row = sink.point_done(res)
-                        failed = row["status"] == "failed"
-                        bar.write(point_line(mode, rate, row, row["error"] if failed else "", repeat_tag(cfg, repeat)))
-                        if failed and session.engine.is_dead():
-                            bar.set_description(f"restarting engine (cache {mode.upper()})")
-                            await session.restart()
+                        await self._point(cfg, session, rate, repeat, sink, bar)
         finally:
             bar.close()
+
+    async def _turns(self, cfg, rows, sink: StudySink, bar) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            sessions = {}
+            for mode in cfg.sweep.modes:  # every engine up before the first point is measured
+                bar.set_description(f"starting engine (cache {mode.upper()})")
+                sessions[mode] = await stack.enter_async_context(ModeSession(cfg, mode, rows, progress=bar.update))
+            for mode, rate, repeat in cfg.sweep.turns():
+                await self._point(cfg, sessions[mode], rate, repeat, sink, bar)
+
+    @staticmethod
+    async def _point(cfg, session: ModeSession, rate: float, repeat: int, sink: StudySink, bar) -> None:
+        mode = session.mode
+        bar.set_description(f"cache {mode.upper()} @ {rate:g} req/s" + repeat_tag(cfg, repeat))
+        res = await session.run_point(rate, repeat)
+        row = sink.point_done(res)
+        failed = row["status"] == "failed"
+        bar.write(point_line(mode, rate, row, row["error"] if failed else "", repeat_tag(cfg, repeat)))
+        if failed and session.engine.is_dead():
+            bar.set_description(f"restarting engine (cache {mode.upper()})")
+            await session.restart()

@@ -25,7 +25,8 @@ Per point, with the fitted prefill cost ``P = b * prefill_tokens + e * num_prefi
 * **decode slowdown** = sum(decode_tokens * step_ms) / sum(decode_tokens * (step_ms - P)): how much
   longer, per decode token, steps were than the same steps without their prefill work.
 
-Busy steps: rows with work and step_ms > 0, timed inside the engine (``timing`` "engine"), or at
+Busy steps: rows with work and step_ms > 0, timed as one step's cost (``timing`` "engine" or
+"gpu-span"), or at
 the frontend ("frontend": step_ms is the gap since the previous record) when the previous record
 of the same engine left requests in flight: the first record after an idle spell carries the idle
 gap, which is not step time.  Backends without steps ("request": echo) have none.  Intervals: a
@@ -48,6 +49,8 @@ COEF_NAMES = ("a_ms", "b_ms_per_prefill_token", "e_ms_per_prefill_req", "c_ms_pe
               "k_ms_per_context_token")
 # Columns of ``step_arrays``: the terms, then what the prefill share needs, then the time.
 ARRAY_COLUMNS = TERMS + ("cached_tokens", "step_ms")
+# Timings whose step_ms is one step's own cost (engines.step_log.TIMING_METHODS).
+PER_STEP = ("engine", "gpu-span")
 CONTEXT_GAIN = 0.01  # the context term stays when it removes >= 1 % of the residual sum of squares
 
 
@@ -82,7 +85,7 @@ def busy_steps(iterations: pd.DataFrame) -> pd.DataFrame:
     else:
         in_flight = work
     prev_busy = in_flight.groupby([it[k] for k in keys], sort=False).shift(1, fill_value=False).astype(bool)
-    timed = (it["timing"] == "engine") | ((it["timing"] == "frontend") & prev_busy)
+    timed = it["timing"].isin(PER_STEP) | ((it["timing"] == "frontend") & prev_busy)
     keep = np.isfinite(step) & (step > 0) & work & timed
     return it[keep]
 

@@ -112,7 +112,7 @@ def manifest(d: Path) -> dict:
 
 # phase -> the points (mode, rate) saved when the signal lands on the first point of ON at 50 req/s
 SAVED_BEFORE = {"prime": [], "warmup": [], "dispatch": [], "drain": [], "summarise": [("on", 50.0)],
-                "finish": [("on", 50.0), ("on", 100.0), ("off", 50.0), ("off", 100.0)]}
+                "finish": [("on", 50.0), ("off", 50.0), ("off", 100.0), ("on", 100.0)]}  # arms take turns
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])

@@ -124,7 +124,7 @@ def test_server_command_is_the_in_process_engine_arguments():
                       "--enable-prompt-tokens-details", "--model", "/m", "--dtype", "float32", "--load-format",
                       "dummy", "--skip-tokenizer-init", "--tensor-parallel-size", "1", "--max-num-batched-tokens",
                       "8192", "--max-num-seqs", "256", "--max-model-len", "2048", "--gpu-memory-utilization", "0.3",
-                      "--seed", "0", "--enable-prefix-caching", "--no-async-scheduling", "--kv-cache-memory-bytes", "536870912",
+                      "--seed", "0", "--enable-prefix-caching", "--kv-cache-memory-bytes", "536870912",
                       "--uvicorn-log-level", "warning"]
     off = server_command("/m", cfg.engine, "off", 8100)
     assert [a for a in off if "prefix" in a] == ["--no-enable-prefix-caching"]

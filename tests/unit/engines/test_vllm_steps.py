@@ -148,12 +148,13 @@ def test_the_trace_shows_which_work_lands_between_two_records(monkeypatch, tmp_p
     assert [p for name, _, seq, p, _ in trace if name == "schedule_end"] == [0, 0, 1214, 0, 0]
 
 
-def test_measured_runs_turn_async_scheduling_off_and_label_what_they_ran():
-    e = VllmEngineConfig()
-    assert engine_args("m", e, "on")["async_scheduling"] is False
+def test_async_scheduling_is_left_to_vllm_unless_set_and_rows_say_how_they_were_timed():
+    assert "async_scheduling" not in engine_args("m", VllmEngineConfig(), "on")  # vLLM's default engine
+    assert engine_args("m", VllmEngineConfig(async_scheduling=False), "on")["async_scheduling"] is False
     assert engine_args("m", VllmEngineConfig(async_scheduling=True), "off")["async_scheduling"] is True
     assert (step_timing_label(False), step_timing_label(True)) == ("engine", "engine-async")
-    assert {"engine", "engine-async"} <= set(step_log.TIMING_METHODS)
+    assert step_timing_label(True, gpu_spans=True) == step_timing_label(False, gpu_spans=True) == "gpu-span"
+    assert {"engine", "engine-async", "gpu-span"} <= set(step_log.TIMING_METHODS)
 
 
 def test_a_trace_read_while_a_record_is_half_written_keeps_the_whole_ones(tmp_path):
@@ -183,8 +184,9 @@ class FakeEvent:
 
 
 def test_the_trace_gets_each_steps_gpu_span_when_asked(monkeypatch, tmp_path):
-    """With PREFIXSTUDY_STEP_TRACE_GPU the scheduler takes each step's CUDA-event span (from
-    engines.vllm_gpu_timer) once its output is in, and writes it as a "gpu_span" event."""
+    """With the GPU timer on (step_log.GPU_SPANS_ENV) the scheduler takes each step's CUDA-event span
+    (from engines.vllm_gpu_timer) once its output is in, and writes it into the step's record and
+    as the trace's "gpu_span" event."""
     from prefixstudy.engines import vllm_gpu_timer
 
     monkeypatch.setenv(step_log.GPU_SPANS_ENV, "1")
@@ -203,6 +205,10 @@ def test_the_trace_gets_each_steps_gpu_span_when_asked(monkeypatch, tmp_path):
     gpu = [(seq, round(t * 1e3, 6), p) for name, t, seq, p, _ in step_log.read_trace(str(tmp_path / "trace.bin"))
            if name == "gpu_span"]
     assert gpu == [(0, 4.0, 0), (1, 6.0, 0), (2, 30.0, 1214), (3, 5.0, 0), (4, 5.0, 0)]
+    # Each step's record carries the same span, beside its host stamps.
+    steps, _ = step_log.read_steps(str(tmp_path / "steps.bin"))
+    assert [(round(s.gpu_ms, 6), s.prefill_tokens) for s in steps] == [(4.0, 0), (6.0, 0), (30.0, 1214), (5.0, 0),
+                                                                       (5.0, 0)]
     assert vllm_gpu_timer.SPANS == {}
 
 

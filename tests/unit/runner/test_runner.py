@@ -72,7 +72,7 @@ def test_a_study_on_the_echo_backend_writes_every_file(tmp_path):
     res = load(run)
     assert (res.manifest["status"], res.manifest["engine"], res.manifest["executor"]) == ("complete", "echo", "local")
     assert [(p["mode"], p["rate"], p["status"], p["accounting_ok"]) for p in res.manifest["points"]] == [
-        ("on", 25.0, "ok", True), ("on", 50.0, "ok", True), ("off", 25.0, "ok", True), ("off", 50.0, "ok", True)]
+        ("on", 25.0, "ok", True), ("off", 25.0, "ok", True), ("off", 50.0, "ok", True), ("on", 50.0, "ok", True)]
     s = res.summary
     assert s["mode"].tolist() == ["on", "on", "off", "off"] and s["n_ok"].tolist() == [6] * 4
     assert s["hit_rate_measured"].tolist() == [32 / 48, 32 / 48, 0.0, 0.0] == s["hit_rate_expected"].tolist()
@@ -224,7 +224,8 @@ def test_a_long_wait_for_a_send_naps_briefly_so_a_timer_that_runs_slow_cannot_ma
 
 
 def test_an_engine_that_does_not_start_stops_the_study_with_one_line(tmp_path, monkeypatch):
-    """Its first line is the reason; the run folder stays, marked failed, with ON's points kept."""
+    """Its first line is the reason; the run folder stays, marked failed.  Interleaved arms start
+    every engine before the first point, so no point ran; one arm after another keeps ON's points."""
     import json
 
     from prefixstudy.engines.echo import EchoEngine
@@ -244,6 +245,10 @@ def test_an_engine_that_does_not_start_stops_the_study_with_one_line(tmp_path, m
                             "-v shows the engine's own log")
     run, = (tmp_path / "default").iterdir()
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["status"] == "failed" and [p["mode"] for p in manifest["points"]] == ["on"]
+    assert manifest["status"] == "failed" and manifest["points"] == []
     assert manifest["error"] == str(e.value)  # the reason stays with the run
     assert started == ["on", "off"]
+    with pytest.raises(StudyFailed):
+        run_study(cfg_with(**{"out": str(tmp_path / "apart"), "sweep.interleave_arms": False}), progress=False)
+    run, = (tmp_path / "apart" / "default").iterdir()
+    assert [p["mode"] for p in json.loads((run / "manifest.json").read_text())["points"]] == ["on"]

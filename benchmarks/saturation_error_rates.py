@@ -1,6 +1,6 @@
 """The saturation detector's error rates (metrics.saturation) on points whose truth is known by
 construction: vLLM's own scheduler in virtual time (prefixstudy's simulator, priced by the step-cost
-fit of the committed h200-tp1 study), at loads relative to each mode's measured capacity.
+fit of the committed h200-tp1-sync study), at loads relative to each mode's measured capacity.
 
 * **Capacity** of a mode: its completions per second through the second half of a flood (requests
   arriving at 3x a first guess for ``FLOOD_S`` seconds), when the engine runs full all the time.
@@ -31,8 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "results" / "saturation_error_rates.jsonl"
 DOC = REPO / "docs" / "saturation.md"
-CALIBRATION = REPO / "experiments" / "results" / "h200-tp1"
-CONFIG = "h200-tp1"
+CALIBRATION = REPO / "experiments" / "results" / "h200-tp1-sync"
+CONFIG = "h200-tp1-sync"
 LOADS = (0.5, 0.8, 0.9, 1.0, 1.1, 1.2, 1.5)
 # label -> (num_requests, min_duration_s): the shipped GPU configs' point lengths (h200-tp1, h200-tp2
 # and h200-replicas: 15 s of arrivals; the seed configs: 30 s), and a fixed count of requests as
@@ -53,7 +53,7 @@ _SESSIONS: dict = {}
 
 
 def _session(mode: str, num_requests: int, min_duration_s: float, max_rate: float):
-    """A simulated engine of ``mode`` (h200-tp1's engine, step costs fitted on its committed
+    """A simulated engine of ``mode`` (h200-tp1-sync's engine, step costs fitted on its committed
     records), with a dataset long enough for ``max_rate``; one per worker process and shape."""
     key = (mode, num_requests, min_duration_s, max_rate)
     if key not in _SESSIONS:

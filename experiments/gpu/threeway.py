@@ -85,7 +85,7 @@ def tokenize_ms(n: int = 200) -> float:
 
 
 def main() -> None:
-    points = pd.concat([prefixstudy_points("h200-tp1", "in-process"),
+    points = pd.concat([prefixstudy_points("h200-tp1-sync", "in-process"),
                         prefixstudy_points("h200-vllm-server", "vllm-server (HTTP)"), bench_points()], ignore_index=True)
     t = table(points)
     t.to_csv(OUT / "threeway.csv", index=False)

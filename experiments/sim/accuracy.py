@@ -34,7 +34,7 @@ from prefixstudy.sim.vllm_setup import vllm_config
 from prefixstudy.sim.study import scheduler_spec
 from prefixstudy.workloads import load_rows
 
-STUDIES = {"h200-tp1": Path("experiments/results/h200-tp1"), "h200-tp2": Path("experiments/results/h200-tp2"),
+STUDIES = {"h200-tp1": Path("experiments/results/h200-tp1-sync"), "h200-tp2": Path("experiments/results/h200-tp2"),
            "h200-tp1-ray": Path("experiments/results/h200-tp1-ray")}
 # (source, target): TP 1 in process -> TP 2 through Ray and back; TP 1 through Ray -> TP 2 through Ray
 # (the same executor at both degrees, so what is left of the error is the degree's).

@@ -23,7 +23,7 @@ from accuracy import simulate_points  # noqa: E402
 from prefixstudy.sim.cost import fit, load_steps  # noqa: E402
 
 RESULTS = Path("experiments/results")
-CALIBRATION = RESULTS / "h200-tp1"
+CALIBRATION = RESULTS / "h200-tp1-sync"
 
 
 def runs() -> list[tuple[str, Path]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "experiments/results/h200-tp-shard-profile"
-STUDIES = {1: REPO / "experiments/results/h200-tp1", 2: REPO / "experiments/results/h200-tp2"}
+STUDIES = {1: REPO / "experiments/results/h200-tp1-sync", 2: REPO / "experiments/results/h200-tp2"}
 # TP 1 through Ray's executor, as TP 2 ran: the ratio to it is the degree's alone.
 RAY_TP1 = REPO / "experiments/results/h200-tp1-ray"
 LAYER_GEMMS = ("qkv", "o", "gate_up", "down")

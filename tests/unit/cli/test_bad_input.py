@@ -84,7 +84,7 @@ def simulate_model(tmp: Path, fields: dict) -> list:
     """``prefixstudy simulate`` of Mistral-7B's config.json with ``fields`` added, on h200-tp1."""
     mistral = json.loads((MISTRAL / "config.json").read_text())
     d = model_dir(tmp, json.dumps({**mistral, **fields}))
-    return ["simulate", config(tmp, {"model": str(d)}), "--calibration", REPO / "experiments/results/h200-tp1",
+    return ["simulate", config(tmp, {"model": str(d)}), "--calibration", REPO / "experiments/results/h200-tp1-sync",
             "--out", tmp / "res", "--no-report"]
 
 

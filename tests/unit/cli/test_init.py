@@ -14,7 +14,7 @@ from prefixstudy.configs import resolve_config, shipped_config, shipped_configs,
 from prefixstudy.errors import UserError
 from tests import forkcli
 
-SHIPPED = ["default", "h200-cache-pressure", "h200-multiturn", "h200-offload", "h200-replicas", "h200-tp1", "h200-tp2",
+SHIPPED = ["default", "h200-cache-pressure", "h200-multiturn", "h200-offload", "h200-replicas", "h200-tp1", "h200-tp1-sync", "h200-tp2",
            "seed-a100x8-tp8", "seed-h200x8-tp4-parallel", "seed-h200x8-tp8", "try-echo"]
 
 
@@ -69,8 +69,8 @@ def test_run_by_name_from_anywhere(tmp_path):
     assert r.stdout.startswith("ok: study default, 30 dataset rows, modes on,off, rates 1,2,4,8 req/s, executor ")
     r = cli(tmp_path, "run", "h200-tp1", "--dry-run")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("ok: study h200-tp1, 720 dataset rows, modes on,off, rates 1,8,16,20,24,32,48 "
-                               "req/s x 2 repeats")
+    assert r.stdout.startswith("ok: study h200-tp1, 1200 dataset rows, modes on,off, rates 1,16,32,40,56,80 "
+                               "req/s x 3 repeats")
 
 
 def test_run_unknown_name_is_one_line(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]
-STUDY = REPO / "experiments" / "results" / "h200-tp1"
+STUDY = REPO / "experiments" / "results" / "h200-tp1-sync"
 
 
 def _files(d: Path) -> dict[str, bytes]:

@@ -31,7 +31,7 @@ def test_a_calibration_folder_without_a_manifest(tmp_path):
 
 
 def test_an_unknown_gpu(tmp_path):
-    r = cli("simulate", "h200-tp1", "--calibration", "experiments/results/h200-tp1", "--gpu", "B300",
+    r = cli("simulate", "h200-tp1", "--calibration", "experiments/results/h200-tp1-sync", "--gpu", "B300",
             "--out", tmp_path / "out")
     one_line_exit_2(r, "--gpu 'B300': unknown GPU (known: A100-SXM4-40GB")
     assert not (tmp_path / "out").exists()

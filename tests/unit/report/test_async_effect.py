@@ -18,7 +18,7 @@ def _effect():
     spec = importlib.util.spec_from_file_location("async_effect", REPO / "experiments/gpu/async_effect.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.async_effect(pd.read_csv(RESULTS / "h200-tp1/summary.csv"),
+    return mod.async_effect(pd.read_csv(RESULTS / "h200-tp1-sync/summary.csv"),
                             pd.read_csv(RESULTS / "h200-tp1-async/summary.csv"))
 
 

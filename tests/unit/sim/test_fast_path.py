@@ -20,7 +20,7 @@ from prefixstudy.sim.study import RowFacts, SimSession, scheduler_spec
 from prefixstudy.workloads import load_rows
 
 REPO = Path(__file__).resolve().parents[3]
-CALIBRATION = REPO / "experiments/results/h200-tp1"
+CALIBRATION = REPO / "experiments/results/h200-tp1-sync"
 SHORT = {"sweep.min_duration_s": 6, "sweep.num_requests": 40}
 
 

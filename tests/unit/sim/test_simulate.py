@@ -166,7 +166,7 @@ def test_a_simulated_session_sends_its_next_turn_after_the_parent_with_the_histo
         assert m.ttft_ms.iloc[1] == pytest.approx(1 + 0.01 * (84 - cached))  # one prefill step
 
 
-H200_TP1 = Path(__file__).resolve().parents[3] / "experiments/results/h200-tp1"
+H200_TP1 = Path(__file__).resolve().parents[3] / "experiments/results/h200-tp1-sync"
 
 
 def test_another_model_on_the_committed_h200_calibration_is_priced_by_its_roofline(tmp_path):

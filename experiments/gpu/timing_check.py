@@ -103,6 +103,22 @@ def split_table(path: str) -> pd.DataFrame:
     return out
 
 
+def trace_rows(path: str, mode: str) -> pd.DataFrame:
+    """A step trace with GPU spans as iteration rows (``timing`` gpu-span): step_ms the CUDA-event
+    span, host_step_ms the scheduler's record, for ``metrics.step_checks``.  The trace has no point
+    boundaries; the checks' back-to-back condition keeps pairs within one point."""
+    ev = pd.DataFrame(read_trace(path), columns=["event", "t", "step", "prefill", "tokens"])
+    t = ev.pivot_table(index="step", columns="event", values="t", aggfunc="first").sort_index()
+    g = ev.groupby("step")[["prefill", "tokens"]].first().reindex(t.index)
+    start = np.maximum(t["update_end"].shift(1).fillna(0.0), t["schedule_start"])
+    return pd.DataFrame({"mode": mode, "rate": 0.0, "repeat": 0, "timing": "gpu-span",
+                         "step_start_s": start.to_numpy(), "t_s": t["update_end"].to_numpy(),
+                         "step_ms": (t["gpu_span"] * 1e3).to_numpy(),
+                         "host_step_ms": ((t["update_end"] - start) * 1e3).to_numpy(),
+                         "prefill_tokens": g["prefill"].to_numpy(), "decode_tokens": (g["tokens"] - g["prefill"]).to_numpy()}
+                        ).dropna(subset=["step_ms"]).reset_index(drop=True)
+
+
 def gpu_table(path: str) -> pd.DataFrame:
     """Each step's CUDA-event span against its host record, and the prefill-after-decode check on each."""
     ev = pd.DataFrame(read_trace(path), columns=["event", "t", "step", "prefill", "tokens"])

@@ -100,7 +100,7 @@ main.add_command(init.init)
 main.add_command(simulate.simulate)
 main.add_command(capacity.capacity)
 main.add_command(capacity.breakdown)
-for _cmd in (report.report, report.compare, report.export_bench):
+for _cmd in (report.report, report.check, report.compare, report.export_bench):
     main.add_command(_cmd)
 
 # `prefixstudy --help` lists each command with a line that fits an 80-column terminal whole; click
@@ -108,6 +108,7 @@ for _cmd in (report.report, report.compare, report.export_bench):
 SHORT_HELP = {
     "breakdown": "Cached share, TTFT and E2E per turn or prefix group.",
     "capacity": "Run a config once per KV-cache size.",
+    "check": "Check a run's step timing; exit 1 on a violation.",
     "compare": "Overlay several studies in one report.",
     "dataset": "Make, import and inspect fixed-prompt datasets.",
     "export-bench": "Write points as `vllm bench serve` result files.",

@@ -116,3 +116,30 @@ def export_bench(results_dir, out_dir, slo, save_detailed, layout):
         raise UserError(f"{study.path}: no requests recorded yet; nothing to export")
     paths = _export(study, out_dir, slo=parsed, detailed=save_detailed, layout=layout)  # summary.csv's finished points
     click.echo(f"wrote {len(paths)} files to {paths[0].parent if paths else out_dir}")
+
+
+@click.command()
+@click.argument("results_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+def check(results_dirs):
+    """Run the step-timing invariants on each results folder; exit 1 if any fails."""
+    from prefixstudy.metrics.engine_fit import busy_steps, fit_step_cost
+    from prefixstudy.metrics.step_checks import check_steps
+    from prefixstudy.report.tables import step_check_lines
+    from prefixstudy.results import ITERATIONS, find_run_dir, read_table
+    from prefixstudy.schema import typed_iterations
+
+    runs = [find_run_dir(d) for d in results_dirs]
+    for run in runs:
+        if not (run / ITERATIONS).exists():
+            raise UserError(f"{run}: no {ITERATIONS} (not a finished or started run)")
+    failed = False
+    for run in runs:
+        its = typed_iterations(read_table(run / ITERATIONS))
+        fit = fit_step_cost(its, n_boot=0) if len(busy_steps(its)) else None
+        checks = check_steps(its, fit.coef if fit is not None else None)
+        click.echo(f"{run}: {({True: 'ok', False: 'FAILED', None: 'not judged'})[checks['ok'] if checks else None]}")
+        for line in step_check_lines(checks):
+            click.echo(f"  {line}")
+        failed |= bool(checks) and checks["ok"] is False
+    if failed:
+        raise SystemExit(1)  # a violation: not bad input (2), a failed check

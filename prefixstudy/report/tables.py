@@ -249,9 +249,16 @@ def all_points_table(d: ReportData) -> pd.DataFrame:
 def step_check_lines(checks: dict | None) -> list[str]:
     """The step-timing invariants (metrics.step_checks) in words, one line per check and mode."""
     if not checks:
-        return ["No engine steps (or no step-cost fit): the step-timing checks do not apply."]
+        return ["No engine-stamped steps: the step-timing checks do not apply."]
     verdict = {True: "passes", False: "FAILS", None: "cannot be judged"}
     out = []
+    for mode, c in checks.get("pairwise", {}).items():
+        out.append(f"{mode.upper()}, a step with prompt tokens not shorter than the decode-only step right before it: "
+                   f"{verdict[c['ok']]}: {c['shorter']} of {c['n']} pairs shorter beyond noise (at most "
+                   f"{c['max_share']:.0%} may be).")
+    for mode, c in checks.get("pairwise_host", {}).items():
+        out.append(f"{mode.upper()}, the same on the host stamps of these GPU-timed steps (not judged): "
+                   f"{c['shorter']} of {c['n']} pairs shorter.")
     for mode, c in checks["prefill_not_faster"].items():
         if not c["n"]:
             out.append(f"{mode.upper()}: no step with prompt tokens has a same-batch decode-only reference.")
@@ -262,7 +269,7 @@ def step_check_lines(checks: dict | None) -> list[str]:
                    f"{c['decode_median_ms']:.2f} ms.")
     w = checks["window_agreement"]
     if w["ok"] is None:
-        out.append(f"Window-sum fit: only {w['n_windows']} windows of {w['window']} steps; not judged.")
+        out.append(f"Window-sum fit: only {w['n_windows']} windows of {w['window']} fitted steps; not judged.")
     else:
         for mode, c in w["modes"].items():
             out.append(f"{mode.upper()}, fit on sums of {w['window']} consecutive steps vs the per-step fit: "
@@ -271,6 +278,10 @@ def step_check_lines(checks: dict | None) -> list[str]:
                        f"{c['total_diff']:.1%}; tolerance {w['tolerance']:.0%}).")
         out.append(f"On the window sums the per-step fit's RMSE is {w['rmse_ms_step_fit']:.1f} ms, the window "
                    f"fit's {w['rmse_ms_window_fit']:.1f} ms (R² {w['r2']:.3f}).")
+    for mode, c in checks.get("busy_time", {}).items():
+        if c["at"]:
+            out.append(f"{mode.upper()}, step times within each point's wall time: {verdict[c['ok']]}: at most "
+                       f"{c['worst']:.1%} of it ({c['at']['rate']:g} req/s, repeat {c['at']['repeat']}).")
     if checks["ok"] is False:
         out.append("A failed check means the step records misattribute time between steps: read the engine "
                    "prefill share, the decode slowdown and the step-cost coefficients as unreliable.")
@@ -278,9 +289,11 @@ def step_check_lines(checks: dict | None) -> list[str]:
 
 
 STEP_CHECKS_TEXT = (
-    "Invariants of the per-step timing (metrics.step_checks). A step that computes prompt tokens does "
-    "more work than a decode-only step of the same batch, so at most half of such steps may be faster "
-    "than that batch's median decode-only step in the same point (a sign test, 3 standard errors). A fit "
-    "on sums of 32 consecutive steps, which cancels any time moved between neighbouring records, must "
-    "attribute the same busy time to prefill, to decode and in total as the per-step fit, within 5 %."
+    "Invariants of the per-step timing (metrics.step_checks; `prefixstudy check` runs them on any run). A step "
+    "that computes prompt tokens right after a decode-only step with no more decode tokens does more work, "
+    "so at most 5 % of such pairs may be shorter beyond noise (1 ms, or 10 % of the decode step). At most half "
+    "of the steps with prompt tokens may be faster than their batch's median decode-only step in the same point "
+    "(a sign test, 3 standard errors). A fit on sums of 32 consecutive steps, which cancels any time moved "
+    "between neighbouring records, must attribute the same busy time to prefill, to decode and in total as the "
+    "per-step fit, within 5 %. A point's step times add up to no more than its wall time."
 )

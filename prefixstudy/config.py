@@ -206,13 +206,14 @@ class SweepConfig(BaseModel):
         return [(rate, k) for k in repeats for rate in self.rates]
 
     def turns(self) -> list[tuple[str, float, int]]:
-        """(arm, rate, repeat) in the order an interleaved run takes them: at the i-th point the arms
-        in order when i is even, reversed when odd (A B, B A, A B, ...)."""
-        # The parity is the point's place in the whole sweep, so a resumed run keeps the same order.
-        place = {p: i for i, p in enumerate((rate, k) for k in range(self.repeats) for rate in self.rates)}
+        """(arm, rate, repeat) in the order an interleaved run takes them: the arms in order where the
+        rate's place in ``rates`` plus the repeat is even, reversed where odd.  Along a sweep that is
+        A B, B A, A B, ...; and each rate's repeats alternate which arm goes first, so that the order
+        within a pair can be told from the arm."""
+        place = {rate: i for i, rate in enumerate(self.rates)}  # fixed by the config: a resumed run keeps it
         out = []
         for rate, k in self.points():
-            arms = self.modes if place.get((rate, k), 0) % 2 == 0 else self.modes[::-1]
+            arms = self.modes if (place.get(rate, 0) + k) % 2 == 0 else self.modes[::-1]
             out += [(m, rate, k) for m in arms if (m, float(rate), k) not in self.done_points]
         return out
 

@@ -1,5 +1,5 @@
 """The three-way table: the seed workload on one H200 per mode at 1, 4, 16 and 32 req/s,
-measured in-process (experiments/results/h200-tp1), through `vllm serve` launched by prefixstudy
+measured in-process (experiments/results/h200-tp1: vLLM's default engine, a later lease), through `vllm serve` launched by prefixstudy
 (h200-vllm-server) and by `vllm bench serve` against servers with the same command line plus the
 tokenizer the peer needs (h200-threeway/bench-summary.json).  Writes h200-threeway/threeway.{csv,md}.
 
@@ -85,7 +85,7 @@ def tokenize_ms(n: int = 200) -> float:
 
 
 def main() -> None:
-    points = pd.concat([prefixstudy_points("h200-tp1-sync", "in-process"),
+    points = pd.concat([prefixstudy_points("h200-tp1", "in-process"),
                         prefixstudy_points("h200-vllm-server", "vllm-server (HTTP)"), bench_points()], ignore_index=True)
     t = table(points)
     t.to_csv(OUT / "threeway.csv", index=False)

@@ -178,19 +178,19 @@ def window_agreement(busy: pd.DataFrame, coef: np.ndarray, window: int = WINDOW,
 
 def check_steps(iterations: pd.DataFrame, coef: np.ndarray | None) -> dict | None:
     """Every check on a study's iterations; the windows under its per-step coefficients ``coef``
-    (None: no fit, windows not judged).  None where the study has no engine-stamped steps.  ``ok``:
+    (None: no fit, windows not judged).  None where the study has no engine-stamped or fitted steps.  ``ok``:
     False if any check fails, None if none could run.  ``pairwise_host`` is the pairwise check on
     the host stamps of steps timed on the GPU: what those stamps alone would have said (not judged)."""
     if iterations is None or not len(iterations):
         return None
-    it = engine_rows(iterations)
-    if it.empty:
+    it, busy = engine_rows(iterations), engine_fit.busy_steps(iterations)
+    if it.empty and busy.empty:
         return None
-    busy = engine_fit.busy_steps(iterations)
-    out = {"pairwise": pairwise(it), "prefill_not_faster": prefill_not_faster(busy) if len(busy) else {},
+    out = {"pairwise": pairwise(it) if len(it) else {},
+           "prefill_not_faster": prefill_not_faster(busy) if len(busy) else {},
            "window_agreement": (window_agreement(busy, coef) if coef is not None and len(busy)
                                 else {"ok": None, "n_windows": 0, "window": WINDOW, "modes": {}}),
-           "busy_time": busy_time(it)}
+           "busy_time": busy_time(it) if len(it) else {}}
     gpu = it[it["timing"] == "gpu-span"]
     if len(gpu) and "host_step_ms" in gpu and gpu["host_step_ms"].notna().all():
         out["pairwise_host"] = pairwise(gpu, "host_step_ms")

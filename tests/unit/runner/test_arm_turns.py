@@ -28,8 +28,9 @@ def started(run_dir) -> list[tuple[str, float, int]]:
 
 def test_arms_take_turns_abba_point_by_point(tmp_path):
     run = run_study(load_config(None, {**ECHO, "out": str(tmp_path)}), progress=False)
+    # A B, B A along the sweep, and each rate's second repeat starts with the other arm
     assert started(run) == [("on", 50.0, 0), ("off", 50.0, 0), ("off", 100.0, 0), ("on", 100.0, 0),
-                            ("on", 50.0, 1), ("off", 50.0, 1), ("off", 100.0, 1), ("on", 100.0, 1)]
+                            ("off", 50.0, 1), ("on", 50.0, 1), ("on", 100.0, 1), ("off", 100.0, 1)]
 
 
 def test_without_interleaving_one_arm_runs_its_whole_sweep_first(tmp_path):
@@ -45,8 +46,8 @@ def test_a_resumed_run_takes_turns_over_what_is_left_and_skips_what_each_arm_has
                                        {"mode": "off", "rate": 100.0, "repeat": 0, "status": "ok"}],
                             "dir": None})()
     (sub,) = Study(cfg, writer).pending_configs()
-    assert sub.sweep.turns() == [("on", 100.0, 0), ("on", 50.0, 1), ("off", 50.0, 1), ("off", 100.0, 1),
-                                 ("on", 100.0, 1)]
+    assert sub.sweep.turns() == [("on", 100.0, 0), ("off", 50.0, 1), ("on", 50.0, 1), ("on", 100.0, 1),
+                                 ("off", 100.0, 1)]
 
 
 def test_engines_that_cannot_stay_up_together_are_refused_in_one_line():

@@ -155,9 +155,11 @@ def step_fit(manifest: dict) -> tuple[pd.DataFrame, list[str]]:
     f = manifest.get("step_fit")
     timing = manifest.get("step_timing") or []
     if not f and "engine-async" in timing:
-        return pd.DataFrame(), ["No step-cost fit: this run's engine ran with async scheduling, which overlaps "
-                                "each step's launch with the previous step's GPU work, so its step records "
-                                "are not per-step costs (engine.async_scheduling: false times them)."]
+        return pd.DataFrame(), ["No step-cost fit, engine prefill share or decode slowdown, and no simulator "
+                                "calibration from this run: its engine ran with async scheduling where no GPU "
+                                "timer could be put (the GPU timer needs vLLM's in-process executor on one GPU), "
+                                "and async scheduling overlaps each step's launch with the previous step's GPU "
+                                "work, so the host-stamped step records are not per-step costs."]
     if not f:
         return pd.DataFrame(), ["No step-cost fit: too few engine steps (or a backend without steps); "
                                 "no engine-level prefill share."]

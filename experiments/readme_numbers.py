@@ -99,9 +99,7 @@ def headline_block(results: Path = RESULTS) -> str:
         f"from {_ci(mid['off_mean_e2e_ms'], mid['off_mean_e2e_lo'], mid['off_mean_e2e_hi'])} to "
         f"{_ci(mid['on_mean_e2e_ms'], mid['on_mean_e2e_lo'], mid['on_mean_e2e_hi'])} ms, **{_gain(mid)}**: "
         f"prompts took {100 * mid['off_engine_prefill_share']:.0f} % [{100 * mid['off_engine_prefill_share_lo']:.0f}, "
-        f"{100 * mid['off_engine_prefill_share_hi']:.0f}] of OFF's engine time and every OFF decode step was "
-        f"{mid['off_decode_slowdown']:.2f}× as long as it "
-        f"would have been without the prefills it carried;",
+        f"{100 * mid['off_engine_prefill_share_hi']:.0f}] of OFF's engine time. " + _split_words(d, mid["rate"]),
     ]
     point_s = float(yaml.safe_load((d / "config.yaml").read_text())["sweep"]["min_duration_s"])
     for _, f in calm[calm["arrival_rate"] > mid["arrival_rate"]].iterrows():
@@ -132,6 +130,7 @@ def headline_block(results: Path = RESULTS) -> str:
         f"**{on_r[0]:.1f} req/s [{on_r[1]:.1f}, {on_r[2]:.1f}]** and OFF **{off_r[0]:.1f} req/s "
         f"[{off_r[1]:.1f}, {off_r[2]:.1f}]**, interpolated where p90 crosses it: caching buys about "
         f"{on_r[0] / off_r[0]:.1f}× the throughput at that latency.")
+    lines.append("* " + _closure_words(d, head))
     tp2 = pd.read_csv(results / "h200-tp2" / "headline.csv").sort_values("arrival_rate")
     tp2_calm = tp2[~tp2["on_saturated"].astype(bool) & ~tp2["off_saturated"].astype(bool)
                    & tp2["gain_mean_e2e"].notna()]  # both modes ran there
@@ -162,6 +161,52 @@ def headline_block(results: Path = RESULTS) -> str:
     fit_text += (f" At TP 2 through the Ray executor (one repeat{passes}): {_gain(t_lo)} at "
                  f"{t_lo['arrival_rate']:.2f} req/s and {_gain(t_hi)} at {t_hi['arrival_rate']:.1f} req/s.")
     return "\n".join([BEGIN, intro, "", *lines, "", fit_text, "", bench_sentence(results), END])
+
+
+def _study(d: Path):
+    """The study's counted requests, its iterations and its fit's coefficients."""
+    from prefixstudy.metrics.engine_fit import COEF_NAMES
+    from prefixstudy.results import load
+
+    st = load(d)
+    coef = [st.manifest["step_fit"].get(k, 0.0) for k in COEF_NAMES]
+    return st, coef
+
+
+def _split_words(d: Path, rate: float) -> str:
+    """metrics.gain_split at ``rate`` (configured), in words."""
+    from prefixstudy.metrics.gain_split import gain_split, request_parts
+
+    st, coef = _study(d)
+    r = gain_split(request_parts(st.requests, st.iterations, coef)).set_index("rate").loc[rate]
+    return (f"Split request by request (`metrics.gain_split`), {_signed(100 * r['prefill_stalls_points'], '.1f')} "
+            f"of the gain's points are other requests' prompt chunks batched into each request's decode steps "
+            f"(the stalls between its tokens), {_signed(100 * r['own_prefill_points'], '.1f')} its own prefill, "
+            f"{_signed(100 * r['decode_steps_points'], '.1f')} the decode steps themselves and "
+            f"{_signed(100 * r['queue_points'], '.1f')} queueing, with a residual of "
+            f"{_signed(100 * r['residual_points'], '.1f')};")
+
+
+def _closure_words(d: Path, head: pd.DataFrame) -> str:
+    """model.closure's knees against the measured brackets, in words."""
+    from prefixstudy.metrics.headline import knee_bracket
+    from prefixstudy.metrics.requests import counted
+    from prefixstudy.model.closure import arm_prediction
+
+    st, coef = _study(d)
+    req = counted(st.requests)
+    limit = int(st.manifest["points"][0]["admission_limit"])
+    pred = {m: arm_prediction(coef, g["prompt_tokens"].mean(), g["num_cached_tokens"].mean(), g["output_tokens"].mean(),
+                              float(head[f"{m}_mean_ttft_ms"].iloc[0]), limit) for m, g in req.groupby("mode")}
+    on, off = knee_bracket(head, "on"), knee_bracket(head, "off")
+    sat_on = [(x, k, n) for x, k, n in on["mixed"]]
+    measured_on = (f"ON saturated in {sat_on[-1][1]} of {sat_on[-1][2]} repeats at {sat_on[-1][0]:.1f} req/s, the "
+                   f"highest rate run" if sat_on else on["text"])
+    return (f"from the fitted step costs alone, TPOT ≈ a / (1 − λ·w) (`model.closure`: a = {coef[0]:.2f} ms a step, "
+            f"w the engine time a request adds, {pred['off']['work_ms']:.1f} ms OFF and {pred['on']['work_ms']:.1f} ms "
+            f"ON) puts OFF's knee at {pred['off']['knee_rate']:.1f} req/s and ON's at {pred['on']['knee_rate']:.1f} "
+            f"(where its requests fill {100 * 0.8:.0f} % of its {limit}-request limit); measured, OFF's lies between "
+            f"{off['lo']:.1f} and {off['hi']:.1f} req/s, and {measured_on}.")
 
 
 def bench_sentence(results: Path = RESULTS) -> str:

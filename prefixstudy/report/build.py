@@ -20,6 +20,7 @@ import pandas as pd
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import counted, parse_slo
 from prefixstudy.report import arms as arm_report, bench_json, figures as plots, first_screen, tables
+from prefixstudy.report import closure as closure_report, gain_split as split_report
 from prefixstudy.report.data import ReportData, analyze, norm_rate
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, write_report
 from prefixstudy.results import HEADLINE, MANIFEST, SUMMARY, find_run_dir, load, write_json
@@ -100,6 +101,10 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
         ("e2e_cdf", lambda: plots.e2e_cdf(req_ok, sat_map),
          "CDF of end-to-end latency at each offered rate."),
     ]
+    if len(d.split):
+        specs.insert(6, ("gain_split", lambda: split_report.figure(d.split),
+                         "Where the caching gain comes from: points of the gain of mean E2E per part of a request's "
+                         "latency, vs the actual arrival rate; they add up to the measured gain (black)."))
     if arm_report.shown(d.study.arms):
         specs.append(("arms", lambda: arm_report.figure(d.study.arms),
                       "Every arm against the baseline arm: mean E2E with 95 % intervals (left) and the "
@@ -145,6 +150,11 @@ def _model_blocks(model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
             + ([("table", tables.fmt_df(df))] if df is not None else []))
 
 
+def _closure_blocks(d: ReportData) -> list[tuple]:
+    t = closure_report.table(d)
+    return [("h2", "A model that closes the loop"), ("p", closure_report.TEXT), ("table", t)] if len(t) else []
+
+
 def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
     f = {x.stem: x for x in figs}
     b: list[tuple] = [("meta", tables.meta_line(d.study))]
@@ -175,6 +185,9 @@ def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str]
                 "Paired Δ = OFF − ON of the same request (repeat and request_index) at the same rate; > 0 "
                 "means ON was faster."),
           ("fig", f["caching_gain"]), ("table", tables.gain_table(d)),
+          *([("h2", "Where the gain comes from"), ("p", split_report.TEXT), ("fig", f["gain_split"]),
+             ("table", split_report.table(d.split))] if len(d.split) else []),
+          *_closure_blocks(d),
           ("h2", "Prefill share"), ("p", tables.ESTIMATOR_TEXT), ("table", tables.fit_table(d)),
           ("fig", f["prefill_share"]), ("table", tables.prefill_table(d)),
           ("h2", "Step-timing checks"), ("p", tables.STEP_CHECKS_TEXT), ("list", tables.step_check_lines(d.step_checks)),

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.errors import UserError
-from prefixstudy.metrics import compare, engine_fit, headline as hl, requests as reqs, step_checks, summary
+from prefixstudy.metrics import compare, engine_fit, gain_split, headline as hl, requests as reqs, step_checks, summary
 from prefixstudy.results import StudyResults
 from prefixstudy.schema import MODES, SUMMARY_COLUMNS, typed_iterations
 
@@ -47,6 +47,7 @@ class ReportData:
     repeat_saturated: dict = field(default_factory=dict)  # (mode, configured rate, repeat) -> saturated
     step_checks: dict | None = None  # metrics.step_checks.check_steps of the study's steps
     tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # arms with a CPU tier vs caching ON alone
+    split: pd.DataFrame = field(default_factory=pd.DataFrame)  # metrics.gain_split per rate, actual rates
 
     @property
     def done(self) -> pd.DataFrame:
@@ -242,8 +243,12 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
             if len(fit) else None)
     checks = step_checks.check_steps(typed_iterations(it), coef) if len(it) else None
     tiers = hl.tiers_versus_cache(req, s[s["status"] == "ok"], study.arms)
+    split = pd.DataFrame()
+    if coef is not None and (checks or {}).get("ok") is not False and {"on", "off"} <= set(req["mode"]):
+        split = gain_split.gain_split(gain_split.request_parts(req, it, coef))
+        split = to_actual(split, rate_map) if len(split) else pd.DataFrame()
     return ReportData(study, study_label(study), points, to_actual(manifest_points(study, nominal), rate_map),
                       knees, fit, gains,
                       to_actual(paired, rate_map), slo, y, y_src, max_rate_curves(done), headline, head, notes,
-                      rep_sat, checks, tiers)
+                      rep_sat, checks, tiers, split)
 

@@ -1,0 +1,74 @@
+"""A model that closes the loop from the fitted step costs to TPOT and the knee.
+
+The step-cost fit (``metrics.engine_fit``) prices a step as ``a`` plus work per prompt token,
+prefilling request, decode token and context token.  An engine that keeps up does, per second, the
+work the requests arriving in that second bring: each request's prompt work and its decodes,
+
+    w = b·uncached + e + k·prompt + (O - 1)·(c + k·(prompt + O/2))    (ms of engine time)
+
+while every step also pays ``a``.  A busy engine's step then lasts T with T = a + λ·T·w/1000 (the
+work arriving during a step is the work a step does), so
+
+    TPOT ≈ T = a / (1 - λ·w/1000),
+
+which grows without bound as λ nears 1000/w: the arm's instability rate.  Before that, the
+requests in the engine, λ·E2E with E2E ≈ TTFT + (O - 1)·TPOT, reach the admission limit
+(``max_num_seqs``): the rate where they pass ``FULL_LEVEL`` of it is the saturation detector's "ran
+full" (``metrics.saturation``), and the model's knee is the lower of the two.
+
+The model holds each step's cost at its mean and leaves out the variance of the batch and the
+timing of prefill chunks; where it departs from the measurement is itself the finding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from prefixstudy.metrics.saturation import FULL_LEVEL
+
+
+def request_work_ms(coef, prompt: float, cached: float, output: float) -> float:
+    """Engine time one request adds, ms: its prompt's work and its decodes' (``coef``: a, b, e, c, k)."""
+    _, b, e, c, k = (float(x) for x in coef)
+    return b * (prompt - cached) + e + k * prompt + (output - 1) * (c + k * (prompt + output / 2))
+
+
+def tpot_ms(coef, work_ms: float, rate: float) -> float:
+    """a / (1 - λ·w): a busy engine's step time at ``rate`` req/s; inf past the instability rate."""
+    load = rate * work_ms / 1e3
+    return float(coef[0]) / (1 - load) if load < 1 else math.inf
+
+
+def arm_prediction(coef, prompt: float, cached: float, output: float, ttft_ms: float,
+                   limit: int | None) -> dict:
+    """The arm's instability rate (1000 / w), the rate where λ·E2E reaches FULL_LEVEL of ``limit``
+    (NaN without one) and the knee, the lower of the two."""
+    w = request_work_ms(coef, prompt, cached, output)
+    unstable = 1e3 / w
+    full = math.nan
+    if limit:
+        grid = np.linspace(unstable / 1000, unstable, 1000, endpoint=False)
+        in_system = grid * (ttft_ms + (output - 1) * np.array([tpot_ms(coef, w, r) for r in grid])) / 1e3
+        over = np.flatnonzero(in_system >= FULL_LEVEL * limit)
+        full = float(grid[over[0]]) if len(over) else math.nan
+    return {"work_ms": w, "unstable_rate": unstable, "full_rate": full,
+            "knee_rate": min(unstable, full) if math.isfinite(full) else unstable}
+
+
+def closure(coef, head: pd.DataFrame, workload: dict[str, tuple[float, float, float]], limit: int | None) -> pd.DataFrame:
+    """Per arm and rate of ``head`` (headline.csv): predicted and measured mean TPOT, and the arm's
+    predicted knee beside it.  ``workload``: arm -> (prompt tokens, cached tokens, output tokens),
+    the request means of the study."""
+    rows = []
+    for arm, (prompt, cached, output) in workload.items():
+        ttft = float(head[f"{arm}_mean_ttft_ms"].iloc[0]) if f"{arm}_mean_ttft_ms" in head else 0.0
+        pred = arm_prediction(coef, prompt, cached, output, ttft, limit)
+        for _, h in head.sort_values("arrival_rate").iterrows():
+            rows.append({"mode": arm, "rate": float(h["rate"]), "arrival_rate": float(h["arrival_rate"]),
+                         "saturated_share": float(h.get(f"{arm}_saturated_share", math.nan)),
+                         "tpot_ms_measured": float(h[f"{arm}_mean_tpot_ms"]),
+                         "tpot_ms_model": tpot_ms(coef, pred["work_ms"], float(h["arrival_rate"])), **pred})
+    return pd.DataFrame(rows)

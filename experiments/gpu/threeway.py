@@ -1,7 +1,8 @@
 """The three-way table: the seed workload on one H200 per mode at 1, 4, 16 and 32 req/s,
 measured in-process (experiments/results/h200-tp1: vLLM's default engine, a later lease), through
 `vllm serve` launched by prefixstudy (h200-vllm-server) and by `vllm bench serve` against servers
-with the same command line plus the tokenizer the peer needs (h200-threeway/bench-summary.json).  Writes h200-threeway/threeway.{csv,md}.
+with the same command line plus the tokenizer the peer needs (h200-threeway/bench-summary.json).
+Writes h200-threeway/threeway.{csv,md}.
 
 Per way, mode and rate: the repeats' mean of each point's mean, and the repeats' range.  The gap
 columns compare prefixstudy's HTTP path (vllm-server) with the peer: E2E in % of the peer's, TTFT

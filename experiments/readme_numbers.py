@@ -152,6 +152,7 @@ def headline_block(results: Path = RESULTS) -> str:
                 + (f" and {fit['k_ms_per_context_token']:.5f} ms per context token"
                    if fit.get("k_ms_per_context_token", 0) > 0 else "")
                 + ".")
+    fit_text += " " + _physics_words(d, results / "h200-tp1-sync")
     if checks.get("ok") is False:
         fit_text += (" These step records fail the step-timing checks (`metrics.step_checks`: time is misattributed "
                      "between neighbouring steps, likely by async scheduling in the in-process engine), so "
@@ -207,6 +208,27 @@ def _closure_words(d: Path, head: pd.DataFrame) -> str:
             f"ON) puts OFF's knee at {pred['off']['knee_rate']:.1f} req/s and ON's at {pred['on']['knee_rate']:.1f} "
             f"(where its requests fill {100 * 0.8:.0f} % of its {limit}-request limit); measured, OFF's lies between "
             f"{off['lo']:.1f} and {off['hi']:.1f} req/s, and {measured_on}.")
+
+
+def _physics_words(d: Path, sync: Path) -> str:
+    """model.closure.physics of the study's fit on its GPU, and the sync engine's per-request cost."""
+    from prefixstudy.configs import shipped_model_dir
+    from prefixstudy.metrics.requests import counted
+    from prefixstudy.model.arch import load_arch
+    from prefixstudy.model.closure import physics
+    from prefixstudy.model.gpus import get_gpu
+
+    st, coef = _study(d)
+    req = counted(st.requests)
+    t = physics(coef, load_arch(shipped_model_dir("mistral-7b-v0.3")), get_gpu(st.manifest["device"]),
+                float((req["prompt_tokens"] + req["output_tokens"] / 2).mean())).set_index("coefficient")
+    sync_e = json.loads((sync / "manifest.json").read_text())["step_fit"]["e_ms_per_prefill_req"]
+    pct = {k: f"{100 * t.loc[k, 'share']:.0f} %" for k in t.index}
+    return (f"Against the H200's datasheet (`model.closure.physics`), reading every weight once explains {pct['a_ms']} "
+            f"of a step's fixed {coef[0]:.2f} ms, peak bf16 FLOPs {pct['b_ms_per_prefill_token']} of a prompt "
+            f"token's cost and reading its context's K and V {pct['c_ms_per_decode_token']} of a decode token's; "
+            f"the {coef[2]:.2f} ms per prefilling request (the sync engine's: {sync_e:.2f} ms) is no GPU work of its "
+            f"own: launch gaps and host work in the prompt path.")
 
 
 def bench_sentence(results: Path = RESULTS) -> str:

@@ -72,3 +72,27 @@ def closure(coef, head: pd.DataFrame, workload: dict[str, tuple[float, float, fl
                          "tpot_ms_measured": float(h[f"{arm}_mean_tpot_ms"]),
                          "tpot_ms_model": tpot_ms(coef, pred["work_ms"], float(h["arrival_rate"])), **pred})
     return pd.DataFrame(rows)
+
+
+def physics(coef, arch, gpu, context_tokens: float, dtype_bytes: int = 2) -> pd.DataFrame:
+    """Each fitted coefficient beside what the GPU's datasheet says its work must take at least:
+    a step reads every weight once (``a`` against weight bytes / HBM bandwidth), a prompt token
+    costs 2 x params FLOPs (``b`` against the peak bf16 rate), a decode token its FLOPs and its
+    context's K and V (``c`` against the larger of the two, at ``context_tokens`` of context); a
+    prefilling request brings no work of its own beyond its tokens, so ``e`` is host or launch
+    overhead.  ``share`` = floor / coefficient: the part of the coefficient the GPU's work explains
+    at peak."""
+    from prefixstudy.model.roofline import decode_work, prefill_work
+
+    a, b, e, c, k = (float(x) for x in coef)
+    weights_ms = prefill_work(arch, 1, 0, dtype_bytes).weight_bytes / (gpu.hbm_gb_s * 1e9) * 1e3
+    token_ms = prefill_work(arch, 1, 0, dtype_bytes).matmul_flops / (gpu.bf16_tflops * 1e12) * 1e3
+    dec = decode_work(arch, 1, context_tokens, dtype_bytes)
+    decode_ms = max(dec.flops / (gpu.bf16_tflops * 1e12), dec.kv_bytes / (gpu.hbm_gb_s * 1e9)) * 1e3
+    rows = [("a_ms", "a step", a, weights_ms, "read every weight once"),
+            ("b_ms_per_prefill_token", "a prompt token", b, token_ms, "2 x params FLOPs at peak"),
+            ("e_ms_per_prefill_req", "a prefilling request", e, 0.0, "no GPU work of its own: host and launch"),
+            ("c_ms_per_decode_token", "a decode token", c, decode_ms,
+             f"its FLOPs or its {context_tokens:.0f}-token context's K and V, whichever is slower")]
+    return pd.DataFrame([{"coefficient": n, "per": p, "fitted_ms": v, "floor_ms": f, "floor_is": why,
+                          "share": f / v if v > 0 else math.nan} for n, p, v, f, why in rows])

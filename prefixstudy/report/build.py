@@ -151,8 +151,9 @@ def _model_blocks(model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
 
 
 def _closure_blocks(d: ReportData) -> list[tuple]:
-    t = closure_report.table(d)
-    return [("h2", "A model that closes the loop"), ("p", closure_report.TEXT), ("table", t)] if len(t) else []
+    t, phys = closure_report.table(d), closure_report.physics_table(d)
+    out = [("h2", "A model that closes the loop"), ("p", closure_report.TEXT), ("table", t)] if len(t) else []
+    return out + ([("p", closure_report.PHYSICS_TEXT), ("table", phys)] if len(phys) else [])
 
 
 def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:

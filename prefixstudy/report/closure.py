@@ -67,3 +67,33 @@ def _inside(knee: float, b: dict) -> str:
     if lo <= knee <= hi:
         return "yes"
     return "no: below" if knee < lo else "no: above"
+
+
+PHYSICS_TEXT = ("The fitted coefficients beside the least time the GPU's datasheet allows for their work "
+                "(model.closure.physics): share = that floor / the coefficient, the part of it the GPU's work "
+                "explains at peak; the rest is below-peak kernels, launch gaps and host work. A prefilling "
+                "request brings no GPU work beyond its tokens: its coefficient is host or launch overhead.")
+
+
+def physics_table(d: ReportData) -> pd.DataFrame:
+    """``model.closure.physics`` for the study's model and GPU; empty when either is unknown."""
+    from pathlib import Path
+
+    from prefixstudy.configs import shipped_model_dir
+    from prefixstudy.model.arch import load_arch
+    from prefixstudy.model.closure import physics
+    from prefixstudy.model.gpus import find_gpu
+
+    gpu = find_gpu(str(d.study.manifest.get("device") or ""))
+    model = Path(str((d.study.config or {}).get("model") or ""))
+    if not (model / "config.json").is_file():
+        model = shipped_model_dir(model.name) or model
+    if gpu is None or d.fit.empty or not (model / "config.json").is_file():
+        return pd.DataFrame()
+    coef = [float(d.fit.iloc[0].get(k, 0.0) or 0.0) for k in engine_fit.COEF_NAMES]
+    req = counted(d.study.requests)
+    context = float((req["prompt_tokens"] + req["output_tokens"] / 2).mean())
+    t = physics(coef, load_arch(model), gpu, context)
+    return pd.DataFrame({"coefficient": t["coefficient"], "per": t["per"], "fitted (ms)": t["fitted_ms"].map("{:.4f}".format),
+                         "datasheet floor (ms)": t["floor_ms"].map("{:.4f}".format), "floor is": t["floor_is"],
+                         "share": t["share"].map(lambda v: f"{100 * v:.0f} %")})

@@ -29,3 +29,19 @@ def test_the_knee_is_the_lower_of_instability_and_a_full_engine():
     lam = tight["full_rate"]
     assert lam == pytest.approx(14.47, abs=0.02) and tight["knee_rate"] == lam
     assert lam * (40.0 + 142 * cl.tpot_ms(COEF, w, lam)) / 1e3 == pytest.approx(16.0, rel=0.01)
+
+
+def test_the_coefficients_beside_the_datasheet_floors_of_their_work():
+    from prefixstudy.configs import shipped_model_dir
+    from prefixstudy.model.arch import load_arch
+    from prefixstudy.model.gpus import get_gpu
+
+    arch, gpu = load_arch(shipped_model_dir("mistral-7b-v0.3")), get_gpu("NVIDIA H200")
+    t = cl.physics((4.40, 0.0218, 1.35, 0.0551, 0.0), arch, gpu, context_tokens=1286).set_index("coefficient")
+    params = arch.matmul_params + arch.lm_head_params
+    assert t.loc["a_ms", "floor_ms"] == pytest.approx(2 * params / (gpu.hbm_gb_s * 1e9) * 1e3)  # bf16 weights, once
+    assert t.loc["b_ms_per_prefill_token", "floor_ms"] == pytest.approx(2 * arch.matmul_params / (gpu.bf16_tflops * 1e12) * 1e3)
+    assert t.loc["e_ms_per_prefill_req", "floor_ms"] == 0.0 and t.loc["e_ms_per_prefill_req", "share"] == 0.0
+    kv = 1286 * arch.kv_bytes_per_token(2) / (gpu.hbm_gb_s * 1e9) * 1e3  # slower than its FLOPs at this context
+    assert t.loc["c_ms_per_decode_token", "floor_ms"] == pytest.approx(kv)
+    assert [round(x, 2) for x in t["share"]] == [0.67, 0.65, 0.0, 0.64]

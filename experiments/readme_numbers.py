@@ -139,8 +139,8 @@ def headline_block(results: Path = RESULTS) -> str:
     intro = (f"With async scheduling, vLLM's default, mean E2E was {lower.min():.0f}–{lower.max():.0f} % lower than "
              f"with it off (h200-tp1-sync: an earlier lease of another H200, at the {len(lower)} mode and rate pairs "
              f"where both engines kept up in every repeat). Means with 95 % intervals, Student's t over the "
-             f"{repeats} repeats' means (coverage tested by simulation: `benchmarks/interval_coverage.py`), at the "
-             f"actual arrival rates. An interval holds for the machine it ran on.")
+             f"{repeats} repeats' means, at the actual arrival rates. " + _loo_words() + " An interval holds for "
+             "the machine it ran on.")
     timed = "on the GPU (CUDA events around each step)" if manifest.get("step_timing") == ["gpu-span"] else \
         "inside vLLM's engine core"
     verdict = {True: ", and the records pass the step-timing checks (`prefixstudy check`)",
@@ -208,6 +208,21 @@ def _closure_words(d: Path, head: pd.DataFrame) -> str:
             f"ON) puts OFF's knee at {pred['off']['knee_rate']:.1f} req/s and ON's at {pred['on']['knee_rate']:.1f} "
             f"(where its requests fill {100 * 0.8:.0f} % of its {limit}-request limit); measured, OFF's lies between "
             f"{off['lo']:.1f} and {off['hi']:.1f} req/s, and {measured_on}.")
+
+
+def _loo_words() -> str:
+    """benchmarks/interval_loo.json's coverage on the committed repeats, in words."""
+    c = json.loads((REPO / "benchmarks/results/interval_loo.json").read_text())["summary"]
+
+    def held(m):
+        return f"{c[m]['covered']} of {c[m]['held_out']}"
+
+    return (f"Coverage tested by simulation (`benchmarks/interval_coverage.py`) and on the committed repeats "
+            f"(`benchmarks/interval_loo.py`): with one repeat left out, the others' t prediction held it in "
+            f"{held('t_repeats')} cases (h200-tp1's, whose three repeats leave two: a wide t(1)), where the "
+            f"requests' own noise alone held {held('within')} and with a "
+            f"between-repeat variance pooled over the study's other rates {held('within_pooled')}: runs differ by "
+            f"more than their requests' noise, so the intervals come from the repeats.")
 
 
 def _physics_words(d: Path, sync: Path) -> str:

@@ -159,7 +159,13 @@ class FleetEngine:
         self.lost, self.routed = {}, [0] * self.n
 
     async def begin_point(self) -> None:
-        await asyncio.gather(*(r.begin() for r in self.replicas))
+        async def begin(i: int, r) -> None:
+            try:
+                await r.begin()
+            except ReplicaLost as e:  # lost before the point began: its requests fail, the rest go on
+                self.lost.setdefault(i, str(e))
+
+        await asyncio.gather(*(begin(i, r) for i, r in enumerate(self.replicas)))
 
     def begin_iterations(self) -> None:
         pass  # begin_point started every replica's recording

@@ -51,4 +51,4 @@ def test_http_accounting_and_server_counters(http_study):
     assert (s["server_mean_prefill_ms"] > 0).all() and (s["server_mean_decode_ms"] > 0).all()
     points = http_study.manifest["points"]
     assert [(p["mode"], p["rate"], p["cached_tokens_reported"], p["prefix_cache_reset"]) for p in points] == [
-        ("on", 2.0, True, True), ("on", 8.0, True, True), ("off", 2.0, True, True), ("off", 8.0, True, True)]
+        ("on", 2.0, True, True), ("off", 2.0, True, True), ("off", 8.0, True, True), ("on", 8.0, True, True)]

@@ -140,9 +140,10 @@ class SweepConfig(BaseModel):
     only_repeats: list[int] | None = Field(None, description="Run only these repeats (0-based), e.g. to give "
                                            "repeats to different machines and `prefixstudy merge` them; None: all.")
     interleave_arms: bool = Field(True, description="In process, every arm's engine stays up and the arms take "
-                                  "turns point by point, in ABBA order (the first arm first, then the second "
-                                  "first, ...), so neither arm owns the early or the late part of the run; "
-                                  "false: one arm's whole sweep, then the next (one engine at a time).")
+                                  "turns point by point: A B, then B A, along a sweep, and the first arm "
+                                  "alternates across a rate's repeats, so neither the arm nor its place in a "
+                                  "pair owns the early or the late part of the run; false: one arm's whole "
+                                  "sweep, then the next (one engine at a time).")
     # Set by study.pending_configs when a run is resumed; never saved.
     run_points: list[tuple[float, int]] | None = Field(None, exclude=True,
                                                        description="Internal: the (rate, repeat) points still to "

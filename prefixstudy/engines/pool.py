@@ -40,7 +40,9 @@ def active() -> "EnginePool | None":
 
 class EnginePool:
     """Engines left idle by finished studies, at most ``max_engines`` of them (each holds its KV
-    cache's memory); past that, an engine given back is stopped.  The first ones kept stay."""
+    cache's memory).  The engines it keeps are those with the arguments of the first
+    ``max_engines`` it started; any other engine given back is stopped, whatever the order in which a
+    study's arms (up together when they take turns) give theirs back."""
 
     def __init__(self, max_engines: int = 2):
         self.max_engines = max_engines
@@ -49,6 +51,7 @@ class EnginePool:
         self._thread.start()
         self._idle: OrderedDict[str, Any] = OrderedDict()
         self._owned: dict[int, str] = {}  # id(engine) -> key, for engines handed out by this pool
+        self._kept: list[str] = []  # the keys of the first max_engines engines started: the ones kept
         self.starts = 0  # engines this pool started
         self.reuses = 0  # studies' engines served from the idle ones
 
@@ -136,12 +139,14 @@ class EnginePool:
         self.starts += 1
         if key is not None:
             self._owned[id(engine)] = key
+            if key not in self._kept and len(self._kept) < self.max_engines:
+                self._kept.append(key)
         return engine
 
     def give_back(self, engine) -> None:
         """A study is done with ``engine``: kept idle for the next study, or stopped (dead, or the pool full)."""
         key = self._owned.pop(id(engine), None)
-        if key is None or engine.is_dead() or key in self._idle or len(self._idle) >= self.max_engines:
+        if key is None or engine.is_dead() or key in self._idle or key not in self._kept:
             engine.shutdown()
             return
         self._idle[key] = engine

@@ -56,6 +56,24 @@ def test_an_engine_given_back_serves_the_next_study_with_its_key():
     assert (a.stopped, c.stopped) == (1, 1)  # closing the pool stops what it kept
 
 
+def test_arms_up_together_give_back_in_any_order_and_the_first_two_started_stay():
+    """Interleaved arms hold every engine at once and give them back last-started first: a third
+    arm's engine, given back while the pool is empty, must not take the place of ON's."""
+    with EnginePool(max_engines=2) as pool:
+        async def study(*engines):
+            got = [await engine_pool.start_engine(e) for e in engines]
+            for e in reversed(got):
+                engine_pool.stop_engine(e)
+            return got
+
+        on, off = pool.run(study(Stand("on"), Stand("off")))
+        on2, off2, arm = pool.run(study(Stand("on"), Stand("off"), Stand("arm")))
+        assert (on2, off2) == (on, off) and (arm.started, arm.stopped) == (1, 1)
+        on3, off3 = pool.run(study(Stand("on"), Stand("off")))
+        assert (on3, off3) == (on, off) and (on.started, off.started) == (1, 1)
+        assert (pool.starts, pool.reuses) == (3, 4)
+
+
 def test_a_dead_engine_is_stopped_not_kept():
     with EnginePool() as pool:
         async def study(engine, die=False):

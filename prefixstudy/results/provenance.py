@@ -59,8 +59,10 @@ MANIFEST_KEYS: dict[str, Key] = {
                     "Written when the run ends; an interrupted run gets it from `prefixstudy report`",
                     optional=True),
     "step_timing": Key("array", "the `timing` values of iterations.parquet", optional=True),
-    "step_checks": Key("object | null", "the step-timing checks under the fit (`prefill_not_faster` per mode, "
-                       "`window_agreement`, `ok`); null without engine steps or a fit", optional=True),
+    "step_checks": Key("object | null", "the step-timing checks (metrics.step_checks): `pairwise`, "
+                       "`prefill_not_faster` and `busy_time` per mode, `window_agreement` under the fit, "
+                       "`pairwise_host` on the host stamps of GPU-timed steps, `ok`; null without engine steps",
+                       optional=True),
     "step_timing_methods": Key("object", "each `step_timing` value and how its steps were timed, in words",
                                optional=True),
     "parallel": Key("object", "Ray executor: whether the modes' engines ran side by side (`requested`, `used`, "

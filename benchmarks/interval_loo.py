@@ -92,11 +92,12 @@ def held_out(all_cells: list[dict]) -> pd.DataFrame:
     from prefixstudy.metrics.bootstrap import t_quantile
 
     rows = []
+    excess = [_excess(c) for c in all_cells]
     for c in all_cells:
-        same = [o for o in all_cells
+        same = [e for o, e in zip(all_cells, excess, strict=True)
                 if o is not c and o["study"] == c["study"] and (o["kind"] == "gain") == (c["kind"] == "gain")]
-        num = sum(df * ex for ex, df in map(_excess, same))
-        den = sum(df for _, df in map(_excess, same))
+        num = sum(df * ex for ex, df in same)
+        den = sum(df for _, df in same)
         tau2 = max(0.0, num / den) if den else 0.0
         y, v = np.asarray(c["values"]), np.asarray(c["within_var"])
         for j in range(len(y)):

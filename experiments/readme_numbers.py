@@ -17,6 +17,7 @@ tests/unit/report/test_readme_numbers.py fails when README.md and the files disa
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -164,8 +165,9 @@ def headline_block(results: Path = RESULTS) -> str:
     return "\n".join([BEGIN, intro, "", *lines, "", fit_text, "", bench_sentence(results), END])
 
 
+@functools.lru_cache(maxsize=4)
 def _study(d: Path):
-    """The study's counted requests, its iterations and its fit's coefficients."""
+    """The study (read once for every sentence that needs its records) and its fit's coefficients."""
     from prefixstudy.metrics.engine_fit import COEF_NAMES
     from prefixstudy.results import load
 
@@ -227,7 +229,7 @@ def _loo_words() -> str:
 
 def _physics_words(d: Path, sync: Path) -> str:
     """model.closure.physics of the study's fit on its GPU, and the sync engine's per-request cost."""
-    from prefixstudy.configs import shipped_model_dir
+    from prefixstudy.configs import recorded_model_dir
     from prefixstudy.metrics.requests import counted
     from prefixstudy.model.arch import load_arch
     from prefixstudy.model.closure import physics
@@ -235,7 +237,7 @@ def _physics_words(d: Path, sync: Path) -> str:
 
     st, coef = _study(d)
     req = counted(st.requests)
-    t = physics(coef, load_arch(shipped_model_dir("mistral-7b-v0.3")), get_gpu(st.manifest["device"]),
+    t = physics(coef, load_arch(recorded_model_dir(st.config["model"])), get_gpu(st.manifest["device"]),
                 float((req["prompt_tokens"] + req["output_tokens"] / 2).mean())).set_index("coefficient")
     sync_e = json.loads((sync / "manifest.json").read_text())["step_fit"]["e_ms_per_prefill_req"]
     pct = {k: f"{100 * t.loc[k, 'share']:.0f} %" for k in t.index}

@@ -13,7 +13,7 @@ as much work).  Such a step is "faster" when it took less than the decode-only s
 timer gives none, or a handful at a point where the host was interrupted.
 ``split``: for each decode-only record followed by a step with prompt tokens, the engine core
 thread's time inside that record, part by part (``split_table``).
-``gpu``: a trace with CUDA-event spans (``STEP_TRACE_GPU``, engines.vllm_gpu_timer): per step kind the
+``gpu``: a trace with CUDA-event spans (engines.vllm_gpu_timer, on one GPU in process): per step kind the
 median GPU span and host record, and the check above on both.
 ``trace``: per step kind (decode-only, prompt only, prompt and decode), the engine core thread's time from
 scheduling the step to ``execute_model`` returning (host-side prepare and launch), and from that
@@ -29,27 +29,15 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.engines.step_log import read_trace
+from prefixstudy.metrics import step_checks
+from prefixstudy.schema import typed_iterations
 
 NOISE_MS = 1.0
 
 
-def prefill_after_decode(it: pd.DataFrame) -> pd.DataFrame:
-    """Pairs (decode-only step, the next step with prompt tokens, same or more decode requests)."""
-    rows = []
-    for key, g in it.sort_values(["mode", "rate", "repeat", "t_s"]).groupby(["mode", "rate", "repeat"]):
-        prev, cur = g.iloc[:-1].reset_index(drop=True), g.iloc[1:].reset_index(drop=True)
-        m = (prev["prefill_tokens"] == 0) & (prev["decode_tokens"] > 0) & (cur["prefill_tokens"] > 0) & \
-            (cur["num_decode_reqs"] >= prev["num_decode_reqs"]) & (cur["step_start_s"] - prev["t_s"] < 1e-3)
-        rows.append(pd.DataFrame({"mode": key[0], "rate": key[1], "repeat": key[2],
-                                  "decode_ms": prev.loc[m, "step_ms"].to_numpy(),
-                                  "prefill_ms": cur.loc[m, "step_ms"].to_numpy(),
-                                  "prefill_tokens": cur.loc[m, "prefill_tokens"].to_numpy()}))
-    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
-
-
 def check_steps(run: Path) -> pd.DataFrame:
-    it = pd.read_parquet(run / "iterations.parquet")
-    pairs = prefill_after_decode(it)
+    it = typed_iterations(pd.read_parquet(run / "iterations.parquet"))
+    pairs = step_checks.pairs(step_checks.engine_rows(it))  # the pairwise check's pairs (metrics.step_checks)
     out = []
     for (mode, rate), g in pairs.groupby(["mode", "rate"]):
         faster = g["prefill_ms"] < g["decode_ms"] - NOISE_MS

@@ -42,6 +42,16 @@ def shipped_model_dir(name: str) -> Path | None:
     return p if "/" not in name and "\\" not in name and (p / "config.json").is_file() else None
 
 
+def recorded_model_dir(model: str) -> Path | None:
+    """The folder of a model a run recorded (its config.yaml's ``model``): the path itself where its
+    config.json is on this machine, else the shipped model of the same name (a run made on another
+    machine); None: neither."""
+    path = Path(model)
+    if (path / "config.json").is_file():
+        return path
+    return shipped_model_dir(path.name)
+
+
 def resolve_config(name_or_path: str | Path | None) -> Path:
     """What ``prefixstudy run CONFIG`` reads: an existing file as given; else a shipped name;
     no argument: the shipped ``default``.  A bare name that is neither is one clear error; a

@@ -46,14 +46,14 @@ def request_parts(requests: pd.DataFrame, iterations: pd.DataFrame, coef: np.nda
     the ``PARTS`` in ms (they add up to e2e_ms)."""
     ok = counted(requests)
     ok = ok[ok["queue_ms"].notna() & ok["ttft_ms"].notna()]
-    steps = iterations[iterations["timing"].isin(engine_fit.PER_STEP)]
-    rows = []
     keys = ["mode", "rate", "repeat"]
+    steps = iterations[iterations["timing"].isin(engine_fit.PER_STEP)]
+    by_point = dict(iter(steps.sort_values("t_s").groupby(keys, sort=False)))
+    rows = []
     for key, reqs in ok.groupby(keys, sort=True):
-        st = steps[(steps["mode"] == key[0]) & (steps["rate"] == key[1]) & (steps["repeat"] == key[2])]
-        if st.empty:
+        st = by_point.get(key)
+        if st is None:
             continue
-        st = st.sort_values("t_s")
         t = st["t_s"].to_numpy(float)
         pre = np.concatenate([[0.0], np.cumsum(prefill_ms(st, coef))])
         tot = np.concatenate([[0.0], np.cumsum(st["step_ms"].to_numpy(float))])

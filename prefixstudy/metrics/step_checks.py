@@ -60,15 +60,15 @@ def engine_rows(iterations: pd.DataFrame) -> pd.DataFrame:
 def pairs(it: pd.DataFrame, column: str = "step_ms") -> pd.DataFrame:
     """(decode-only step, the next step if it computes prompt tokens and at least as many decode
     tokens) of each engine series, back to back (the second starts within 1 ms of the first's end):
-    mode, decode_ms, prefill_ms."""
+    mode, rate, decode_ms, prefill_ms."""
     out = []
     for key, g in it.groupby(engine_fit.engine_keys(it), sort=True):
         prev, cur = g.iloc[:-1].reset_index(drop=True), g.iloc[1:].reset_index(drop=True)
         m = ((prev["prefill_tokens"] == 0) & (cur["prefill_tokens"] > 0)
              & (cur["decode_tokens"] >= prev["decode_tokens"]) & (cur["step_start_s"] - prev["t_s"] < 1e-3))
-        out.append(pd.DataFrame({"mode": key[0], "decode_ms": prev.loc[m, column].to_numpy(float),
+        out.append(pd.DataFrame({"mode": key[0], "rate": key[1], "decode_ms": prev.loc[m, column].to_numpy(float),
                                  "prefill_ms": cur.loc[m, column].to_numpy(float)}))
-    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["mode", "decode_ms", "prefill_ms"])
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["mode", "rate", "decode_ms", "prefill_ms"])
 
 
 def pairwise(it: pd.DataFrame, column: str = "step_ms") -> dict[str, dict]:

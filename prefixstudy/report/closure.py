@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics import engine_fit
 from prefixstudy.metrics.headline import knee_bracket
 from prefixstudy.metrics.requests import counted
 from prefixstudy.model.closure import closure
@@ -30,16 +28,15 @@ def limit(d: ReportData) -> int | None:
 def table(d: ReportData) -> pd.DataFrame:
     """Per arm: w, the instability and "full" rates, the model's knee, the measured bracket, and the
     largest TPOT error at the arm's calm rates.  Empty without a fit or both arms."""
-    if d.fit.empty or d.head.empty:
+    if d.coef is None or d.head.empty:
         return pd.DataFrame()
-    coef = np.array([float(d.fit.iloc[0].get(k, 0.0) or 0.0) for k in engine_fit.COEF_NAMES])
     req = counted(d.study.requests)
     arms = [m for m in ("on", "off") if m in set(req["mode"]) and f"{m}_mean_tpot_ms" in d.head]
     workload = {m: (g["prompt_tokens"].mean(), g["num_cached_tokens"].mean(), g["output_tokens"].mean())
                 for m, g in req[req["mode"].isin(arms)].groupby("mode")}
     if not workload:
         return pd.DataFrame()
-    c = closure(coef, d.head, workload, limit(d))
+    c = closure(d.coef, d.head, workload, limit(d))
     rows = []
     for arm, g in c.groupby("mode", sort=False):
         calm = g[g["saturated_share"] == 0]
@@ -77,23 +74,18 @@ PHYSICS_TEXT = ("The fitted coefficients beside the least time the GPU's datashe
 
 def physics_table(d: ReportData) -> pd.DataFrame:
     """``model.closure.physics`` for the study's model and GPU; empty when either is unknown."""
-    from pathlib import Path
-
-    from prefixstudy.configs import shipped_model_dir
+    from prefixstudy.configs import recorded_model_dir
     from prefixstudy.model.arch import load_arch
     from prefixstudy.model.closure import physics
     from prefixstudy.model.gpus import find_gpu
 
     gpu = find_gpu(str(d.study.manifest.get("device") or ""))
-    model = Path(str((d.study.config or {}).get("model") or ""))
-    if not (model / "config.json").is_file():
-        model = shipped_model_dir(model.name) or model
-    if gpu is None or d.fit.empty or not (model / "config.json").is_file():
+    model = recorded_model_dir(str((d.study.config or {}).get("model") or ""))
+    if gpu is None or d.coef is None or model is None:
         return pd.DataFrame()
-    coef = [float(d.fit.iloc[0].get(k, 0.0) or 0.0) for k in engine_fit.COEF_NAMES]
     req = counted(d.study.requests)
     context = float((req["prompt_tokens"] + req["output_tokens"] / 2).mean())
-    t = physics(coef, load_arch(model), gpu, context)
+    t = physics(d.coef, load_arch(model), gpu, context)
     return pd.DataFrame({"coefficient": t["coefficient"], "per": t["per"], "fitted (ms)": t["fitted_ms"].map("{:.4f}".format),
                          "datasheet floor (ms)": t["floor_ms"].map("{:.4f}".format), "floor is": t["floor_is"],
                          "share": t["share"].map(lambda v: f"{100 * v:.0f} %")})

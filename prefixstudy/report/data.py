@@ -48,6 +48,7 @@ class ReportData:
     step_checks: dict | None = None  # metrics.step_checks.check_steps of the study's steps
     tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # arms with a CPU tier vs caching ON alone
     split: pd.DataFrame = field(default_factory=pd.DataFrame)  # metrics.gain_split per rate, actual rates
+    coef: np.ndarray | None = None  # the step-cost fit's coefficients (engine_fit.COEF_NAMES); None: no fit
 
     @property
     def done(self) -> pd.DataFrame:
@@ -250,5 +251,5 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     return ReportData(study, study_label(study), points, to_actual(manifest_points(study, nominal), rate_map),
                       knees, fit, gains,
                       to_actual(paired, rate_map), slo, y, y_src, max_rate_curves(done), headline, head, notes,
-                      rep_sat, checks, tiers, split)
+                      rep_sat, checks, tiers, split, coef)
 

@@ -49,12 +49,3 @@ def table(split: pd.DataFrame) -> pd.DataFrame:
         out[LABELS[p]] = [f"{100 * v:+.1f}" for v in split[f"{p}_points"]]
     return out
 
-
-def sentence(split: pd.DataFrame, rate: float) -> str:
-    """The split at ``rate`` (an actual arrival rate of the table) in words."""
-    r = split.loc[(split["rate"] - rate).abs().idxmin()]
-    return (f"At {plots.rate_str(r['rate'])} req/s, of the {100 * r['gain']:.1f} % gain "
-            f"{100 * r['prefill_stalls_points']:.1f} points are other requests' prefills in each request's decode steps, "
-            f"{100 * r['own_prefill_points']:.1f} its own prefill, {100 * r['decode_steps_points']:.1f} the decode "
-            f"steps themselves and {100 * r['queue_points']:.1f} queueing, with a residual of "
-            f"{100 * r['residual_points']:.1f}.")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from prefixstudy.config import StudyConfig, load_config
 from prefixstudy.errors import UserError
-from prefixstudy.configs import shipped_model_dir
+from prefixstudy.configs import recorded_model_dir
 from prefixstudy.model.arch import Arch, load_arch
 from prefixstudy.model.gpus import GPU, find_gpu, get_gpu
 from prefixstudy.model.roofline import Deployment
@@ -53,10 +53,8 @@ def calibration_hardware(study_dir: Path) -> tuple[GPU | None, int, int | None]:
 def model_arch(model: str, where: str) -> Arch:
     """The architecture of a recorded model folder; one recorded on another machine is looked up
     among the shipped models by its name."""
-    path = Path(model)
-    if not (path / "config.json").is_file():
-        path = shipped_model_dir(path.name) or path
-    if not (path / "config.json").is_file():
+    path = recorded_model_dir(model)
+    if path is None:
         raise UserError(f"{where}: {model} has no config.json here (the simulator needs the calibration "
                         f"model's architecture)")
     return load_arch(path)

@@ -5,22 +5,13 @@ shipped t over repeats did in every case it could be tried."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("interval_loo", REPO / "benchmarks/interval_loo.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.scripts import REPO, load_script
 
 
 def test_the_committed_file_is_what_the_code_gives_and_within_noise_alone_undercovers():
-    m = _module()
+    m = load_script("benchmarks/interval_loo.py")
     rows = m.held_out([c for s in m.STUDIES for c in m.cells(s)])
     committed = json.loads(m.OUT.read_text())
     assert m.summary(rows) == committed["summary"]

@@ -4,7 +4,6 @@ the GPU) pass, and ``prefixstudy check`` says so with its exit status."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pandas as pd
 
 from prefixstudy.metrics import engine_fit, step_checks
 from prefixstudy.schema import typed_iterations
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[3]
 RESULTS = REPO / "experiments" / "results"
@@ -39,9 +39,7 @@ def test_the_async_engines_host_stamps_fail_the_pairwise_check():
 
 
 def test_the_same_engines_gpu_spans_pass_it():
-    spec = importlib.util.spec_from_file_location("timing_check", REPO / "experiments/gpu/timing_check.py")
-    tc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tc)
+    tc = load_script("experiments/gpu/timing_check.py")
     for mode, pairs, host_shorter in (("on", 187, 169), ("off", 113, 71)):
         rows = step_checks.engine_rows(typed_iterations(
             tc.trace_rows(str(RESULTS / f"h200-tp1-async/gpu-spans/step-trace-{mode}.gz"), mode)))

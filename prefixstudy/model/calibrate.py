@@ -22,6 +22,7 @@ import pandas as pd
 
 from prefixstudy.config import parse_config
 from prefixstudy.errors import UserError
+from prefixstudy.model.closure import admission_limit, arm_table, closure, fitted_coef, study_workload
 from prefixstudy.model.arch import DTYPE_BYTES, arch_from_config, load_config_json
 from prefixstudy.model.gpus import GPU, find_gpu, load_gpus
 from prefixstudy.model.roofline import (PEAK, Deployment, Efficiency, decode_work, predict_request,
@@ -183,12 +184,21 @@ def calibrate(summary: pd.DataFrame, requests: pd.DataFrame, iterations: pd.Data
 
 # --------------------------------------------------------------------------- model vs measurement
 
-def _point_rows(dep: Deployment, mode: str, rate: float, req: pd.DataFrame,
+def _point_rows(dep: Deployment, mode: str, rate: float, arrival_rate: float, req: pd.DataFrame,
                 its: pd.DataFrame) -> list[dict]:
-    """Measured vs predicted prefill, decode step and E2E of one point."""
+    """Measured vs predicted prefill, decode step and E2E of one point.
+
+    The decode step is the roofline's step at the point's mean decode batch, stretched by the prefills
+    that share the engine with it: requests arriving at λ per second each bring P ms of prefill compute
+    (their uncached tokens at ``mfu``), which leaves 1 − λ·P of every second to decode steps, so a
+    running request's step lasts step(B) / (1 − λ·P) on average (``prefill_load`` = λ·P; at 1 or more
+    the arm cannot keep up and the prediction is inf).  λ is the actual arrival rate.
+    """
     batch = float(its["generation_tokens"].mean()) if len(its) else 1.0
     prompt, out = float(req["prompt_tokens"].mean()), float(req["output_tokens"].mean())
     p = predict_request(dep, prompt, float(req["num_cached_tokens"].mean()), out, batch)
+    load = arrival_rate * p.prefill.compute_ms / 1e3
+    step = p.decode_step.total_ms / (1 - load) if load < 1 else math.inf
     dec = req[req["output_tokens"] > 1]
     measured = {
         "prefill_ms": float(req["prefill_ms"].mean()),
@@ -196,22 +206,32 @@ def _point_rows(dep: Deployment, mode: str, rate: float, req: pd.DataFrame,
         if len(dec) else math.nan,
         "e2e_ms": float(req["e2e_ms"].mean()),
     }
-    predicted = {"prefill_ms": p.prefill.total_ms, "decode_step_ms": p.decode_step.total_ms,
-                 "e2e_ms": p.e2e_ms}
-    return [dict(mode=mode, rate=rate, quantity=q, batch=batch, measured_ms=measured[q],
+    predicted = {"prefill_ms": p.prefill.total_ms, "decode_step_ms": step,
+                 "e2e_ms": p.prefill.total_ms + max(out - 1, 0) * step}
+    return [dict(mode=mode, rate=rate, quantity=q, batch=batch, prefill_load=load, measured_ms=measured[q],
                  predicted_ms=predicted[q], error_pct=(predicted[q] - measured[q]) / measured[q] * 100)
             for q in measured]
+
+
+def _arrival_rates(summary: pd.DataFrame) -> dict[tuple[str, float], float]:
+    """(mode, rate) -> the mean actual arrival rate over its repeats; 0 where the run did not record it."""
+    if "arrival_rate" not in summary:
+        return {}
+    s = summary.assign(rate=summary["rate"].astype(float), mode=summary["mode"].astype(str))
+    mean = pd.to_numeric(s["arrival_rate"], errors="coerce").groupby([s["mode"], s["rate"]]).mean()
+    return {k: float(v) for k, v in mean.items() if math.isfinite(v)}
 
 
 def model_vs_measurement(summary_df: pd.DataFrame, requests_df: pd.DataFrame,
                          iterations_df: pd.DataFrame, config_dict: dict[str, Any], device_name: str,
                          eff: Efficiency | None = None,
                          gpus: dict[str, GPU] | None = None) -> pd.DataFrame | None:
-    """Measured vs predicted prefill, decode step and E2E per unsaturated point.
+    """Measured vs predicted prefill, decode step and E2E per unsaturated point (``_point_rows``: the
+    decode step carries the arriving prefills' share of the engine).
 
     None when ``device_name`` is not in the GPU table (e.g. "cpu").  Efficiencies are
     fitted to the same data (``calibrate``) unless ``eff`` is given; the fit is in
-    ``df.attrs["fit"]``.  Long format: mode, rate, quantity, batch, measured_ms,
+    ``df.attrs["fit"]``.  Long format: mode, rate, quantity, batch, prefill_load, measured_ms,
     predicted_ms, error_pct (predicted vs measured).  The model's config.json is read
     from the study config's ``model`` folder (relative to the working directory).
     """
@@ -228,13 +248,14 @@ def model_vs_measurement(summary_df: pd.DataFrame, requests_df: pd.DataFrame,
     points = _unsaturated(summary_df)
     ok = counted(requests_df)
     steps = _decode_steps(iterations_df, points)
+    arrival = _arrival_rates(summary_df)
     rows = []
     for mode, rate in points:
         req = ok[(ok["mode"] == mode) & (ok["rate"].astype(float) == rate)]
         if not req.empty:
             its = steps[(steps["mode"] == mode) & (steps["rate"].astype(float) == rate)]
-            rows += _point_rows(dep, mode, rate, req, its)
-    df = pd.DataFrame(rows, columns=["mode", "rate", "quantity", "batch", "measured_ms",
+            rows += _point_rows(dep, mode, rate, arrival.get((mode, rate), 0.0), req, its)
+    df = pd.DataFrame(rows, columns=["mode", "rate", "quantity", "batch", "prefill_load", "measured_ms",
                                      "predicted_ms", "error_pct"])
     df.attrs["fit"] = fit_attrs
     df.attrs["deployment"] = f"{dep.arch.name} on {dep.tp} x {dep.gpu.name}"
@@ -279,10 +300,35 @@ def render_calibration(fit: Fit, df: pd.DataFrame) -> str:
          f"{'' if fit.overhead_fitted else ' (held)'} from {fit.decode_steps} decode steps at "
          f"{fit.decode_points} batch size(s); all-reduce latency {e.allreduce_latency_us:g} us (given)"]
     L += [f"note: {n}" for n in fit.notes]
-    L.append(f"{'mode':<5} {'rate':>7} {'quantity':<15} {'batch':>6} {'measured':>10} {'model':>10} {'error':>8}")
+    L.append("decode step: the roofline's at the point's batch / (1 - load), load = arrival rate x the "
+             "prefill compute each request brings")
+    L.append(f"{'mode':<5} {'rate':>7} {'quantity':<15} {'batch':>6} {'load':>6} {'measured':>10} {'model':>10} "
+             f"{'error':>8}")
     for r in df.itertuples():
-        L.append(f"{r.mode:<5} {r.rate:>7g} {r.quantity:<15} {r.batch:>6.2f} {r.measured_ms:>10.3f} "
-                 f"{r.predicted_ms:>10.3f} {r.error_pct:>7.1f}%")
+        L.append(f"{r.mode:<5} {r.rate:>7g} {r.quantity:<15} {r.batch:>6.2f} {r.prefill_load:>6.3f} "
+                 f"{r.measured_ms:>10.3f} {r.predicted_ms:>10.3f} {r.error_pct:>7.1f}%")
+    return "\n".join(L)
+
+
+def _pct(model: float, measured: float) -> str:
+    return f"{100 * (model / measured - 1):.1f}%" if math.isfinite(model) and measured > 0 else "-"
+
+
+def render_closure(arms: pd.DataFrame, points: pd.DataFrame) -> str:
+    """``model.closure`` from the run's own step-cost fit: each arm's knee beside the measured bracket,
+    and mean TPOT per rate."""
+    L = ["from the step-cost fit: TPOT = a / (1 - rate x w), w the engine ms one request brings; the knee is "
+         "where that diverges or the requests in the engine reach 80 % of max_num_seqs",
+         f"{'arm':<5} {'w ms':>7} {'unstable':>9} {'full':>8} {'knee':>8} {'measured knee':>15}  in bracket"]
+    for r in arms.itertuples():
+        measured = (f"{r.knee_lo:.1f}-{r.knee_hi:.1f}" if math.isfinite(r.knee_hi) else
+                    f"> {r.knee_lo:.1f}" if math.isfinite(r.knee_lo) else "-")
+        L.append(f"{r.arm:<5} {r.work_ms:>7.1f} {r.unstable_rate:>9.1f} {r.full_rate:>8.1f} {r.knee_rate:>8.1f} "
+                 f"{measured:>15}  {r.inside}")
+    L.append(f"{'arm':<5} {'arrival':>7} {'saturated':>9} {'TPOT measured':>14} {'model':>8} {'error':>8}")
+    for r in points.sort_values(["mode", "arrival_rate"]).itertuples():
+        L.append(f"{r.mode:<5} {r.arrival_rate:>7.1f} {r.saturated_share:>9.2f} {r.tpot_ms_measured:>14.2f} "
+                 f"{r.tpot_ms_model:>8.2f} {_pct(r.tpot_ms_model, r.tpot_ms_measured):>8}")
     return "\n".join(L)
 
 
@@ -304,4 +350,11 @@ def run_calibrate(results_dir: Path, gpus: dict[str, GPU], eff: Efficiency) -> s
     out.parent.mkdir(parents=True, exist_ok=True)
     fig = plot_calibration(df)
     fig.savefig(out, dpi=120)
-    return render_calibration(fit, df) + f"\nfigure: {out}"
+    text = render_calibration(fit, df)
+    coef, arms = fitted_coef(res.manifest), sorted(set(res.requests["mode"].astype(str)))
+    table = arm_table(coef, res.headline, counted(res.requests), admission_limit(res.manifest), arms)
+    if len(table):
+        points = closure(coef, res.headline, study_workload(counted(res.requests), list(table["arm"])),
+                         admission_limit(res.manifest))
+        text += "\n" + render_closure(table, points)
+    return text + f"\nfigure: {out}"

@@ -27,6 +27,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from prefixstudy.metrics.headline import knee_bracket
 from prefixstudy.metrics.saturation import FULL_LEVEL
 
 
@@ -72,6 +73,65 @@ def closure(coef, head: pd.DataFrame, workload: dict[str, tuple[float, float, fl
                          "tpot_ms_measured": float(h[f"{arm}_mean_tpot_ms"]),
                          "tpot_ms_model": tpot_ms(coef, pred["work_ms"], float(h["arrival_rate"])), **pred})
     return pd.DataFrame(rows)
+
+
+def fitted_coef(manifest: dict) -> np.ndarray | None:
+    """The step-cost fit's coefficients as the run recorded them (``engine_fit.COEF_NAMES``); None
+    without a fit."""
+    from prefixstudy.metrics.engine_fit import COEF_NAMES
+
+    f = manifest.get("step_fit")
+    return np.array([float(f.get(k, 0.0) or 0.0) for k in COEF_NAMES]) if f else None
+
+
+def study_workload(requests: pd.DataFrame, arms) -> dict[str, tuple[float, float, float]]:
+    """arm -> (prompt, cached, output tokens), the means over ``requests`` (the counted ones) of each
+    of ``arms`` that has them."""
+    have = requests[requests["mode"].isin(list(arms))]
+    return {str(m): (float(g["prompt_tokens"].mean()), float(g["num_cached_tokens"].mean()),
+                     float(g["output_tokens"].mean())) for m, g in have.groupby("mode")}
+
+
+def admission_limit(manifest: dict) -> int | None:
+    """The engine's ``max_num_seqs`` as the run recorded it per point (None: not recorded)."""
+    pts = manifest.get("points") or []
+    lim = next((p.get("admission_limit") for p in pts if p.get("admission_limit")), None)
+    return int(lim) if lim else None
+
+
+def arm_table(coef, head: pd.DataFrame, requests: pd.DataFrame, limit: int | None, arms) -> pd.DataFrame:
+    """Per arm of ``arms`` that headline.csv has: its work per request, instability and "full" rates, the
+    model's knee beside the measured bracket (``metrics.headline.knee_bracket``), and the worst mean-TPOT
+    error at the rates where it kept up in every repeat.  Numbers, not text; empty without a fit."""
+    if coef is None or head.empty:
+        return pd.DataFrame()
+    workload = study_workload(requests, [a for a in arms if f"{a}_mean_tpot_ms" in head])
+    if not workload:
+        return pd.DataFrame()
+    c = closure(coef, head, workload, limit)
+    rows = []
+    for arm, g in c.groupby("mode", sort=False):
+        calm = g[g["saturated_share"] == 0]
+        err = calm["tpot_ms_model"] / calm["tpot_ms_measured"] - 1
+        worst = calm.loc[err.abs().idxmax()] if len(calm) else None
+        b = knee_bracket(head, arm)
+        first = g.iloc[0]
+        rows.append({"arm": arm, "work_ms": first["work_ms"], "unstable_rate": first["unstable_rate"],
+                     "full_rate": first["full_rate"], "knee_rate": first["knee_rate"],
+                     "knee_lo": b["lo"], "knee_hi": b["hi"], "inside": inside(first["knee_rate"], b),
+                     "worst_rate": worst["arrival_rate"] if worst is not None else math.nan,
+                     "worst_tpot_ms_model": worst["tpot_ms_model"] if worst is not None else math.nan,
+                     "worst_tpot_ms_measured": worst["tpot_ms_measured"] if worst is not None else math.nan})
+    return pd.DataFrame(rows)
+
+
+def inside(knee: float, bracket: dict) -> str:
+    """Whether the model's knee falls in the measured bracket: "yes", "no: below" or "no: above"."""
+    lo = bracket["lo"] if math.isfinite(bracket["lo"]) else 0.0
+    hi = bracket["hi"] if math.isfinite(bracket["hi"]) else math.inf
+    if lo <= knee <= hi:
+        return "yes"
+    return "no: below" if knee < lo else "no: above"
 
 
 def physics(coef, arch, gpu, context_tokens: float, dtype_bytes: int = 2) -> pd.DataFrame:

@@ -6,9 +6,8 @@ import math
 
 import pandas as pd
 
-from prefixstudy.metrics.headline import knee_bracket
 from prefixstudy.metrics.requests import counted
-from prefixstudy.model.closure import closure
+from prefixstudy.model.closure import admission_limit, arm_table
 from prefixstudy.report.data import ReportData
 
 TEXT = ("From the step-cost fit alone (model.closure): each request brings w ms of engine work (its prompt's and "
@@ -19,51 +18,26 @@ TEXT = ("From the step-cost fit alone (model.closure): each request brings w ms 
         "measurement, at the points where the arm kept up in every repeat.")
 
 
-def limit(d: ReportData) -> int | None:
-    pts = d.study.manifest.get("points") or []
-    lim = next((p.get("admission_limit") for p in pts if p.get("admission_limit")), None)
-    return int(lim) if lim else None
-
-
 def table(d: ReportData) -> pd.DataFrame:
-    """Per arm: w, the instability and "full" rates, the model's knee, the measured bracket, and the
-    largest TPOT error at the arm's calm rates.  Empty without a fit or both arms."""
-    if d.coef is None or d.head.empty:
-        return pd.DataFrame()
-    req = counted(d.study.requests)
-    arms = [m for m in ("on", "off") if m in set(req["mode"]) and f"{m}_mean_tpot_ms" in d.head]
-    workload = {m: (g["prompt_tokens"].mean(), g["num_cached_tokens"].mean(), g["output_tokens"].mean())
-                for m, g in req[req["mode"].isin(arms)].groupby("mode")}
-    if not workload:
-        return pd.DataFrame()
-    c = closure(d.coef, d.head, workload, limit(d))
-    rows = []
-    for arm, g in c.groupby("mode", sort=False):
-        calm = g[g["saturated_share"] == 0]
-        err = (calm["tpot_ms_model"] / calm["tpot_ms_measured"] - 1).abs()
-        worst = calm.loc[err.idxmax()] if len(calm) else None
-        b = knee_bracket(d.head, arm)
-        rows.append({
-            "arm": arm.upper(), "work per request (ms)": f"{g['work_ms'].iloc[0]:.1f}",
-            "unstable at (req/s)": f"{g['unstable_rate'].iloc[0]:.1f}",
-            "full at (req/s)": f"{g['full_rate'].iloc[0]:.1f}" if math.isfinite(g["full_rate"].iloc[0]) else "–",
-            "model knee (req/s)": f"{g['knee_rate'].iloc[0]:.1f}",
-            "measured knee (req/s)": (f"{b['lo']:.1f}–{b['hi']:.1f}" if math.isfinite(b["hi"]) else
-                                      f"> {b['lo']:.1f}" if math.isfinite(b["lo"]) else "–"),
-            "model in bracket": _inside(g["knee_rate"].iloc[0], b),
-            "TPOT model / measured, worst calm rate": (
-                f"{worst['tpot_ms_model']:.2f} / {worst['tpot_ms_measured']:.2f} ms at {worst['arrival_rate']:.1f} req/s "
-                f"({100 * (worst['tpot_ms_model'] / worst['tpot_ms_measured'] - 1):+.0f} %)" if worst is not None else "–"),
-        })
-    return pd.DataFrame(rows)
+    """model.closure.arm_table, worded for the report: per arm, w, the instability and "full" rates, the
+    model's knee beside the measured bracket, and the largest TPOT error at the arm's calm rates."""
+    t = arm_table(d.coef, d.head, counted(d.study.requests), admission_limit(d.study.manifest), ("on", "off"))
+    return pd.DataFrame([{
+        "arm": r.arm.upper(), "work per request (ms)": f"{r.work_ms:.1f}",
+        "unstable at (req/s)": f"{r.unstable_rate:.1f}",
+        "full at (req/s)": f"{r.full_rate:.1f}" if math.isfinite(r.full_rate) else "–",
+        "model knee (req/s)": f"{r.knee_rate:.1f}",
+        "measured knee (req/s)": bracket_words(r.knee_lo, r.knee_hi),
+        "model in bracket": r.inside,
+        "TPOT model / measured, worst calm rate": (
+            f"{r.worst_tpot_ms_model:.2f} / {r.worst_tpot_ms_measured:.2f} ms at {r.worst_rate:.1f} req/s "
+            f"({100 * (r.worst_tpot_ms_model / r.worst_tpot_ms_measured - 1):+.0f} %)"
+            if math.isfinite(r.worst_rate) else "–"),
+    } for r in t.itertuples()])
 
 
-def _inside(knee: float, b: dict) -> str:
-    lo = b["lo"] if math.isfinite(b["lo"]) else 0.0
-    hi = b["hi"] if math.isfinite(b["hi"]) else math.inf
-    if lo <= knee <= hi:
-        return "yes"
-    return "no: below" if knee < lo else "no: above"
+def bracket_words(lo: float, hi: float) -> str:
+    return f"{lo:.1f}–{hi:.1f}" if math.isfinite(hi) else f"> {lo:.1f}" if math.isfinite(lo) else "–"
 
 
 PHYSICS_TEXT = ("The fitted coefficients beside the least time the GPU's datasheet allows for their work "

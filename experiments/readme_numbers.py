@@ -152,7 +152,7 @@ def headline_block(results: Path = RESULTS) -> str:
                 f"{fit['c_ms_per_decode_token']:.3f} ms per decode token"
                 + (f" and {fit['k_ms_per_context_token']:.5f} ms per context token"
                    if fit.get("k_ms_per_context_token", 0) > 0 else "")
-                + ".")
+                + "." + _fit_kind_words(fit))
     fit_text += " " + _physics_words(d, results / "h200-tp1-sync")
     if checks.get("ok") is False:
         fit_text += (" These step records fail the step-timing checks (`metrics.step_checks`: time is misattributed "
@@ -174,6 +174,16 @@ def _study(d: Path):
     st = load(d)
     coef = [st.manifest["step_fit"].get(k, 0.0) for k in COEF_NAMES]
     return st, coef
+
+
+def _fit_kind_words(fit: dict) -> str:
+    """The pooled R² is carried by OFF's long prefill steps: say how well the fit does on ON's mixed steps."""
+    on = next((k for k in fit.get("by_kind") or [] if k["mode"] == "on" and k["kind"] == "mixed"), None)
+    if on is None:
+        return ""
+    return (f" That R² is carried by the spread between OFF's long prefill steps and the rest: on ON's {on['n']:,} "
+            f"steps that carry prompt tokens it is {on['r2']:.2f} (RMSE {on['rmse_ms']:.1f} ms on a mean step of "
+            f"{on['mean_ms']:.1f} ms).")
 
 
 def _split_words(d: Path, rate: float) -> str:

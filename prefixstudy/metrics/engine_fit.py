@@ -192,6 +192,31 @@ def fit_step_cost(iterations: pd.DataFrame, *, n_boot: int = 200, seed: int = 0)
     return fit_arrays(X, steps["step_ms"].to_numpy(float), n_boot=n_boot, seed=seed)
 
 
+def fit_by_kind(iterations: pd.DataFrame, coef: np.ndarray) -> list[dict]:
+    """How well the pooled fit explains each arm's steps that carry prompt tokens ("mixed") and its
+    decode-only steps, apart: a pooled R² near 1 can come from the spread between OFF's long prefill
+    steps and everything else while saying little about one arm's short steps.  Per arm and kind:
+    steps, R², RMSE and mean step (ms)."""
+    steps = busy_steps(iterations)
+    if steps.empty:
+        return []
+    y = steps["step_ms"].to_numpy(float)
+    resid = y - design(steps) @ np.asarray(coef, float)
+    mixed = steps["prefill_tokens"].to_numpy() > 0
+    rows = []
+    for arm in dict.fromkeys(steps["mode"].astype(str)):
+        for kind, sel in (("mixed", mixed), ("decode-only", ~mixed)):
+            s = (steps["mode"].astype(str).to_numpy() == arm) & sel
+            if s.sum() < 2:
+                continue
+            yy, rr = y[s], resid[s]
+            ss = float(((yy - yy.mean()) ** 2).sum())
+            rows.append({"mode": arm, "kind": kind, "n": int(s.sum()),
+                         "r2": 1.0 - float((rr ** 2).sum()) / ss if ss > 0 else None,
+                         "rmse_ms": float(np.sqrt((rr ** 2).mean())), "mean_ms": float(yy.mean())})
+    return rows
+
+
 def step_arrays(steps: pd.DataFrame) -> np.ndarray:
     """Busy steps as an (n, 6) array of ``ARRAY_COLUMNS`` (resampling arrays is ~100x faster than
     resampling frames)."""

@@ -20,7 +20,7 @@ import pandas as pd
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import counted, parse_slo
 from prefixstudy.report import arms as arm_report, bench_json, figures as plots, first_screen, tables
-from prefixstudy.report import closure as closure_report, gain_split as split_report
+from prefixstudy.report import closure as closure_report, gain_split as split_report, order as order_report
 from prefixstudy.report.data import ReportData, analyze, norm_rate
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, write_report
 from prefixstudy.results import HEADLINE, MANIFEST, SUMMARY, find_run_dir, load, write_json
@@ -150,6 +150,16 @@ def _model_blocks(model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
             + ([("table", tables.fmt_df(df))] if df is not None else []))
 
 
+def _order_blocks(d: ReportData) -> list[tuple]:
+    t = order_report.table(d.study)
+    return [("h2", "Arm order"), ("p", order_report.TEXT), ("table", t)] if len(t) else []
+
+
+def _fit_kind_blocks(d: ReportData) -> list[tuple]:
+    t = tables.fit_kind_table(d)
+    return [("p", tables.FIT_KIND_TEXT), ("table", t)] if len(t) else []
+
+
 def _closure_blocks(d: ReportData) -> list[tuple]:
     t, phys = closure_report.table(d), closure_report.physics_table(d)
     out = [("h2", "A model that closes the loop"), ("p", closure_report.TEXT), ("table", t)] if len(t) else []
@@ -188,8 +198,10 @@ def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str]
           ("fig", f["caching_gain"]), ("table", tables.gain_table(d)),
           *([("h2", "Where the gain comes from"), ("p", split_report.TEXT), ("fig", f["gain_split"]),
              ("table", split_report.table(d.split))] if len(d.split) else []),
+          *_order_blocks(d),
           *_closure_blocks(d),
           ("h2", "Prefill share"), ("p", tables.ESTIMATOR_TEXT), ("table", tables.fit_table(d)),
+          *_fit_kind_blocks(d),
           ("fig", f["prefill_share"]), ("table", tables.prefill_table(d)),
           ("h2", "Step-timing checks"), ("p", tables.STEP_CHECKS_TEXT), ("list", tables.step_check_lines(d.step_checks)),
           ("h2", "Engine time series"), ("fig", f["engine_timeseries"]),

@@ -208,6 +208,24 @@ def fit_table(d: ReportData) -> pd.DataFrame:
     })
 
 
+FIT_KIND_TEXT = ("The pooled fit's R² is over every busy step, where OFF's long prefill steps dominate the "
+                 "spread. Below, each arm's steps that carry prompt tokens (mixed) and its decode-only steps, "
+                 "each against the same pooled fit: a low R² on a short-step kind means the fit prices those "
+                 "steps' variation poorly, however high the pooled R² is.")
+
+
+def fit_kind_table(d: ReportData) -> pd.DataFrame:
+    """The pooled fit on each arm's mixed and decode-only steps (``engine_fit.fit_by_kind``, recorded by
+    ``results.finish``); empty for a run finished before it was recorded."""
+    kinds = d.fit["by_kind"].iloc[0] if not d.fit.empty and "by_kind" in d.fit else None
+    if not isinstance(kinds, list) or not kinds:
+        return pd.DataFrame()
+    return pd.DataFrame([{"mode": k["mode"].upper(), "steps": k["kind"], "n": f"{k['n']:,}",
+                          "R²": fmt(k["r2"], ".3f") if k["r2"] is not None else "–",
+                          "RMSE (ms)": fmt(k["rmse_ms"], ".2f"), "mean step (ms)": fmt(k["mean_ms"], ".2f")}
+                         for k in kinds])
+
+
 def _gain_row(d: ReportData, rate: float, saturated: bool) -> dict:
     g = d.gains
     row = {"rate (req/s)": mark(rate, saturated)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefixstudy.engines.step_log import TIMING_METHODS
-from prefixstudy.metrics.engine_fit import fit_step_cost
+from prefixstudy.metrics.engine_fit import fit_by_kind, fit_step_cost
 from prefixstudy.metrics.headline import headline, versus_baseline
 from prefixstudy.metrics.step_checks import check_steps
 from prefixstudy.metrics.summary import add_engine_columns
@@ -33,7 +33,7 @@ def finish_run(run_dir: Path, manifest: dict) -> None:
     fit = fit_step_cost(its) if len(its) else None
     summary = add_engine_columns(summary, its, fit)
     atomic_write_csv(run_dir / SUMMARY, summary)
-    manifest["step_fit"] = fit.as_dict() if fit is not None else None
+    manifest["step_fit"] = {**fit.as_dict(), "by_kind": fit_by_kind(its, fit.coef)} if fit is not None else None
     manifest["step_timing"] = sorted(set(its["timing"])) if len(its) else []
     manifest["step_checks"] = check_steps(its, fit.coef if fit is not None else None)
     manifest["step_timing_methods"] = {t: TIMING_METHODS.get(t, "") for t in manifest["step_timing"]}

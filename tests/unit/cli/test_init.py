@@ -69,7 +69,7 @@ def test_run_by_name_from_anywhere(tmp_path):
     assert r.stdout.startswith("ok: study default, 30 dataset rows, modes on,off, rates 1,2,4,8 req/s, executor ")
     r = cli(tmp_path, "run", "h200-tp1", "--dry-run")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("ok: study h200-tp1, 1200 dataset rows, modes on,off, rates 1,16,32,40,56,80 "
+    assert r.stdout.startswith("ok: study h200-tp1, 1440 dataset rows, modes on,off, rates 1,16,32,56,96 "
                                "req/s x 3 repeats")
 
 

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from prefixstudy.workloads.specs import MixConfig, SessionsConfig, TraceConfig
+from prefixstudy.config.workload_specs import MixConfig, SessionsConfig, TraceConfig
 
 _STRICT = ConfigDict(extra="forbid")
 

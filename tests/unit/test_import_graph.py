@@ -4,7 +4,9 @@ Read from the source with ``ast``, not by importing: every import of a ``prefixs
 counts, at the top of a module, inside a function and under ``if TYPE_CHECKING`` alike (a lazy or
 type-only import still says that one module needs the other), and so does a package's
 ``__init__`` importing its own submodules.  ``from pkg import name`` is an edge to ``pkg.name``
-where that is a module, else to ``pkg``."""
+where that is a module, else to ``pkg``.  Importing ``pkg.mod`` runs ``pkg/__init__.py`` first,
+so it is an edge to ``pkg`` as well (unless the importer is inside ``pkg``, which Python has
+already begun)."""
 
 from __future__ import annotations
 
@@ -48,8 +50,18 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
                 if source.split(".")[0] == package:
                     deps |= {known(f"{source}.{a.name}") if f"{source}.{a.name}" in mods else known(source)
                              for a in node.names}
-        graph[name] = {d for d in deps if d is not None and d != name}
+        direct = {d for d in deps if d is not None and d != name}
+        graph[name] = direct | {p for d in direct for p in _packages_above(d) if not _inside(name, p)}
     return graph
+
+
+def _packages_above(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -100,10 +112,21 @@ def test_a_cycle_through_a_lazy_and_a_type_only_import_is_found(tmp_path):
         "plain.py": "import fake.config\nimport os\n",
     })
     graph = import_graph(root, "fake")
-    assert graph["fake.config"] == {"fake.engines.registry"}
+    assert graph["fake.config"] == {"fake.engines", "fake.engines.registry"}  # engines/__init__ runs first
     assert graph["fake.engines"] == {"fake.engines.registry"}  # a package's __init__ importing its submodule
     assert graph["fake.plain"] == {"fake.config"}
-    assert find_cycle(graph) == ["fake.config", "fake.engines.registry", "fake.config"]
+    assert find_cycle(graph) == ["fake.config", "fake.engines", "fake.engines.registry", "fake.config"]
+
+
+def test_a_cycle_through_a_package_init_is_found(tmp_path):
+    """config needs only engines.base, but importing it runs engines/__init__, which needs config."""
+    root = _fake_package(tmp_path, {
+        "__init__.py": "",
+        "config.py": "from fake.engines.base import Engine\n",
+        "engines/__init__.py": "from fake.config import StudyConfig\n",
+        "engines/base.py": "",
+    })
+    assert find_cycle(import_graph(root, "fake")) == ["fake.config", "fake.engines", "fake.config"]
 
 
 def test_relative_imports_and_a_graph_without_a_cycle(tmp_path):

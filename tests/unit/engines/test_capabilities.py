@@ -3,7 +3,9 @@ the declaration rather than the backend's name."""
 
 from __future__ import annotations
 
+import ast
 from dataclasses import fields, replace
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +135,30 @@ def test_a_virtual_time_backend_is_handed_to_the_simulator(monkeypatch, tmp_path
     assert study.run_study(_load("sim")) == tmp_path and seen == ["sim"]
     _declare(monkeypatch, "echo", virtual_time=True)
     assert study.run_study(load_config(None, ECHO)) == tmp_path and seen == ["sim", "echo"]
+
+
+PACKAGE = Path(__file__).resolve().parents[3] / "prefixstudy"
+# Where a backend's own name may be compared: the backends themselves, and the flags that write
+# one backend's config (--target-on/--target-off make an http study).
+OWN_NAME = ("engines/", "sim/", "cli/run_flags.py")
+
+
+def _literals(node: ast.AST) -> list[str]:
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [x.value for x in items if isinstance(x, ast.Constant) and isinstance(x.value, str)]
+
+
+def test_the_core_never_tests_a_backend_s_name():
+    """A decision about what a backend can do asks its declaration: no comparison with a
+    registered kind's name outside the backends (messages and schema defaults may name them)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith(OWN_NAME):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                names = [s for side in (node.left, *node.comparators) for s in _literals(side) if s in BACKENDS]
+                if names:
+                    found.append(f"{rel}:{node.lineno}: {names}")
+    assert found == []

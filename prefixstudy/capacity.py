@@ -29,14 +29,16 @@ import pandas as pd
 
 from prefixstudy.cachesim import block_hashes
 from prefixstudy.config import StudyConfig
+from prefixstudy.engines.registry import BACKENDS, capabilities
 from prefixstudy.errors import UserError
 from prefixstudy.schema import SUMMARY_FIELDS, typed_frame
 from prefixstudy.workloads import DatasetRow, load_rows
 from prefixstudy.workloads.base import group_prefixes
 
 UNITS = ("blocks", "bytes", "share", "offload_gib", "tier_blocks")
-# The CPU tier's units, and the backends that take each (0 is a value: no tier).
-TIER_UNITS = {"offload_gib": ("vllm", "vllm-server"), "tier_blocks": ("echo",)}
+# The CPU tier's units (0 is a value: no tier).  Which backend takes which unit is its declaration,
+# ``capacity_units`` in prefixstudy.engines.registry.
+TIER_UNITS = ("offload_gib", "tier_blocks")
 INDEX = "capacity.json"
 TABLE = "capacity.csv"
 
@@ -91,17 +93,17 @@ def capacity_config(cfg: StudyConfig, unit: str, value: float) -> StudyConfig:
     e = sub.engine
     if unit in TIER_UNITS:
         return _with_tier(sub, unit, value)
-    if unit == "blocks" and e.kind == "echo":
-        e.num_blocks = int(value)
-    elif e.kind != "vllm":
-        raise UserError(f"--capacity {unit}: engine.kind {e.kind} takes capacity in blocks only")
-    elif unit == "blocks":
-        e.extra_args = {**e.extra_args, "num_gpu_blocks_override": int(value)}
-    elif unit == "bytes":
-        e.kv_cache_memory_bytes = int(value)
-    else:
-        e.gpu_memory_utilization, e.kv_cache_memory_bytes = float(value), None
+    own = [u for u in capabilities(e.kind).capacity_units if u not in TIER_UNITS]
+    if unit not in own:
+        raise UserError(f"--capacity {unit}: engine.kind {e.kind} " + (f"takes capacity in {' or '.join(own)} only"
+                        if own else f"has no cache size to set ({_takers(u for u in UNITS if u not in TIER_UNITS)})"))
+    e.set_capacity(unit, value)
     return sub
+
+
+def _takers(units) -> str:
+    """Which backends take which of ``units``: "blocks: vllm, blocks: echo, ..."."""
+    return ", ".join(f"{u}: {k}" for u in units for k, b in BACKENDS.items() if u in b.can.capacity_units)
 
 
 def _with_tier(sub: StudyConfig, unit: str, value: float) -> StudyConfig:
@@ -109,9 +111,8 @@ def _with_tier(sub: StudyConfig, unit: str, value: float) -> StudyConfig:
     from prefixstudy.arms import OffloadConfig
 
     kind = sub.engine.kind
-    if kind not in TIER_UNITS[unit]:
-        raise UserError(f"--capacity {unit}: engine.kind {kind} has no such tier "
-                        f"({', '.join(f'{u}: {k}' for u, ks in TIER_UNITS.items() for k in ks)})")
+    if unit not in capabilities(kind).capacity_units:
+        raise UserError(f"--capacity {unit}: engine.kind {kind} has no such tier ({_takers(TIER_UNITS)})")
     arms = [a for a in sub.arms if a.prefix_caching and a.name in sub.sweep.modes]
     if not arms:
         raise UserError(f"--capacity {unit}: the tier goes to the study's own arms that cache, and it runs none "

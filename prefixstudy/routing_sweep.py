@@ -54,10 +54,10 @@ def run_routing_sweep(cfg: StudyConfig | None, parent: Path | None = None, progr
     stopped by Ctrl-C or a deadline goes on with one command.  KeyboardInterrupt leaves with the
     parent in ``run_dir``, for the CLI's resume line."""
     from prefixstudy.config import dump_config, load_config
-    from prefixstudy.engines import check_engine_config
+    from prefixstudy.preflight import check_device, check_engine_config, check_plan
     from prefixstudy.results.store import CONFIG, MANIFEST, atomic_write_text
     from prefixstudy.results.writer import new_run_dir
-    from prefixstudy.study import StudyFailed, check_device, check_plan, run_study
+    from prefixstudy.study import StudyFailed, run_study
 
     if resume is not None:
         parent = resume

@@ -26,8 +26,9 @@ import pandas as pd
 from prefixstudy import arrivals
 from prefixstudy.cachesim import SentRequest, simulate, simulate_timed
 from prefixstudy.config import StudyConfig
-from prefixstudy.engines import IterationSample, RequestTrace, make_engine
+from prefixstudy.engines import IterationSample, RequestTrace
 from prefixstudy.engines import pool as engine_pool
+from prefixstudy.engines.build import make_engine
 from prefixstudy.errors import StudyFailed, describe_failure
 from prefixstudy.schema import PointResult, RequestRecord, typed_iterations, typed_requests
 from prefixstudy.workloads.base import DatasetRow, group_prefixes
@@ -184,14 +185,14 @@ class ModeSession:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await _optional_hook(self.engine, "aclose")
+        await self.engine.aclose()
         engine_pool.stop_engine(self.engine)
 
     async def restart(self) -> None:
         """After the engine died in a point: a fresh one.  One that does not come back stops the
         run (StudyFailed: its points so far are saved, --resume goes on), whatever the reason; a
         server that went away is no bad input of the user's."""
-        await _optional_hook(self.engine, "aclose")
+        await self.engine.aclose()
         engine_pool.stop_engine(self.engine)
         self.engine = make_engine(self.cfg, self.mode, ray_workers=self.ray_workers,
                                   replica_factory=self.replica_factory)
@@ -234,7 +235,7 @@ class ModeSession:
                                typed_iterations(), {"status": "failed", "error": why, "n_sent": n,
                                                     "started_at": started_at}, repeat)
 
-        await _optional_hook(eng, "begin_point")
+        await eng.begin_point()
         eng.begin_iterations()
         t0 = time.monotonic()
         ids = [self._rid("m", rate, i, repeat) for i in range(n)]
@@ -243,7 +244,7 @@ class ModeSession:
         duration_s = time.monotonic() - t0
         # end_point first: a fleet of remote replicas collects their steps there (a sync
         # end_iterations cannot wait for them); the HTTP backends' scrape does not mind the order.
-        server = await _optional_hook(eng, "end_point") or {}
+        server = await eng.end_point()
         samples = eng.end_iterations()
         exp, est, evicted = self._cache_estimates(n)
         gaps = []
@@ -257,11 +258,11 @@ class ModeSession:
             if records[-1].error == "" and not tr.unstreamed_tokens:  # its gaps are not measured (make_record)
                 gaps.append(np.diff(tr.token_times) * 1e3)
         dead = eng.is_dead()
-        timing = getattr(eng, "step_timing", "engine")
+        timing = eng.step_timing
         meta = {"status": "failed" if dead else "ok", "error": "engine died during the point" if dead else "",
                 "n_sent": n, "started_at": started_at, "duration_s": duration_s, "warmup_s": warmup_s,
                 "block_size": eng.block_size, "engine_startup_s": eng.startup_s, "step_timing": timing,
-                "num_blocks": eng.num_blocks, "tier_blocks": int(getattr(eng, "tier_blocks", 0) or 0),
+                "num_blocks": eng.num_blocks, "tier_blocks": int(eng.tier_blocks),
                 "evicted_blocks_estimated": evicted, **server,
                 "prefix_caching": self.caching,
                 "itl_ms": itl_summary(gaps, self.cfg.percentiles)}
@@ -280,7 +281,7 @@ class ModeSession:
             return [0] * n, [0] * n, 0
         exp_i, est_i, evicted = [0] * n, [0] * n, 0
         # A CPU tier (offload blocks, 0: none) under the GPU pool: the bound gets an unbounded one.
-        tier = int(getattr(self.engine, "tier_blocks", 0) or 0)
+        tier = int(self.engine.tier_blocks)
         # Each replica of a fleet has its own cache: replay what each one was sent, apart.
         for replica in sorted({x.replica for x in self._sent}):
             sent = sorted((x for x in self._sent if x.replica == replica), key=lambda x: x.sent)
@@ -536,14 +537,6 @@ def _cancel_rest(loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
     loop.run_until_complete(loop.shutdown_asyncgens())
     loop.run_until_complete(loop.shutdown_default_executor())
-
-
-async def _optional_hook(engine, name: str):
-    """A backend's optional coroutine: ``begin_point`` / ``end_point`` (HTTP: scrape the server's
-    counters around the measured requests; ``end_point`` returns keys for the point's metadata),
-    ``aclose`` (HTTP: close the connection pool on its own loop, before ``shutdown``)."""
-    hook = getattr(engine, name, None)
-    return await hook() if hook is not None else None
 
 
 def settle_heap() -> None:

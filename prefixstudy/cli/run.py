@@ -121,23 +121,23 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
     _console(verbose)
     cfg = load_config(config, overrides) if resume is None else None  # a bad config fails before pandas loads
     if dry_run and cfg is not None:
+        from prefixstudy.engines.registry import capabilities
         from prefixstudy.executors import resolve_executor
-        from prefixstudy.study import check_installed, check_plan, device_problem
+        from prefixstudy.preflight import check_installed, check_offload_device, check_plan, device_problem
         from prefixstudy.workloads import load_rows
-
-        from prefixstudy.arms import check_offload_device
 
         rows = load_rows(cfg)
         check_plan(cfg)
         check_offload_device(cfg)
         check_installed(cfg)
-        cannot = device_problem(cfg) if cfg.engine.kind != "sim" else ""
+        virtual = capabilities(cfg.engine.kind).virtual_time  # no executor, no device of this machine's
+        cannot = device_problem(cfg) if not virtual else ""
         executor_name = resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address)
         click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
                    f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s"
                    + (f" x {cfg.sweep.repeats} repeats" if cfg.sweep.repeats > 1 else "")
                    + (f", {cfg.replicas} replicas routed by {','.join(cfg.router.policies)}" if cfg.replicas > 1 else "")
-                   + f", executor {'sim (virtual time)' if cfg.engine.kind == 'sim' else executor_name}; "
+                   + f", executor {'sim (virtual time)' if virtual else executor_name}; "
                    "nothing run (--dry-run)")
         if cannot:  # a GPU study checked on a laptop: fine to check, not to run (a Ray cluster's GPUs may do)
             click.echo(f"note: it cannot run on this machine: {cannot}" + ("; a Ray cluster's GPUs would do"

@@ -32,15 +32,16 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, stepwi
     """Predict a study: CONFIG's sweep on the simulated engine (the whole sweep in seconds)."""
     from prefixstudy.config import load_config
     from prefixstudy.configs import resolve_config
+    from prefixstudy.engines.registry import capabilities
 
     _console(verbose)
     cfg = load_config(resolve_config(config), _overrides(sets, rates=rates, modes=modes, out=out))
-    if cfg.engine.kind == "sim":
+    if capabilities(cfg.engine.kind).virtual_time:  # the simulator's own config names its calibration
         calibration, gpu = calibration or Path(cfg.engine.calibration), gpu or cfg.engine.gpu
     elif calibration is None:
         raise UserError("--calibration: required (or a config with engine.kind sim and engine.calibration)")
     from prefixstudy.sim.run import simulate as run_sim
-    from prefixstudy.study import need_vllm
+    from prefixstudy.preflight import need_vllm
 
     need_vllm("prefixstudy simulate: the simulator replays vLLM's own scheduler, so it")  # before any results folder
 

@@ -2,11 +2,13 @@
 
 The runner drives an engine through this protocol only:
 
-    start() → (reset_prefix_cache() → begin_iterations() → generate(...)* → end_iterations())* → shutdown()
+    start() → (reset_prefix_cache() → begin_point() → begin_iterations() → generate(...)*
+               → end_point() → end_iterations())* → aclose() → shutdown()
 
 and never sees vLLM, HTTP or a simulator behind it.  A backend is one file in this package with a
-class implementing ``Engine`` and a pydantic config class with a ``kind`` (``EngineConfigBase``),
-named in ``prefixstudy.engines.BACKENDS`` (the study config's union is built from it).
+class implementing ``Engine`` (``EngineDefaults`` gives the parts it may leave out) and a pydantic
+config class with a ``kind`` (``EngineConfigBase``), named with what it can do in
+``prefixstudy.engines.registry.BACKENDS`` (the study config's union is built from it).
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ class EngineConfigBase(BaseModel):
         """Requests one engine runs at once at most (vLLM's ``max_num_seqs``); None: none, or not
         known.  The saturation check's "ran full" rule reads it (metrics.saturation)."""
         return None
+
+    def set_capacity(self, unit: str, value: float) -> None:
+        """Size the KV cache to ``value`` ``unit``s: a unit of the backend's ``capacity_units``
+        (engines.registry) other than a CPU tier's; prefixstudy.capacity sweeps it."""
+        raise NotImplementedError(f"engine.kind {self.kind} takes no capacity in {unit}")
 
 
 @dataclass
@@ -116,6 +123,8 @@ class Engine(Protocol):
     own config section, nothing else of the study."""
 
     kind: ClassVar[str]
+    step_timing: str  # the `timing` of its iteration rows, known once ``start`` returns
+    tier_blocks: int  # the runner's cache estimate models a CPU tier of this many blocks (0: none)
     block_size: int
     num_blocks: int
     startup_s: float
@@ -147,9 +156,42 @@ class Engine(Protocol):
                        trace: RequestTrace) -> RequestTrace:
         """Run one request, filling ``trace`` as tokens arrive (a cancelled request keeps what it got)."""
 
+    async def begin_point(self) -> None:
+        """Right before a point's measured requests."""
+
+    async def end_point(self) -> dict[str, Any]:
+        """Right after them (before ``end_iterations``): keys for the point's metadata."""
+
+    async def aclose(self) -> None:
+        """Before ``shutdown``, on the loop the engine ran on."""
+
+    def pool_key(self) -> str | None:
+        """What the engine is, for an ``EnginePool`` to keep it for a later study; None: never kept."""
+
     def is_dead(self) -> bool: ...
 
     def shutdown(self) -> None: ...
+
+
+class EngineDefaults:
+    """The parts of ``Engine`` a backend may leave out, and what leaving them out means."""
+
+    step_timing: str = "engine"  # the `timing` of its iteration rows (engines.step_log.TIMING_METHODS)
+    tier_blocks: int = 0  # blocks of a CPU tier under its cache, known once started; 0: none (or not known)
+
+    async def begin_point(self) -> None:
+        """Nothing to do before the measured requests (HTTP scrapes the server's counters here)."""
+
+    async def end_point(self) -> dict[str, Any]:
+        """No metadata of its own for the point (HTTP: the counters' difference)."""
+        return {}
+
+    async def aclose(self) -> None:
+        """Nothing to close on the engine's loop (HTTP: its connection pool)."""
+
+    def pool_key(self) -> str | None:
+        """Never kept by an ``EnginePool`` (in-process vLLM engines are)."""
+        return None
 
 
 def caching(engine, mode: str) -> bool:

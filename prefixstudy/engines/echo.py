@@ -17,7 +17,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from prefixstudy.cachesim import BlockCache
-from prefixstudy.engines.base import EngineConfigBase, caching, IterationRecorder, IterationSample, RequestTrace
+from prefixstudy.engines.base import (EngineConfigBase, EngineDefaults, IterationRecorder, IterationSample, RequestTrace,
+                                      caching)
 
 
 class EchoEngineConfig(EngineConfigBase):
@@ -35,8 +36,11 @@ class EchoEngineConfig(EngineConfigBase):
     load_ms_per_block: float = Field(0.0, ge=0, description="Milliseconds per block served from the CPU tier (its "
                                      "load).")
 
+    def set_capacity(self, unit: str, value: float) -> None:
+        self.num_blocks = int(value)  # blocks, its one unit
 
-class EchoEngine(IterationRecorder):
+
+class EchoEngine(EngineDefaults, IterationRecorder):
     kind = "echo"
     step_timing = "request"  # iteration rows are requests, not engine steps
 

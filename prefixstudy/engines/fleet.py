@@ -26,7 +26,8 @@ import time
 from dataclasses import replace
 from typing import Any, Protocol
 
-from prefixstudy.engines.base import IterationSample, RequestTrace
+from prefixstudy.engines.base import EngineDefaults, IterationSample, RequestTrace
+from prefixstudy.engines.registry import engine_class
 from prefixstudy.errors import StudyFailed, describe_failure
 from prefixstudy.router import Router
 
@@ -72,7 +73,7 @@ class LocalReplica:
         await self.engine.start()
         e = self.engine
         self.block_size, self.num_blocks = e.block_size, e.num_blocks
-        self.step_timing = getattr(e, "step_timing", "engine")
+        self.step_timing = e.step_timing
         self.info = {"pid": os.getpid(), "host": socket.gethostname(), "startup_s": e.startup_s}
 
     async def reset_prefix_cache(self) -> None:
@@ -101,17 +102,15 @@ class LocalReplicas:
         self.cfg, self.mode, self.ray_workers = cfg, mode, ray_workers
 
     def make(self, replica: int, generation: int) -> Replica:
-        from prefixstudy.engines import engine_class
-
         cfg = self.cfg
         return LocalReplica(engine_class(cfg.engine.kind)(cfg.model, cfg.arm_engine(self.mode), self.mode,
                                                           ray_workers=self.ray_workers))
 
 
-class FleetEngine:
+class FleetEngine(EngineDefaults):
     """``cfg.replicas`` replicas of one mode behind a ``Router`` (``cfg.router``, one policy)."""
 
-    kind = "fleet"
+    kind = "fleet"  # what the runner drives, never a config's engine.kind: the replicas' backend is that
 
     def __init__(self, cfg, mode: str, factory):
         self.cfg, self.mode, self.factory = cfg, mode, factory

@@ -31,7 +31,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import Field, field_validator, model_validator
 
 from prefixstudy.engines import server_metrics
-from prefixstudy.engines.base import EngineConfigBase, IterationSample, RequestTrace
+from prefixstudy.engines.base import EngineConfigBase, EngineDefaults, IterationSample, RequestTrace
 from prefixstudy.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ async def _refusal(r) -> str:
     return ""
 
 
-class HttpEngine:
+class HttpEngine(EngineDefaults):
     """One mode's server, reached over HTTP.  start → (reset / point / generate)* → shutdown."""
 
     kind = "http"

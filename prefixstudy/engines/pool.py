@@ -119,8 +119,7 @@ class EnginePool:
     # ---------------------------------------------------------------- engines
     @staticmethod
     def key(engine) -> str | None:
-        fn = getattr(engine, "pool_key", None)
-        return fn() if fn is not None else None
+        return engine.pool_key()
 
     def owns(self, engine) -> bool:
         return id(engine) in self._owned

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from prefixstudy.engines import step_log, vllm_tiers
-from prefixstudy.engines.base import EngineConfigBase, caching, IterationSample, RequestTrace
+from prefixstudy.engines.base import EngineConfigBase, EngineDefaults, IterationSample, RequestTrace, caching
 from prefixstudy.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,14 @@ class VllmEngineConfig(EngineConfigBase):
     @property
     def resident_share(self) -> float | None:
         return None if self.kv_cache_memory_bytes is not None else self.gpu_memory_utilization
+
+    def set_capacity(self, unit: str, value: float) -> None:
+        if unit == "blocks":
+            self.extra_args = {**self.extra_args, "num_gpu_blocks_override": int(value)}
+        elif unit == "bytes":
+            self.kv_cache_memory_bytes = int(value)
+        else:  # share
+            self.gpu_memory_utilization, self.kv_cache_memory_bytes = float(value), None
 
 
 def engine_args(model: str, e: VllmEngineConfig, mode: str) -> dict:
@@ -195,7 +203,7 @@ def gpu_timer_fits(vllm_config) -> bool:
             and vllm_config.device_config.device_type == "cuda")
 
 
-class VllmEngine:
+class VllmEngine(EngineDefaults):
     """start → (reset / iterations / generate)* → shutdown, for one mode."""
 
     kind = "vllm"

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from prefixstudy.engines.base import IterationSample, RequestTrace
+from prefixstudy.engines.base import EngineDefaults, IterationSample, RequestTrace
 from prefixstudy.engines.http import HttpEngine, HttpEngineConfig
 from prefixstudy.engines.vllm import VllmEngine, VllmEngineConfig, engine_args
 from prefixstudy.errors import StudyFailed, first_line, log_end, root_cause
@@ -106,13 +106,10 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
         pass
 
 
-class VllmServerEngine:
+class VllmServerEngine(EngineDefaults):
     """One mode's own `vllm serve`, measured through ``HttpEngine``."""
 
     kind = "vllm-server"
-    # Under Ray on GPUs the actor holds the engine's GPUs itself and the server inherits them
-    # (executors.ray_plan.gpu_placement); in-process vLLM leaves them to its Ray workers instead.
-    gpus_in_process = True
 
     def __init__(self, model: str, engine: VllmServerEngineConfig, mode: str, *, ray_workers: bool = False):
         self.model, self.config, self.mode = model, engine, mode

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from prefixstudy.executors import StudySink, interleaved, point_line, repeat_tag, total_requests
+from prefixstudy.executors.base import StudySink, interleaved, point_line, repeat_tag, total_requests
 from prefixstudy.runner import ModeSession, run_until_signal
 
 if TYPE_CHECKING:

@@ -24,9 +24,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from prefixstudy.config import StudyConfig
-from prefixstudy.engines import engine_class
+from prefixstudy.engines.registry import capabilities, engine_class
 from prefixstudy.errors import StudyFailed, UserError, first_line
-from prefixstudy.executors import StudySink, point_line, repeat_tag, total_requests
+from prefixstudy.executors.base import StudySink, point_line, repeat_tag, total_requests
 from prefixstudy.executors.own_log import OwnLog
 from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, plan_parallel,
                                             summarize_actor_error)
@@ -54,8 +54,8 @@ def actor_env(cfg: StudyConfig, mode: str, use_gpu: bool) -> dict[str, str]:
 # --------------------------------------------------------------------------- the actor
 
 def _gpus_in_process(cfg: StudyConfig) -> bool:
-    """Whether the engine's own process must see its GPUs (vllm-server), not only its Ray workers."""
-    return bool(getattr(engine_class(cfg.engine.kind), "gpus_in_process", False))
+    """Whether the engine's own process must see its GPUs, not only its Ray workers."""
+    return capabilities(cfg.engine.kind).gpus_in_process
 
 
 class EngineActor:

@@ -22,7 +22,7 @@ import os
 import socket
 import time
 
-from prefixstudy.engines import engine_class
+from prefixstudy.engines.registry import engine_class
 from prefixstudy.engines.base import IterationSample, RequestTrace
 from prefixstudy.engines.fleet import ReplicaLost
 from prefixstudy.errors import StudyFailed, describe_failure
@@ -56,7 +56,7 @@ class ReplicaActor:
         return {"pid": os.getpid(), "host": socket.gethostname(), "node_id": ray.get_runtime_context().get_node_id(),
                 "pg_node_id": (table.get("bundles_to_node_id") or {}).get(0), "device": gpu_name_via_nvml(self.use_gpu),
                 "startup_s": e.startup_s, "block_size": e.block_size, "num_blocks": e.num_blocks,
-                "step_timing": getattr(e, "step_timing", "engine")}
+                "step_timing": e.step_timing}
 
     async def reset_prefix_cache(self) -> None:
         await self.engine.reset_prefix_cache()

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prefixstudy.sim.lane import DecodeLane
-from prefixstudy.sim.step import SAMPLED_TOKEN_ID, StepCost, StepFeatures
+from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepCost, StepFeatures
 from prefixstudy.sim.vllm_setup import make_request, runner_output
 
 @dataclass(frozen=True)
@@ -30,19 +30,6 @@ class SimRequest:
     # parent finished, with the parent's prompt + the parent's generated ids + prompt_token_ids.
     parent: str | None = None
     think_s: float = 0.0
-
-
-@dataclass
-class SimTrace:
-    """One request's virtual stamps (seconds); ``token_times`` has one entry per generated token."""
-
-    arrival_s: float
-    scheduled_s: float = math.nan
-    token_times: list[float] = field(default_factory=list)
-    num_cached_tokens: int = 0
-    prompt_token_ids: list[int] | None = None  # as sent (a later turn's carries its history)
-
-
 
 
 class Simulator:

@@ -38,12 +38,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import TYPE_CHECKING
 
-from prefixstudy.sim.step import SAMPLED_TOKEN_ID, StepFeatures
-
-if TYPE_CHECKING:
-    from prefixstudy.sim.driver import Simulator, SimTrace
+from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepClock, StepFeatures
 
 
 class Held:
@@ -171,7 +167,7 @@ class DecodeLane:
             h.appended = self.g
         h.req.num_computed_tokens = h.base + self.g
 
-    def _give_back(self, hs: list[Held], traces: dict[str, "SimTrace"]) -> None:
+    def _give_back(self, hs: list[Held], traces: dict[str, SimTrace]) -> None:
         """Put held requests back into running at their places, caught up, their token times
         recorded."""
         for h in hs:
@@ -189,11 +185,11 @@ class DecodeLane:
         merged = sorted([h.req for h in hs] + self.sched.running, key=lambda r: self.rank[r.request_id])
         self.sched.running[:] = merged
 
-    def give_back_all(self, traces: dict[str, "SimTrace"]) -> None:
+    def give_back_all(self, traces: dict[str, SimTrace]) -> None:
         if self.held:
             self._give_back(list(self.held.values()), traces)
 
-    def give_back_due(self, traces: dict[str, "SimTrace"]) -> None:
+    def give_back_due(self, traces: dict[str, SimTrace]) -> None:
         """Give back the held requests that finish at this step."""
         due = []
         while self.releases and self.releases[0][0] <= self.g:
@@ -243,7 +239,7 @@ class DecodeLane:
             return False
         return held + demand <= budget or (held <= budget and (first_rank is None or first_rank > self.max_rank))
 
-    def before_schedule(self, traces: dict[str, "SimTrace"]) -> None:
+    def before_schedule(self, traces: dict[str, SimTrace]) -> None:
         """Give back what finishes now; if the step's conditions fail, everything; else make the
         held allocations and lower vLLM's limits by the number held (``after_schedule`` restores
         them)."""
@@ -283,7 +279,7 @@ class DecodeLane:
 
     # -- a stretch without vLLM's scheduler ---------------------------------------------------
 
-    def advance(self, sim: "Simulator", record: bool, stop_s: float) -> int:
+    def advance(self, sim: StepClock, record: bool, stop_s: float) -> int:
         """Where every running request is held and nothing waits, run the stretch that starts now
         (no step starts at or after ``stop_s`` but the first); returns its number of steps, 0
         where none can be taken here."""

@@ -1,10 +1,12 @@
-"""Stage: sim.  What one simulated engine step is made of, shared by the per-step driver
-(``sim.driver``) and the decode lane (``sim.lane``)."""
+"""Stage: sim.  What the per-step driver (``sim.driver``) and the decode lane (``sim.lane``)
+share: what one simulated step is made of, a request's virtual stamps, and the clock the lane
+advances on the driver's behalf."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
 
 SAMPLED_TOKEN_ID = 0  # any id: outputs are never shared between requests, so never hit the cache
 
@@ -23,3 +25,26 @@ class StepFeatures:
 
 
 StepCost = Callable[[StepFeatures], float]  # -> step_ms
+
+
+@dataclass
+class SimTrace:
+    """One request's virtual stamps (seconds); ``token_times`` has one entry per generated token."""
+
+    arrival_s: float
+    scheduled_s: float = math.nan
+    token_times: list[float] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    prompt_token_ids: list[int] | None = None  # as sent (a later turn's carries its history)
+
+
+class StepClock(Protocol):
+    """The driver's virtual clock and step record, as the decode lane advances them for a
+    stretch of steps it takes without vLLM's scheduler (``sim.driver.Simulator``)."""
+
+    clock_s: float
+    num_steps: int
+    steps: list[dict]
+    cost_ms: StepCost
+
+    def step_row(self, start_s: float, step_ms: float, feats: StepFeatures) -> dict: ...

@@ -21,7 +21,8 @@ from prefixstudy.engines.base import RequestTrace
 from prefixstudy.errors import UserError
 from prefixstudy.model.arch import Arch, load_arch
 from prefixstudy.sim.cost import CostModel
-from prefixstudy.sim.driver import SimRequest, Simulator, SimTrace
+from prefixstudy.sim.driver import SimRequest, Simulator
+from prefixstudy.sim.step import SimTrace
 from prefixstudy.sim.hardware import num_gpu_blocks
 from prefixstudy.sim.vllm_setup import SchedulerSpec, build_scheduler, vllm_config
 from prefixstudy.runner import make_record, point_plan, token_range, warmup_rows

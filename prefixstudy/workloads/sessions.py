@@ -16,7 +16,7 @@ import numpy as np
 
 from prefixstudy.errors import UserError
 from prefixstudy.workloads.base import DatasetRow, synthetic_count, token_high
-from prefixstudy.workloads.specs import SessionsConfig
+from prefixstudy.config.workload_specs import SessionsConfig
 from prefixstudy.workloads.lengths import Length, draw, lowest
 
 if TYPE_CHECKING:

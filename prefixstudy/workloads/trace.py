@@ -25,7 +25,7 @@ import numpy as np
 
 from prefixstudy.errors import UserError
 from prefixstudy.workloads.base import DatasetRow, token_high
-from prefixstudy.workloads.specs import TraceConfig
+from prefixstudy.config.workload_specs import TraceConfig
 from prefixstudy.workloads.jsonl import json_lines, pos_int
 
 if TYPE_CHECKING:

@@ -107,7 +107,7 @@ def test_offload_fields_are_checked_before_anything_starts():
 
 
 def test_an_offload_arm_is_refused_on_a_machine_whose_engines_run_on_the_cpu():
-    from prefixstudy.engines import check_engine_config
+    from prefixstudy.preflight import check_engine_config
 
     cfg = load_config(None, {"engine": {"kind": "vllm"}, "arms": [{"name": "t", "offload": {"size_gib": 1}}]})
     with pytest.raises(UserError, match=r"^field 'arms.0.offload': .* this machine's engines run on the CPU \(arm t\)$"):
@@ -278,7 +278,7 @@ def test_ray_runs_arms_side_by_side_only_when_every_arm_s_engine_fits():
 
 
 def test_an_arm_s_engine_arguments_are_checked_by_vllm_naming_the_arm():
-    from prefixstudy.engines import check_engine_config
+    from prefixstudy.preflight import check_engine_config
 
     cfg = load_config(None, {"engine": {"kind": "vllm"}, "executor": "local",
                              "arms": [{"name": "odd", "engine": {"extra_args": {"no_such_vllm_arg": 1}}}]})

@@ -3,7 +3,8 @@
 import asyncio
 
 from prefixstudy.config import load_config
-from prefixstudy.engines import BACKENDS, RequestTrace, engine_class, make_engine
+from prefixstudy.engines import BACKENDS, RequestTrace, engine_class
+from prefixstudy.engines.build import make_engine
 
 
 def echo(mode, **engine):

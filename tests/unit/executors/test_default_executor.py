@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefixstudy import executors
+from prefixstudy.executors import base as executors
 
 
 @pytest.mark.parametrize(("ray", "kind", "address", "expected"), [

@@ -115,7 +115,7 @@ def test_resume_keeps_ok_points_and_plans_the_rest(tmp_path):
 
 def test_point_cap_shorter_than_the_schedule_is_refused():
     from prefixstudy.errors import UserError
-    from prefixstudy.study import check_plan
+    from prefixstudy.preflight import check_plan
 
     check_plan(load_config(None, {"sweep.rates": [1], "sweep.num_requests": 40, "sweep.max_point_duration_s": 50}))
     with pytest.raises(UserError, match=r"field 'sweep.max_point_duration_s': 45 s is too short for 40 requests "

@@ -12,7 +12,7 @@ from prefixstudy.workloads import load_rows
 from prefixstudy.workloads.groups import group_order, popularity
 from prefixstudy.workloads.jsonl import load_jsonl, save_jsonl
 from prefixstudy.workloads.lengths import LengthDist, draw
-from prefixstudy.workloads.specs import MixConfig, TraceConfig
+from prefixstudy.config.workload_specs import MixConfig, TraceConfig
 from prefixstudy.workloads.trace import load_trace, trace_offsets
 
 FIXTURE = Path(__file__).resolve().parents[2] / "data" / "mooncake_synthetic.jsonl"

@@ -20,6 +20,7 @@ tier with both.  Each run's manifest records the tier's blocks the engine had.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -173,23 +174,36 @@ def reuse_footprint_blocks(rows: list[DatasetRow], block: int, primes: list[list
 
 def run_capacity_sweep(cfg: StudyConfig, unit: str, values: list[float], parent: Path | None = None,
                        progress: bool = True) -> Path:
-    """One run per capacity, in the order given, under ``parent`` (default: a new run folder)."""
+    """One run per capacity, in the order given, under ``parent`` (default: a new run folder).
+    Every capacity's config is checked before the parent is made, so a refused sweep leaves no
+    folder; nor does one stopped before its first run wrote anything.  A sweep is not resumed as a
+    whole: each capacity's folder is an ordinary run (``prefixstudy run --resume``)."""
     from prefixstudy.results.writer import new_run_dir
-    from prefixstudy.study import run_study
+    from prefixstudy.study import check_inputs, run_study
 
-    parent = parent or new_run_dir(cfg)
-    parent.mkdir(parents=True, exist_ok=True)
+    subs = [capacity_config(cfg, unit, v) for v in values]
     rows = load_rows(cfg)
+    for sub in subs:
+        check_inputs(sub)
+    made = None if parent else new_run_dir(cfg)
+    parent = parent or made
+    parent.mkdir(parents=True, exist_ok=True)
     primes = [p for _, p in sorted(group_prefixes(rows).items()) if p] if cfg.sweep.prime_prefixes else []
     index: dict = {"unit": unit, "values": values, "runs": []}
-    for v in values:
-        run = run_study(capacity_config(cfg, unit, v), run_dir=parent / f"{unit}-{v:g}", progress=progress)
-        points = json.loads((run / "manifest.json").read_text())["points"]
-        block = next((p["block_size"] for p in points if p.get("block_size")), 0)
-        index["runs"].append({"capacity": v, "dir": run.name,
-                              "working_set_blocks": working_set_blocks(rows, block) if block else None,
-                              "reuse_footprint_blocks": reuse_footprint_blocks(rows, block, primes) if block else None})
-        (parent / INDEX).write_text(json.dumps(index, indent=1))
+    try:
+        for v, sub in zip(values, subs, strict=True):
+            run = run_study(sub, run_dir=parent / f"{unit}-{v:g}", progress=progress)
+            points = json.loads((run / "manifest.json").read_text())["points"]
+            block = next((p["block_size"] for p in points if p.get("block_size")), 0)
+            index["runs"].append({"capacity": v, "dir": run.name,
+                                  "working_set_blocks": working_set_blocks(rows, block) if block else None,
+                                  "reuse_footprint_blocks": reuse_footprint_blocks(rows, block, primes) if block
+                                  else None})
+            (parent / INDEX).write_text(json.dumps(index, indent=1))
+    finally:
+        if made is not None and made.is_dir() and not any(made.iterdir()):
+            with contextlib.suppress(OSError):  # never in place of the error that ended the sweep
+                made.rmdir()  # stopped before the first run wrote anything: no empty folder to read as a sweep
     return parent
 
 

@@ -113,6 +113,15 @@ def check_device(cfg: StudyConfig) -> None:
         log.warning("device: cpu asked for on a machine with %s; vLLM picks its platform from its build", have)
 
 
+def check_inputs(cfg: StudyConfig) -> None:
+    """Every check on a run's input that needs no results folder: the plan, the packages, the
+    device and what the backend would refuse at start."""
+    check_plan(cfg)
+    check_installed(cfg)
+    check_device(cfg)
+    check_engine_config(cfg)
+
+
 class Study:
     """The sink executors report to: writes each point, applies the hit-rate policy, keeps the manifest."""
 
@@ -218,10 +227,7 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
             return _simulate(cfg, run_dir)
         else:
             rows = load_rows(cfg)
-        check_plan(cfg)
-        check_installed(cfg)
-        check_device(cfg)
-        check_engine_config(cfg)  # every input check comes before the results folder is made
+        check_inputs(cfg)  # every input check comes before the results folder is made
         if run_dir is None:
             run_dir = made = new_run_dir(cfg)
         preflight_out(run_dir)

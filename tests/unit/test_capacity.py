@@ -60,6 +60,20 @@ def test_reuse_footprint_counts_what_churns_the_cache_between_two_uses():
         assert (working_set_blocks(rows, 16), reuse_footprint_blocks(rows, 16, primes)) == (working_set, footprint)
 
 
+@pytest.mark.parametrize("override, unit, message", [
+    ({}, "tier_blocks", "--capacity tier_blocks: the tier goes to the study's own arms that cache, and it runs none "
+                        "(add one, e.g. arms: [{name: on-cpu}], and keep it in sweep.modes)"),
+    ({"sweep.max_point_duration_s": 0.2}, "blocks",
+     "field 'sweep.max_point_duration_s': 0.2 s is too short for 12 requests at 50 req/s; use at least 0 s"),
+])
+def test_a_refused_sweep_leaves_no_folder(tmp_path, override, unit, message):
+    cfg = load_config(None, {**GROUPS, **override, "out": str(tmp_path / "res")})
+    with pytest.raises(UserError) as e:
+        run_capacity_sweep(cfg, unit, [14, 12], progress=False)
+    assert str(e.value) == message
+    assert not (tmp_path / "res").exists()
+
+
 @pytest.mark.slow
 def test_sweep_writes_one_run_per_capacity_and_a_table(tmp_path):
     parent = run_capacity_sweep(load_config(None, {**GROUPS, "out": str(tmp_path)}), "blocks", [14, 12],

@@ -109,7 +109,8 @@ class LocalReplicas:
 
 
 class FleetEngine:
-    """``cfg.replicas`` replicas of one mode behind a ``Router`` (``cfg.router``, one policy)."""
+    """``cfg.replicas`` replicas of one mode behind a ``Router`` (``cfg.router``, one policy: a run
+    with more is refused by ``study.check_inputs``; a routing sweep gives each policy its own run)."""
 
     kind = "fleet"
 

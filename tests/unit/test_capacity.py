@@ -65,6 +65,9 @@ def test_reuse_footprint_counts_what_churns_the_cache_between_two_uses():
                         "(add one, e.g. arms: [{name: on-cpu}], and keep it in sweep.modes)"),
     ({"sweep.max_point_duration_s": 0.2}, "blocks",
      "field 'sweep.max_point_duration_s': 0.2 s is too short for 12 requests at 50 req/s; use at least 0 s"),
+    ({"replicas": 2, "router.policies": ["round_robin", "prefix_affinity"]}, "blocks",
+     "field 'router.policies': a run, and each capacity of a capacity sweep, routes by one policy, and 2 are given "
+     "(round_robin, prefix_affinity); give one, or compare them with `prefixstudy run` (one run folder per policy)"),
 ])
 def test_a_refused_sweep_leaves_no_folder(tmp_path, override, unit, message):
     cfg = load_config(None, {**GROUPS, **override, "out": str(tmp_path / "res")})

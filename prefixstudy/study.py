@@ -46,9 +46,8 @@ def check_plan(cfg: StudyConfig) -> None:
     if cfg.replicas > 1 and cfg.engine.kind in ("http", "vllm-server"):
         raise UserError(f"field 'replicas': engine.kind {cfg.engine.kind} measures the servers it is given; "
                         "replicas > 1 needs an in-process backend (vllm, echo)")
-    if cfg.replicas > 1 and cfg.engine.kind == "sim":
-        raise UserError("field 'replicas': the simulator runs one engine per mode (no router yet); "
-                        "replicas > 1 needs an in-process backend (vllm, echo)")
+    if cfg.engine.kind == "sim":
+        check_simulated(cfg)
     check_resident(cfg)
     sw = cfg.sweep
     for rate in sw.rates:
@@ -56,6 +55,13 @@ def check_plan(cfg: StudyConfig) -> None:
         if sw.max_point_duration_s < need:
             raise UserError(f"field 'sweep.max_point_duration_s': {sw.max_point_duration_s:g} s is too short for "
                             f"{sw.requests_for(rate)} requests at {rate:g} req/s; use at least {need:.0f} s")
+
+
+def check_simulated(cfg: StudyConfig) -> None:
+    """What the simulator cannot run: a fleet (it drives one scheduler per arm, with no router)."""
+    if cfg.replicas > 1:
+        raise UserError("field 'replicas': the simulator runs one engine per arm (no router yet); "
+                        "simulate with replicas: 1, or measure a fleet with an in-process backend (vllm, echo)")
 
 
 def check_resident(cfg: StudyConfig) -> None:

@@ -132,6 +132,9 @@ def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, t
     """Every mode x rate of ``cfg`` in virtual time; returns the results folder.  ``jobs`` > 1
     simulates points in that many processes (each point resets the prefix cache, so a point does
     not depend on the ones before it; the scheduler is pure Python and holds the GIL)."""
+    from prefixstudy.study import check_simulated
+
+    check_simulated(cfg)
     rows = load_rows(cfg)
     # The calibration is checked (and fitted) before any worker starts: a refused one is one line
     # at once, not after the workers' vLLM import.

@@ -134,6 +134,25 @@ def test_engine_kind_sim_names_a_missing_calibration_in_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("kind", ["vllm", "sim"])
+def test_a_fleet_is_refused_in_one_line(calibration, tmp_path, kind):
+    """`prefixstudy simulate` of a config with replicas: 2 (the simulator has no router), whether
+    the config names the simulator or a real backend: exit 2, one line, no results folder."""
+    from click.testing import CliRunner
+
+    from prefixstudy.cli import main
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"model": TINY, "out": str(tmp_path / "out"), "replicas": 2,
+                                    "engine": {"kind": kind, **({"calibration": str(calibration)} if kind == "sim"
+                                                                else {})}}))
+    r = CliRunner().invoke(main, ["simulate", str(path), "--calibration", str(calibration), "--no-report"])
+    assert (r.exit_code, r.output) == (2, "error: field 'replicas': the simulator runs one engine per arm (no router "
+                                          "yet); simulate with replicas: 1, or measure a fleet with an in-process "
+                                          "backend (vllm, echo)\n")
+    assert not (tmp_path / "out").exists()
+
+
 def test_engine_kind_sim_names_an_unknown_gpu_in_one_line(calibration, tmp_path):
     from click.testing import CliRunner
 

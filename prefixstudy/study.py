@@ -259,7 +259,7 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
             writer.keep(manifest.get("points", []), old.summary)
         writer.start()
         study = Study(cfg, writer)
-        return _run(study, executor, rows, progress)
+        return run_pending(study, executor, rows, progress)
     finally:
         if lock is not None:
             lock.release()
@@ -284,10 +284,10 @@ def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
     return simulate(cfg, Path(e.calibration), e.gpu, None, None, e.jobs, run_dir)
 
 
-def _run(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path:
-    """Run the pending points; whatever happens, the manifest ends with the run's status.  A
-    signal during the final summary (the step fit) stops it too: the run is then `interrupted`
-    (run_study's SIGTERM handler covers it)."""
+def run_pending(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path:
+    """Run the pending points through ``executor`` (a measured one, or the simulator's); whatever
+    happens, the manifest ends with the run's status.  A signal during the final summary (the step
+    fit) stops it too: the run is then `interrupted` (run_study's SIGTERM handler covers it)."""
     status = "failed"
     try:
         try:

@@ -62,6 +62,21 @@ def test_simulated_study_matches_the_hand_schedule(calibration, tmp_path, tiny_v
     assert res.manifest["sim"]["num_gpu_blocks"] == 64 and res.manifest["engine"] == "sim"
 
 
+def test_a_simulated_study_ends_as_a_measured_one(calibration, tmp_path, tiny_vllm_config):
+    """Its points go through the study's point policy and its end writes what a measured run's
+    does: status from the points, the step fit, and headline.csv with the hand schedule's gain."""
+    run = simulate(load_config(None, OVERRIDES), calibration, out=tmp_path / "out")
+    res = load(run)
+    assert res.manifest["status"] == "complete"
+    assert [p["hit_rate_ok"] for p in res.manifest["points"]] == [True] * 4
+    assert res.manifest["step_timing"] == ["sim"]  # recorded by the end of a run, over every point's steps
+    h = pd.read_csv(run / "headline.csv")
+    assert list(h.rate) == [1.0, 2.0] and list(h.n_pairs) == [3, 3]
+    assert list(h.on_mean_e2e_ms) == pytest.approx([4.46, 4.46]) and list(h.off_mean_e2e_ms) == pytest.approx([4.94] * 2)
+    assert list(h.gain_mean_e2e) == pytest.approx([(4.94 - 4.46) / 4.94] * 2)
+    assert list(h.on_hit_rate) == pytest.approx([0.75, 0.75])
+
+
 def test_a_cpu_calibration_cannot_price_a_gpu(calibration, tmp_path):
     cfg = load_config(None, OVERRIDES)
     with pytest.raises(UserError, match="--gpu H200-SXM: the calibration study ran on the CPU"):

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from prefixstudy.arms import compared
 from prefixstudy.cachesim import block_hashes
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import UserError
@@ -61,8 +62,8 @@ CAPACITY_FIELDS: dict[str, tuple[str, str]] = {
                                "NaN where unknown"),
     "reuse_footprint_ratio": ("float64", "reuse_footprint_blocks / (num_blocks - 1): above 1 an LRU cache "
                               "evicts a block before its reuse"),
-    "e2e_gain": ("float64", "(OFF - arm) / OFF of mean E2E, against OFF at the same capacity, rate and repeat; "
-                 "NaN on OFF's rows"),
+    "e2e_gain": ("float64", "(baseline - arm) / baseline of mean E2E, against the baseline arm (`sweep.baseline`, "
+                 "OFF by default) at the same capacity, rate and repeat; NaN on the baseline's rows"),
     "ttft_gain": ("float64", "the same for mean TTFT"),
 }
 
@@ -209,8 +210,8 @@ def run_capacity_sweep(cfg: StudyConfig, unit: str, values: list[float], parent:
 
 def capacity_table(parent: Path) -> pd.DataFrame:
     """One row per capacity x point: the engine's blocks, working set ÷ usable blocks, hit rates
-    (measured, with the engine's blocks, infinite cache), latency, and the gain over OFF
-    (capacity.csv: ``CAPACITY_FIELDS``)."""
+    (measured, with the engine's blocks, infinite cache), latency, and the gain over the baseline
+    arm (capacity.csv: ``CAPACITY_FIELDS``)."""
     from prefixstudy.results import load
 
     f = parent / INDEX
@@ -233,19 +234,32 @@ def capacity_table(parent: Path) -> pd.DataFrame:
         s["reuse_footprint_ratio"] = s["reuse_footprint_blocks"] / (s["num_blocks"] - 1)
         out.append(s)
     df = pd.concat(out, ignore_index=True)
-    return typed_frame(with_gain(df, ["capacity"]), CAPACITY_FIELDS)
+    return typed_frame(with_gain(df, ["capacity"], sweep_arms(parent)[1]), CAPACITY_FIELDS)
 
 
-def with_gain(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Adds ``e2e_gain`` and ``ttft_gain``: (OFF - arm) / OFF of the means, on every row of an arm
-    that caches (ON, and a study's own arms), matched on ``keys`` + the point key columns (rate,
-    and repeat where results have it)."""
+def sweep_arms(parent: Path) -> tuple[str, str | None]:
+    """The arm a capacity sweep reads collapse on and the baseline its gains are against
+    (``arms.compared``; ON and OFF by default), from its first run's recorded config."""
+    from prefixstudy.results import load
+    from prefixstudy.results.finish import study_arms
+
+    runs = json.loads((parent / INDEX).read_text())["runs"] if (parent / INDEX).is_file() else []
+    if not runs:
+        return "on", "off"
+    arms, baseline = study_arms(load(parent / runs[0]["dir"]))
+    return compared(arms, baseline)[0], baseline
+
+
+def with_gain(df: pd.DataFrame, keys: list[str], baseline: str | None = "off") -> pd.DataFrame:
+    """Adds ``e2e_gain`` and ``ttft_gain``: (baseline - arm) / baseline of the means, on every row
+    of an arm but the baseline, matched on ``keys`` + the point key columns (rate, and repeat where
+    results have it); NaN throughout without a baseline."""
     on = [k for k in keys + ["rate", "repeat"] if k in df]
-    off = df[df["mode"] == "off"][on + ["mean_e2e_ms", "mean_ttft_ms"]]
+    off = df[df["mode"] == baseline][on + ["mean_e2e_ms", "mean_ttft_ms"]]
     m = df.merge(off, on=on, how="left", suffixes=("", "_off"))
     for x in ("e2e", "ttft"):
         gain = (m[f"mean_{x}_ms_off"] - m[f"mean_{x}_ms"]) / m[f"mean_{x}_ms_off"]
-        m[f"{x}_gain"] = gain.where(m["mode"] != "off")
+        m[f"{x}_gain"] = gain.where(m["mode"] != baseline)
     return m.drop(columns=["mean_e2e_ms_off", "mean_ttft_ms_off"])
 
 
@@ -257,12 +271,13 @@ def ratio_column(table: pd.DataFrame) -> tuple[str, str]:
     return "working_set_ratio", "working set ÷ capacity"
 
 
-def collapse_lines(table: pd.DataFrame, share: float = 0.5) -> list[str]:
-    """Per rate, in words: the smallest capacity ratio at which ON's measured hit rate is below
-    ``share`` of the infinite-cache bound (the cache no longer holds the reuse), with the hit rate
-    and E2E gain on either side; or that it never fell over the capacities run (``ratio_column``)."""
+def collapse_lines(table: pd.DataFrame, share: float = 0.5, arm: str = "on") -> list[str]:
+    """Per rate, in words: the smallest capacity ratio at which ``arm``'s measured hit rate (ON's by
+    default, ``sweep_arms``) is below ``share`` of the infinite-cache bound (the cache no longer
+    holds the reuse), with the hit rate and E2E gain on either side; or that it never fell over the
+    capacities run (``ratio_column``)."""
     x, name = ratio_column(table)
-    on = table[table["mode"] == "on"].sort_values(x, kind="stable")
+    on = table[table["mode"] == arm].sort_values(x, kind="stable")
     out = []
     for rate, g in on.groupby("rate", sort=True):
         low = g["hit_rate_measured"] < share * g["hit_rate_expected"]

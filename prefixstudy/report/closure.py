@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 
+from prefixstudy.arms import arm_label
 from prefixstudy.metrics.headline import knee_bracket
 from prefixstudy.metrics.requests import counted
 from prefixstudy.model.closure import closure
@@ -31,7 +32,7 @@ def table(d: ReportData) -> pd.DataFrame:
     if d.coef is None or d.head.empty:
         return pd.DataFrame()
     req = counted(d.study.requests)
-    arms = [m for m in ("on", "off") if m in set(req["mode"]) and f"{m}_mean_tpot_ms" in d.head]
+    arms = [m for m in d.arms if m in set(req["mode"]) and f"{m}_mean_tpot_ms" in d.head]
     workload = {m: (g["prompt_tokens"].mean(), g["num_cached_tokens"].mean(), g["output_tokens"].mean())
                 for m, g in req[req["mode"].isin(arms)].groupby("mode")}
     if not workload:
@@ -44,7 +45,7 @@ def table(d: ReportData) -> pd.DataFrame:
         worst = calm.loc[err.idxmax()] if len(calm) else None
         b = knee_bracket(d.head, arm)
         rows.append({
-            "arm": arm.upper(), "work per request (ms)": f"{g['work_ms'].iloc[0]:.1f}",
+            "arm": arm_label(arm), "work per request (ms)": f"{g['work_ms'].iloc[0]:.1f}",
             "unstable at (req/s)": f"{g['unstable_rate'].iloc[0]:.1f}",
             "full at (req/s)": f"{g['full_rate'].iloc[0]:.1f}" if math.isfinite(g["full_rate"].iloc[0]) else "–",
             "model knee (req/s)": f"{g['knee_rate'].iloc[0]:.1f}",

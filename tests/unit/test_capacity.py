@@ -98,6 +98,36 @@ def test_sweep_writes_one_run_per_capacity_and_a_table(tmp_path):
                            "(hit rate 0.889, E2E gain ") and "and 1.09 (hit rate 0.037, E2E gain " in line
 
 
+def test_gains_are_against_the_configured_baseline():
+    import pandas as pd
+
+    from prefixstudy.capacity import with_gain
+
+    df = pd.DataFrame({"mode": ["cold", "warm", "cold", "warm"], "capacity": [1.0, 1.0, 2.0, 2.0], "rate": 1.0,
+                       "mean_e2e_ms": [10.0, 5.0, 10.0, 8.0], "mean_ttft_ms": [4.0, 1.0, 4.0, 2.0]})
+    g = with_gain(df, ["capacity"], "cold")
+    assert g["e2e_gain"].tolist() == pytest.approx([float("nan"), 0.5, float("nan"), 0.2], nan_ok=True)
+    assert g["ttft_gain"].tolist() == pytest.approx([float("nan"), 0.75, float("nan"), 0.5], nan_ok=True)
+
+
+@pytest.mark.slow
+def test_a_sweep_of_arms_named_neither_on_nor_off_reads_the_arm_against_its_baseline(tmp_path):
+    from prefixstudy.capacity import sweep_arms
+
+    cfg = load_config(None, {**GROUPS, "out": str(tmp_path), "arms": [{"name": "cold", "prefix_caching": False},
+                                                                      {"name": "warm"}],
+                             "sweep.modes": ["cold", "warm"], "sweep.baseline": "cold"})
+    parent = run_capacity_sweep(cfg, "blocks", [14, 12], tmp_path / "sweep", progress=False)
+    assert sweep_arms(parent) == ("warm", "cold")
+    t = capacity_table(parent)
+    warm = t[t["mode"] == "warm"]
+    assert warm["hit_rate_measured"].tolist() == pytest.approx([32 / 36, 16 / 432])
+    assert warm["e2e_gain"].notna().all() and t[t["mode"] == "cold"]["e2e_gain"].isna().all()
+    line, = collapse_lines(t, arm="warm")
+    assert line.startswith("50 req/s: the hit rate collapses between blocks cached between two uses ÷ capacity 0.92 "
+                           "(hit rate 0.889, E2E gain ")
+
+
 @pytest.mark.slow
 def test_breakdown_per_turn_shows_later_turns_hit_more(tmp_path):
     cfg = load_config(None, {**GROUPS, "dataset.kind": "sessions", "dataset.groups": 1, "dataset.output_len": 8,

@@ -122,12 +122,12 @@ def check_device(cfg: StudyConfig) -> None:
 def check_inputs(cfg: StudyConfig) -> None:
     """Every check on a run's input that needs no results folder: the plan, the packages, the
     device and what the backend would refuse at start.  A run's fleet routes by one policy:
-    comparing policies is a routing sweep (``routing_sweep``), which gives each its own run."""
+    comparing policies is a routing or capacity sweep, which gives each its own run."""
     policies = cfg.router.policies
     if cfg.replicas > 1 and len(policies) > 1:
-        raise UserError(f"field 'router.policies': a run, and each capacity of a capacity sweep, routes by one "
-                        f"policy, and {len(policies)} are given ({', '.join(policies)}); give one, or compare "
-                        "them with `prefixstudy run` (one run folder per policy)")
+        raise UserError(f"field 'router.policies': a run routes by one policy, and {len(policies)} are given "
+                        f"({', '.join(policies)}); give one, or compare them with `prefixstudy run` or "
+                        "`prefixstudy capacity` (one run folder per policy)")
     check_plan(cfg)
     check_installed(cfg)
     check_device(cfg)

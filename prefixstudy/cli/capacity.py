@@ -33,9 +33,9 @@ def capacity(config, capacity, out, sets, quiet, verbose):
     _console(verbose)
     parent = _sweep(run_capacity_sweep, cfg, unit, values, progress=not quiet)
     table = write_capacity_report(parent)
-    cols = ["capacity", "num_blocks", "tier_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate",
+    cols = ["capacity", "policy", "num_blocks", "tier_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate",
             "hit_rate_measured", "hit_rate_estimated", "hit_rate_expected", "mean_e2e_ms", "e2e_gain"]
-    click.echo(markdown(table[cols]))
+    click.echo(markdown(table[[c for c in cols if c in table]]))  # policy: only a sweep of several
     for line in collapse_lines(table, arm=sweep_arms(parent)[0]):
         click.echo(line)
     click.echo(f"results: {parent}")

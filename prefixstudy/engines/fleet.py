@@ -110,7 +110,8 @@ class LocalReplicas:
 
 class FleetEngine:
     """``cfg.replicas`` replicas of one mode behind a ``Router`` (``cfg.router``, one policy: a run
-    with more is refused by ``study.check_inputs``; a routing sweep gives each policy its own run)."""
+    with more is refused by ``study.check_inputs``; a routing or capacity sweep gives each policy its
+    own run)."""
 
     kind = "fleet"
 

@@ -15,22 +15,25 @@ from prefixstudy.capacity import TABLE, capacity_table, collapse_lines, ratio_co
 from prefixstudy.metrics.breakdown import markdown
 from prefixstudy.report.figures import new_figure, save
 
-COLUMNS = ["capacity", "num_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate", "repeat",
+COLUMNS = ["capacity", "policy", "num_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate", "repeat",
            "hit_rate_measured", "hit_rate_estimated", "hit_rate_expected", "mean_e2e_ms", "e2e_gain", "saturated"]
 
 
 def capacity_figure(table: pd.DataFrame, arms: tuple[str, str | None] = ("on", "off")):
     """Two panels over the capacity ratio, means over repeats: the arm's measured hit rate (dashed:
-    the infinite-cache bound) and its E2E gain over the baseline; one line per rate."""
+    the infinite-cache bound) and its E2E gain over the baseline; one line per rate (and routing
+    policy, where the sweep ran several)."""
     x, label = ratio_column(table)
     on = table[table["mode"] == arms[0]]
-    means = on.groupby(["rate", "capacity"], sort=True)[[x, "hit_rate_measured", "hit_rate_expected", "e2e_gain"]].mean()
+    lines = ["policy", "rate"] if "policy" in on else ["rate"]
+    means = on.groupby([*lines, "capacity"], sort=True)[[x, "hit_rate_measured", "hit_rate_expected", "e2e_gain"]].mean()
     fig = new_figure(10, 4.2)
     hit, gain = fig.subplots(1, 2)
-    for rate, grp in means.groupby(level="rate"):
-        g = grp.sort_values(x)
-        hit.plot(g[x], g["hit_rate_measured"], marker="o", label=f"{rate:g} req/s")
-        gain.plot(g[x], 100 * g["e2e_gain"], marker="o", label=f"{rate:g} req/s")
+    for key, grp in means.groupby(level=lines):
+        *policy, rate = key
+        g, name = grp.sort_values(x), f"{rate:g} req/s" + "".join(f" ({p})" for p in policy)
+        hit.plot(g[x], g["hit_rate_measured"], marker="o", label=name)
+        gain.plot(g[x], 100 * g["e2e_gain"], marker="o", label=name)
     bound = means.groupby(level="capacity").agg({x: "mean", "hit_rate_expected": "mean"}).sort_values(x)
     hit.plot(bound[x], bound["hit_rate_expected"], ls="--", color="gray", label="infinite cache")
     for ax, title in ((hit, f"{arm_label(arms[0])}'s prefix hit rate"),

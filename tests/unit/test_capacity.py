@@ -65,9 +65,6 @@ def test_reuse_footprint_counts_what_churns_the_cache_between_two_uses():
                         "(add one, e.g. arms: [{name: on-cpu}], and keep it in sweep.modes)"),
     ({"sweep.max_point_duration_s": 0.2}, "blocks",
      "field 'sweep.max_point_duration_s': 0.2 s is too short for 12 requests at 50 req/s; use at least 0 s"),
-    ({"replicas": 2, "router.policies": ["round_robin", "prefix_affinity"]}, "blocks",
-     "field 'router.policies': a run, and each capacity of a capacity sweep, routes by one policy, and 2 are given "
-     "(round_robin, prefix_affinity); give one, or compare them with `prefixstudy run` (one run folder per policy)"),
 ])
 def test_a_refused_sweep_leaves_no_folder(tmp_path, override, unit, message):
     cfg = load_config(None, {**GROUPS, **override, "out": str(tmp_path / "res")})
@@ -126,6 +123,40 @@ def test_a_sweep_of_arms_named_neither_on_nor_off_reads_the_arm_against_its_base
     line, = collapse_lines(t, arm="warm")
     assert line.startswith("50 req/s: the hit rate collapses between blocks cached between two uses ÷ capacity 0.92 "
                            "(hit rate 0.889, E2E gain ")
+
+
+@pytest.mark.slow
+def test_a_fleet_routed_by_two_policies_runs_each_policy_at_each_capacity(tmp_path):
+    cfg = load_config(None, {**GROUPS, "out": str(tmp_path), "replicas": 2,
+                             "router.policies": ["round_robin", "prefix_affinity"]})
+    parent = run_capacity_sweep(cfg, "blocks", [14], tmp_path / "sweep", progress=False)
+    runs = json.loads((parent / "capacity.json").read_text())["runs"]
+    assert [(r["capacity"], r["policy"], r["dir"]) for r in runs] == [
+        (14, "round_robin", "blocks-14-round_robin"), (14, "prefix_affinity", "blocks-14-prefix_affinity")]
+    assert [load(parent / r["dir"]).config["router"]["policies"] for r in runs] == [["round_robin"],
+                                                                                   ["prefix_affinity"]]
+    t = capacity_table(parent)
+    assert t[["policy", "mode"]].values.tolist() == [["round_robin", "on"], ["round_robin", "off"],
+                                                     ["prefix_affinity", "on"], ["prefix_affinity", "off"]]
+    assert t["e2e_gain"].notna().tolist() == [True, False, True, False]  # against OFF under the same policy
+    assert [line.split(":")[0] for line in collapse_lines(t)] == ["50 req/s (prefix_affinity)",
+                                                                  "50 req/s (round_robin)"]
+    from prefixstudy.report.capacity import write_capacity_report
+
+    write_capacity_report(parent)
+    assert (parent / "capacity.md").read_text().startswith("| capacity | policy | num_blocks |")
+    assert (parent / "capacity.png").is_file()
+
+
+def test_a_run_routes_by_one_policy(tmp_path):
+    cfg = load_config(None, {**GROUPS, "out": str(tmp_path / "res"), "replicas": 2,
+                             "router.policies": ["round_robin", "prefix_affinity"]})
+    with pytest.raises(UserError) as e:
+        run_study(cfg, progress=False)
+    assert str(e.value) == ("field 'router.policies': a run routes by one policy, and 2 are given (round_robin, "
+                            "prefix_affinity); give one, or compare them with `prefixstudy run` or `prefixstudy "
+                            "capacity` (one run folder per policy)")
+    assert not (tmp_path / "res").exists()
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ into the study's, not replaced.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +56,19 @@ class ArmConfig(BaseModel):
 
 
 BUILTIN_ARMS = {"on": ArmConfig(name="on"), "off": ArmConfig(name="off", prefix_caching=False)}
+
+
+def compared(arms: Sequence[str], baseline: str | None) -> tuple[str, str]:
+    """The two arms headline.csv and the report's first screen compare: the first arm other than
+    the baseline, and the baseline (``sweep.baseline``; off when it runs).  ON and OFF where there is
+    no baseline or no other arm ran: their columns then hold what of them ran, with no gain."""
+    other = [a for a in arms if a != baseline]
+    return (other[0], baseline) if baseline is not None and other else ("on", "off")
+
+
+def arm_label(arm: str) -> str:
+    """An arm's name in text: ON / OFF for the built-in ones, a study's own as it named it."""
+    return arm.upper() if arm in BUILTIN_ARMS else arm
 
 
 def _merge(base: dict, over: dict) -> dict:

@@ -20,6 +20,7 @@ tier with both.  Each run's manifest records the tier's blocks the engine had.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -27,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from prefixstudy.arms import compared
 from prefixstudy.cachesim import block_hashes
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines.registry import BACKENDS, capabilities
@@ -49,6 +51,8 @@ CAPACITY_FIELDS: dict[str, tuple[str, str]] = {
     "capacity_unit": ("str", "the unit swept (`--capacity UNIT=...`): `blocks`, `bytes`, `share`, `offload_gib` "
                       "or `tier_blocks`"),
     "capacity": ("float64", "the capacity of this row's run, in `capacity_unit`"),
+    "policy": ("str", "the routing policy of this row's run; only in a sweep of a fleet routed by several "
+               "(`replicas` > 1, `router.policies`)"),
     **SUMMARY_FIELDS,
     "num_blocks": ("float64", "KV-cache blocks the engine allocated, as its point recorded them (the manifest's "
                    "`num_blocks`; the echo backend: 0 unbounded); NaN where the point did not say"),
@@ -62,8 +66,8 @@ CAPACITY_FIELDS: dict[str, tuple[str, str]] = {
                                "NaN where unknown"),
     "reuse_footprint_ratio": ("float64", "reuse_footprint_blocks / (num_blocks - 1): above 1 an LRU cache "
                               "evicts a block before its reuse"),
-    "e2e_gain": ("float64", "(OFF - arm) / OFF of mean E2E, against OFF at the same capacity, rate and repeat; "
-                 "NaN on OFF's rows"),
+    "e2e_gain": ("float64", "(baseline - arm) / baseline of mean E2E, against the baseline arm (`sweep.baseline`, "
+                 "OFF by default) at the same capacity, rate and repeat; NaN on the baseline's rows"),
     "ttft_gain": ("float64", "the same for mean TTFT"),
 }
 
@@ -174,30 +178,61 @@ def reuse_footprint_blocks(rows: list[DatasetRow], block: int, primes: list[list
 
 def run_capacity_sweep(cfg: StudyConfig, unit: str, values: list[float], parent: Path | None = None,
                        progress: bool = True) -> Path:
-    """One run per capacity, in the order given, under ``parent`` (default: a new run folder)."""
+    """One run per capacity (``sweep_runs``: per capacity x routing policy for a fleet routed by
+    several), in the order given, under ``parent`` (default: a new run folder).  Every run's config
+    is checked before the parent is made, so a refused sweep leaves no folder; nor does one stopped
+    before its first run wrote anything.  A sweep is not resumed as a whole: each run's folder is an
+    ordinary run (``prefixstudy run --resume``)."""
     from prefixstudy.results.writer import new_run_dir
+    from prefixstudy.preflight import check_inputs
     from prefixstudy.study import run_study
 
-    parent = parent or new_run_dir(cfg)
-    parent.mkdir(parents=True, exist_ok=True)
+    runs = sweep_runs(cfg, unit, values)
     rows = load_rows(cfg)
+    for _, _, sub in runs:
+        check_inputs(sub)
+    made = None if parent else new_run_dir(cfg)
+    parent = parent or made
+    parent.mkdir(parents=True, exist_ok=True)
     primes = [p for _, p in sorted(group_prefixes(rows).items()) if p] if cfg.sweep.prime_prefixes else []
     index: dict = {"unit": unit, "values": values, "runs": []}
-    for v in values:
-        run = run_study(capacity_config(cfg, unit, v), run_dir=parent / f"{unit}-{v:g}", progress=progress)
-        points = json.loads((run / "manifest.json").read_text())["points"]
-        block = next((p["block_size"] for p in points if p.get("block_size")), 0)
-        index["runs"].append({"capacity": v, "dir": run.name,
-                              "working_set_blocks": working_set_blocks(rows, block) if block else None,
-                              "reuse_footprint_blocks": reuse_footprint_blocks(rows, block, primes) if block else None})
-        (parent / INDEX).write_text(json.dumps(index, indent=1))
+    try:
+        for v, policy, sub in runs:
+            run = run_study(sub, run_dir=parent / f"{unit}-{v:g}{f'-{policy}' if policy else ''}", progress=progress)
+            points = json.loads((run / "manifest.json").read_text())["points"]
+            block = next((p["block_size"] for p in points if p.get("block_size")), 0)
+            index["runs"].append({"capacity": v, **({"policy": policy} if policy else {}), "dir": run.name,
+                                  "working_set_blocks": working_set_blocks(rows, block) if block else None,
+                                  "reuse_footprint_blocks": reuse_footprint_blocks(rows, block, primes) if block
+                                  else None})
+            (parent / INDEX).write_text(json.dumps(index, indent=1))
+    finally:
+        if made is not None and made.is_dir() and not any(made.iterdir()):
+            with contextlib.suppress(OSError):  # never in place of the error that ended the sweep
+                made.rmdir()  # stopped before the first run wrote anything: no empty folder to read as a sweep
     return parent
+
+
+def sweep_runs(cfg: StudyConfig, unit: str, values: list[float]) -> list[tuple[float, str | None, StudyConfig]]:
+    """(capacity, routing policy or None, config) of each run of a sweep, in order.  A fleet routed
+    by several policies runs each policy at each capacity, as a routing sweep does
+    (``routing_sweep.policy_config``: an arm without caching only under ``router.off_policies``)."""
+    from prefixstudy.routing_sweep import policy_config
+
+    out: list[tuple[float, str | None, StudyConfig]] = []
+    for v in values:
+        sub = capacity_config(cfg, unit, v)
+        if cfg.replicas > 1 and len(cfg.router.policies) > 1:
+            out += [(v, p, c) for p in cfg.router.policies if (c := policy_config(sub, p)) is not None]
+        else:
+            out.append((v, None, sub))
+    return out
 
 
 def capacity_table(parent: Path) -> pd.DataFrame:
     """One row per capacity x point: the engine's blocks, working set ÷ usable blocks, hit rates
-    (measured, with the engine's blocks, infinite cache), latency, and the gain over OFF
-    (capacity.csv: ``CAPACITY_FIELDS``)."""
+    (measured, with the engine's blocks, infinite cache), latency, and the gain over the baseline
+    arm (capacity.csv: ``CAPACITY_FIELDS``; ``policy`` only where the sweep ran several)."""
     from prefixstudy.results import load
 
     f = parent / INDEX
@@ -210,6 +245,8 @@ def capacity_table(parent: Path) -> pd.DataFrame:
         blocks = {p["mode"]: p.get("num_blocks") for p in res.manifest["points"]}
         tiers = {p["mode"]: p.get("tier_blocks", 0) for p in res.manifest["points"]}
         s = res.summary.copy()
+        if "policy" in r:
+            s.insert(0, "policy", r["policy"])
         s.insert(0, "capacity", float(r["capacity"]))
         s.insert(0, "capacity_unit", index["unit"])
         s["num_blocks"] = s["mode"].map(blocks).astype(float)
@@ -220,19 +257,34 @@ def capacity_table(parent: Path) -> pd.DataFrame:
         s["reuse_footprint_ratio"] = s["reuse_footprint_blocks"] / (s["num_blocks"] - 1)
         out.append(s)
     df = pd.concat(out, ignore_index=True)
-    return typed_frame(with_gain(df, ["capacity"]), CAPACITY_FIELDS)
+    keys = ["capacity", "policy"] if "policy" in df else ["capacity"]
+    fields = CAPACITY_FIELDS if "policy" in df else {k: v for k, v in CAPACITY_FIELDS.items() if k != "policy"}
+    return typed_frame(with_gain(df, keys, sweep_arms(parent)[1]), fields)
 
 
-def with_gain(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Adds ``e2e_gain`` and ``ttft_gain``: (OFF - arm) / OFF of the means, on every row of an arm
-    that caches (ON, and a study's own arms), matched on ``keys`` + the point key columns (rate,
-    and repeat where results have it)."""
+def sweep_arms(parent: Path) -> tuple[str, str | None]:
+    """The arm a capacity sweep reads collapse on and the baseline its gains are against
+    (``arms.compared``; ON and OFF by default), from its first run's recorded config."""
+    from prefixstudy.results import load
+    from prefixstudy.results.finish import study_arms
+
+    runs = json.loads((parent / INDEX).read_text())["runs"] if (parent / INDEX).is_file() else []
+    if not runs:
+        return "on", "off"
+    arms, baseline = study_arms(load(parent / runs[0]["dir"]))
+    return compared(arms, baseline)[0], baseline
+
+
+def with_gain(df: pd.DataFrame, keys: list[str], baseline: str | None = "off") -> pd.DataFrame:
+    """Adds ``e2e_gain`` and ``ttft_gain``: (baseline - arm) / baseline of the means, on every row
+    of an arm but the baseline, matched on ``keys`` + the point key columns (rate, and repeat where
+    results have it); NaN throughout without a baseline."""
     on = [k for k in keys + ["rate", "repeat"] if k in df]
-    off = df[df["mode"] == "off"][on + ["mean_e2e_ms", "mean_ttft_ms"]]
+    off = df[df["mode"] == baseline][on + ["mean_e2e_ms", "mean_ttft_ms"]]
     m = df.merge(off, on=on, how="left", suffixes=("", "_off"))
     for x in ("e2e", "ttft"):
         gain = (m[f"mean_{x}_ms_off"] - m[f"mean_{x}_ms"]) / m[f"mean_{x}_ms_off"]
-        m[f"{x}_gain"] = gain.where(m["mode"] != "off")
+        m[f"{x}_gain"] = gain.where(m["mode"] != baseline)
     return m.drop(columns=["mean_e2e_ms_off", "mean_ttft_ms_off"])
 
 
@@ -244,18 +296,21 @@ def ratio_column(table: pd.DataFrame) -> tuple[str, str]:
     return "working_set_ratio", "working set ÷ capacity"
 
 
-def collapse_lines(table: pd.DataFrame, share: float = 0.5) -> list[str]:
-    """Per rate, in words: the smallest capacity ratio at which ON's measured hit rate is below
-    ``share`` of the infinite-cache bound (the cache no longer holds the reuse), with the hit rate
-    and E2E gain on either side; or that it never fell over the capacities run (``ratio_column``)."""
+def collapse_lines(table: pd.DataFrame, share: float = 0.5, arm: str = "on") -> list[str]:
+    """Per rate (and routing policy, where the sweep ran several), in words: the smallest capacity
+    ratio at which ``arm``'s measured hit rate (ON's by default, ``sweep_arms``) is below ``share``
+    of the infinite-cache bound (the cache no longer holds the reuse), with the hit rate and E2E
+    gain on either side; or that it never fell over the capacities run (``ratio_column``)."""
     x, name = ratio_column(table)
-    on = table[table["mode"] == "on"].sort_values(x, kind="stable")
+    on = table[table["mode"] == arm].sort_values(x, kind="stable")
     out = []
-    for rate, g in on.groupby("rate", sort=True):
+    for key, g in on.groupby(["policy", "rate"] if "policy" in on else ["rate"], sort=True):
+        *policy, rate = key
+        at = f"{rate:g} req/s" + "".join(f" ({p})" for p in policy)
         low = g["hit_rate_measured"] < share * g["hit_rate_expected"]
         if not low.any():
             w = g.loc[(g["hit_rate_measured"] / g["hit_rate_expected"]).idxmin()]
-            out.append(f"{rate:g} req/s: the hit rate stayed at or above {share:.0%} of its bound at every capacity "
+            out.append(f"{at}: the hit rate stayed at or above {share:.0%} of its bound at every capacity "
                        f"run ({name} up to {g[x].max():.2f}; lowest {w['hit_rate_measured']:.3f} of "
                        f"{w['hit_rate_expected']:.3f}, at {w[x]:.2f})")
             continue
@@ -263,12 +318,12 @@ def collapse_lines(table: pd.DataFrame, share: float = 0.5) -> list[str]:
         after = g.iloc[k]
         gain = "" if pd.isna(after.get("e2e_gain")) else f", E2E gain {after['e2e_gain']:.1%}"
         if k == 0:
-            out.append(f"{rate:g} req/s: collapsed already at {name} {after[x]:.2f} "
+            out.append(f"{at}: collapsed already at {name} {after[x]:.2f} "
                        f"(hit rate {after['hit_rate_measured']:.3f}{gain})")
             continue
         before = g.iloc[k - 1]
         gain0 = "" if pd.isna(before.get("e2e_gain")) else f", E2E gain {before['e2e_gain']:.1%}"
-        out.append(f"{rate:g} req/s: the hit rate collapses between {name} {before[x]:.2f} (hit rate "
+        out.append(f"{at}: the hit rate collapses between {name} {before[x]:.2f} (hit rate "
                    f"{before['hit_rate_measured']:.3f}{gain0}) and {after[x]:.2f} (hit rate "
                    f"{after['hit_rate_measured']:.3f}{gain})")
     return out

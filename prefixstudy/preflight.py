@@ -26,11 +26,11 @@ def check_plan(cfg: StudyConfig) -> None:
     if len(cfg.router.policies) > 1 and cfg.replicas == 1:
         raise UserError("field 'router.policies': comparing policies needs replicas > 1")
     can = capabilities(cfg.engine.kind)
+    if can.virtual_time:
+        check_simulated(cfg)
     if cfg.replicas > 1 and not can.replicas:
-        why = ("the simulator runs one engine per mode (no router yet)" if can.virtual_time else
-               f"engine.kind {cfg.engine.kind} measures the servers it is given")
-        raise UserError(f"field 'replicas': {why}; replicas > 1 needs an in-process backend "
-                        f"({', '.join(kinds_that('replicas'))})")
+        raise UserError(f"field 'replicas': engine.kind {cfg.engine.kind} measures the servers it is given; "
+                        f"replicas > 1 needs an in-process backend ({', '.join(kinds_that('replicas'))})")
     check_resident(cfg)
     sw = cfg.sweep
     for rate in sw.rates:
@@ -38,6 +38,14 @@ def check_plan(cfg: StudyConfig) -> None:
         if sw.max_point_duration_s < need:
             raise UserError(f"field 'sweep.max_point_duration_s': {sw.max_point_duration_s:g} s is too short for "
                             f"{sw.requests_for(rate)} requests at {rate:g} req/s; use at least {need:.0f} s")
+
+
+def check_simulated(cfg: StudyConfig) -> None:
+    """What the simulator cannot run, whatever backend the config names: a fleet (it drives one
+    scheduler per arm, with no router)."""
+    if cfg.replicas > 1:
+        raise UserError("field 'replicas': the simulator runs one engine per arm (no router yet); simulate with "
+                        f"replicas: 1, or measure a fleet with an in-process backend ({', '.join(kinds_that('replicas'))})")
 
 
 def check_resident(cfg: StudyConfig) -> None:
@@ -128,3 +136,18 @@ def check_engine_config(cfg: StudyConfig, device: str | None = None) -> None:
             cls.check_config(cfg.model, cfg.arm_engine(mode), [mode])
         except UserError as e:
             raise UserError(f"{e} (arm {mode})") from None
+
+
+def check_inputs(cfg: StudyConfig) -> None:
+    """Every check on a run's input that needs no results folder: the plan, the packages, the
+    device and what the backend would refuse at start.  A run's fleet routes by one policy:
+    comparing policies is a routing or capacity sweep, which gives each its own run."""
+    policies = cfg.router.policies
+    if cfg.replicas > 1 and len(policies) > 1:
+        raise UserError(f"field 'router.policies': a run routes by one policy, and {len(policies)} are given "
+                        f"({', '.join(policies)}); give one, or compare them with `prefixstudy run` or "
+                        "`prefixstudy capacity` (one run folder per policy)")
+    check_plan(cfg)
+    check_installed(cfg)
+    check_device(cfg)
+    check_engine_config(cfg)

@@ -34,13 +34,13 @@ log = logging.getLogger(__name__)
 
 
 def policy_config(cfg: StudyConfig, policy: str) -> StudyConfig | None:
-    """``cfg`` for one policy; None when none of its modes runs under it (OFF, outside
-    ``router.off_policies``, and no other mode)."""
+    """``cfg`` for one policy; None when none of its modes runs under it (an arm without caching,
+    OFF by default, outside ``router.off_policies``, and no other mode)."""
     sub = cfg.model_copy(deep=True)
     sub.router.policies = [policy]
     off = cfg.router.off_policies
     sub.router.off_policies = None
-    sub.sweep.modes = [m for m in cfg.sweep.modes if m != "off" or off is None or policy in off]
+    sub.sweep.modes = [m for m in cfg.sweep.modes if cfg.arm(m).prefix_caching or off is None or policy in off]
     return sub if sub.sweep.modes else None
 
 

@@ -113,7 +113,9 @@ def results_files() -> list[tuple[str, str, dict[str, tuple[str, str]]]]:
         (SUMMARY, "One row per point (arm x rate x repeat), written as each point finishes; the engine "
                   "columns are filled once every point is in (the step-cost fit needs them all).",
          SUMMARY_FIELDS),
-        (HEADLINE, "One row per rate, over its repeats, with intervals; `{mode}` is `on` and `off`.",
+        (HEADLINE, "One row per rate, over its repeats, with intervals, comparing two arms: the first arm other "
+                   "than the baseline (`{arm}`) and the baseline (`sweep.baseline`); `{mode}` is each of them. "
+                   "`on` and `off` by default, and where no baseline runs.",
          HEADLINE_FIELDS),
         (ARMS, "One row per rate x arm other than the baseline (written when the baseline ran).", ARMS_FIELDS),
     ]

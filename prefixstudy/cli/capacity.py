@@ -22,7 +22,7 @@ from prefixstudy.cli.run import _console, _overrides
 @click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
 def capacity(config, capacity, out, sets, quiet, verbose):
     """Run CONFIG once per KV-cache size; write capacity.csv (hit rate and gain vs working set ÷ capacity)."""
-    from prefixstudy.capacity import collapse_lines, parse_capacity, run_capacity_sweep
+    from prefixstudy.capacity import collapse_lines, parse_capacity, run_capacity_sweep, sweep_arms
     from prefixstudy.config import load_config
     from prefixstudy.configs import resolve_config
     from prefixstudy.metrics.breakdown import markdown
@@ -33,10 +33,10 @@ def capacity(config, capacity, out, sets, quiet, verbose):
     _console(verbose)
     parent = _sweep(run_capacity_sweep, cfg, unit, values, progress=not quiet)
     table = write_capacity_report(parent)
-    cols = ["capacity", "num_blocks", "tier_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate",
+    cols = ["capacity", "policy", "num_blocks", "tier_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate",
             "hit_rate_measured", "hit_rate_estimated", "hit_rate_expected", "mean_e2e_ms", "e2e_gain"]
-    click.echo(markdown(table[cols]))
-    for line in collapse_lines(table):
+    click.echo(markdown(table[[c for c in cols if c in table]]))  # policy: only a sweep of several
+    for line in collapse_lines(table, arm=sweep_arms(parent)[0]):
         click.echo(line)
     click.echo(f"results: {parent}")
 
@@ -59,8 +59,10 @@ def _sweep(run, *args, **kwargs):
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--by", type=click.Choice(["turn", "group"]), default="turn", show_default=True)
 def breakdown(run_dir, by):
-    """Cached share, TTFT and E2E per turn or per prefix group, ON vs OFF, for one run."""
+    """Cached share, TTFT and E2E per turn or per prefix group, every arm against the baseline, for one run."""
     from prefixstudy.metrics.breakdown import breakdown as table, markdown
     from prefixstudy.results import load
+    from prefixstudy.results.finish import study_arms
 
-    click.echo(markdown(table(load(run_dir).requests, by)))
+    res = load(run_dir)
+    click.echo(markdown(table(res.requests, by, study_arms(res)[1])))

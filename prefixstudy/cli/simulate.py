@@ -3,6 +3,7 @@ priced by a step-cost model fitted on a calibration study; writes a real run's r
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -42,10 +43,14 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, stepwi
         raise UserError("--calibration: required (or a config with engine.kind sim and engine.calibration)")
     from prefixstudy.sim.run import simulate as run_sim
     from prefixstudy.preflight import need_vllm
+    from prefixstudy.errors import StudyFailed
 
     need_vllm("prefixstudy simulate: the simulator replays vLLM's own scheduler, so it")  # before any results folder
-
-    run_dir = run_sim(cfg, calibration, gpu, tp, out, jobs, stepwise=stepwise)
+    try:
+        run_dir = run_sim(cfg, calibration, gpu, tp, out, jobs, stepwise=stepwise)
+    except StudyFailed as e:  # the measured run's policy stopped it (checks.fail_on_hit_rate_mismatch)
+        click.echo(f"error: {e}; the points simulated are saved in {getattr(e, 'run_dir', '?')}", err=True)
+        sys.exit(1)
     click.echo(f"results: {run_dir}")
     if report:
         from prefixstudy.report import build_report

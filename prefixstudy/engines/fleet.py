@@ -108,7 +108,9 @@ class LocalReplicas:
 
 
 class FleetEngine(EngineDefaults):
-    """``cfg.replicas`` replicas of one mode behind a ``Router`` (``cfg.router``, one policy)."""
+    """``cfg.replicas`` replicas of one mode behind a ``Router`` (``cfg.router``, one policy: a run
+    with more is refused by ``preflight.check_inputs``; a routing or capacity sweep gives each policy its
+    own run)."""
 
     kind = "fleet"  # what the runner drives, never a config's engine.kind: the replicas' backend is that
 

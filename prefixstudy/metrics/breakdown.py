@@ -1,4 +1,5 @@
-"""Per-group and per-turn breakdowns of a study's requests: cached share, TTFT and E2E, ON vs OFF.
+"""Per-group and per-turn breakdowns of a study's requests: cached share, TTFT and E2E, every arm
+against the baseline (ON vs OFF by default).
 
 Counted requests only (``requests.counted``).  Shares are token-weighted, as summary.csv's hit
 rates are: sum of cached tokens over sum of prompt tokens of the requests in the cell.
@@ -13,10 +14,11 @@ from prefixstudy.metrics.requests import counted
 BY = {"turn": "turn", "group": "group"}
 
 
-def breakdown(requests: pd.DataFrame, by: str) -> pd.DataFrame:
+def breakdown(requests: pd.DataFrame, by: str, baseline: str | None = "off") -> pd.DataFrame:
     """One row per mode x rate x ``by`` (``turn`` or ``group``): n, prompt_tokens_mean,
     cached_share (measured), estimated_share (with the engine's blocks), expected_share (infinite
-    cache), mean_ttft_ms, mean_e2e_ms; ON rows also get e2e_gain and ttft_gain, (OFF - ON) / OFF."""
+    cache), mean_ttft_ms, mean_e2e_ms; the rows of every arm but ``baseline`` also get e2e_gain and
+    ttft_gain, (baseline - arm) / baseline (``results.finish.study_arms`` gives a run's baseline)."""
     ok = counted(requests)
     key = [k for k in ("mode", "rate", "repeat") if k in ok] + [BY[by]]
     rows = []
@@ -31,10 +33,10 @@ def breakdown(requests: pd.DataFrame, by: str) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=key + ["n", "prompt_tokens_mean", "cached_share", "estimated_share",
                                            "expected_share", "mean_ttft_ms", "mean_e2e_ms"])
     match = [k for k in key if k != "mode"]
-    off = df[df["mode"] == "off"][match + ["mean_ttft_ms", "mean_e2e_ms"]]
+    off = df[df["mode"] == baseline][match + ["mean_ttft_ms", "mean_e2e_ms"]]
     df = df.merge(off, on=match, how="left", suffixes=("", "_off"))
     for x in ("e2e", "ttft"):
-        df[f"{x}_gain"] = ((df[f"mean_{x}_ms_off"] - df[f"mean_{x}_ms"]) / df[f"mean_{x}_ms_off"]).where(df["mode"] == "on")
+        df[f"{x}_gain"] = ((df[f"mean_{x}_ms_off"] - df[f"mean_{x}_ms"]) / df[f"mean_{x}_ms_off"]).where(df["mode"] != baseline)
     return df.drop(columns=["mean_ttft_ms_off", "mean_e2e_ms_off"])
 
 

@@ -1,4 +1,5 @@
-"""Caching ON vs OFF: the gain of the means with a seeded bootstrap CI, and paired differences."""
+"""An arm against its baseline (caching ON vs OFF by default): the gain of the means with a seeded
+bootstrap CI, and paired differences.  In the frames, ``on`` is the arm and ``off`` the baseline."""
 
 from __future__ import annotations
 
@@ -44,8 +45,9 @@ def bootstrap_gain_ci(on_values, off_values, *, n_boot: int = 1000, ci: float = 
 
 
 def caching_gain(requests: pd.DataFrame, metric: str = "e2e_ms", *, n_boot: int = 1000,
-                 ci: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """Per rate: gain of the mean ``metric`` with a bootstrap CI.
+                 ci: float = 0.95, seed: int = 0, arms: tuple[str, str] = ("on", "off")) -> pd.DataFrame:
+    """Per rate: gain of the mean ``metric`` of ``arms[0]`` over the baseline ``arms[1]``, with a
+    bootstrap CI.
 
     Columns: rate, metric, gain, ci_lo, ci_hi, n_on, n_off.  Each rate gets its own
     generator seeded by (seed, rate index), so adding a rate does not move the others.
@@ -54,8 +56,8 @@ def caching_gain(requests: pd.DataFrame, metric: str = "e2e_ms", *, n_boot: int 
     rows = []
     for i, rate in enumerate(sorted(ok["rate"].unique())):
         at = ok[ok["rate"] == rate]
-        on = at.loc[at["mode"] == "on", metric].to_numpy(float)
-        off = at.loc[at["mode"] == "off", metric].to_numpy(float)
+        on = at.loc[at["mode"] == arms[0], metric].to_numpy(float)
+        off = at.loc[at["mode"] == arms[1], metric].to_numpy(float)
         lo, hi = bootstrap_gain_ci(on, off, n_boot=n_boot, ci=ci, seed=_seed(seed, i))
         rows.append({"rate": float(rate), "metric": metric, "gain": gain(on, off),
                      "ci_lo": lo, "ci_hi": hi, "n_on": int(on.size), "n_off": int(off.size)})
@@ -68,15 +70,18 @@ def _seed(seed: int, i: int) -> np.random.SeedSequence:
 
 # ----------------------------------------------------------------- paired comparison
 
-def paired_differences(requests: pd.DataFrame, metric: str = "e2e_ms") -> pd.DataFrame:
-    """Pair ON with OFF by (rate, request_index): the same scheduled request in both modes.
+def paired_differences(requests: pd.DataFrame, metric: str = "e2e_ms",
+                       arms: tuple[str, str] = ("on", "off")) -> pd.DataFrame:
+    """Pair the arm ``arms[0]`` with its baseline ``arms[1]`` (ON with OFF by default) by (rate,
+    request_index): the same scheduled request in both.
 
-    Columns: rate, request_index, on, off, delta (= off - on, so > 0 means ON is faster).
+    Columns: rate, request_index, on (the arm), off (the baseline), delta (= off - on, so > 0
+    means the arm is faster).
     Only pairs counted in both modes are kept.
     """
     ok = counted(requests)
-    on = ok.loc[ok["mode"] == "on", ["rate", "request_index", metric]].rename(columns={metric: "on"})
-    off = ok.loc[ok["mode"] == "off", ["rate", "request_index", metric]].rename(columns={metric: "off"})
+    on = ok.loc[ok["mode"] == arms[0], ["rate", "request_index", metric]].rename(columns={metric: "on"})
+    off = ok.loc[ok["mode"] == arms[1], ["rate", "request_index", metric]].rename(columns={metric: "off"})
     p = on.merge(off, on=["rate", "request_index"], how="inner").sort_values(["rate", "request_index"])
     p["delta"] = p["off"] - p["on"]
     return p.reset_index(drop=True)

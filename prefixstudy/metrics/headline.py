@@ -5,9 +5,10 @@ screen is this table.
   (``metrics.bootstrap.over_repeats``) is Student's t over the repeats' own mean (p90) with two or
   more repeats, so run-to-run spread is inside it; with one repeat, a moving-block bootstrap of
   its consecutive requests.  It holds for the machine the study ran on.
-* The gain of caching, (OFF - ON) / OFF of the mean (and of p90), over the requests counted in
-  both modes, paired by request: per repeat for the t interval, the same blocks of request
-  indices in ON and OFF for the one-repeat bootstrap.
+* The gain of the compared arm over the baseline (``arms.compared``: ON over OFF by default),
+  (baseline - arm) / baseline of the mean (and of p90), over the requests counted in both,
+  paired by request: per repeat for the t interval, the same blocks of request indices in both
+  for the one-repeat bootstrap.
 * ``arrival_rate``: the mean over repeats of the rate each schedule actually offered; every
   figure's x axis.
 * ``*_saturated``: any repeat of that mode was saturated there (``metrics.saturation``); a gain
@@ -36,7 +37,8 @@ MODES = ("on", "off")
 
 _INTERVAL = "95 % interval (t over repeats, or one repeat's block bootstrap)"
 # headline.csv's columns, each with its dtype and meaning (the docs' results reference prints them);
-# ``{mode}`` stands for each of MODES.
+# ``{mode}`` stands for each of the two arms compared (``arms.compared``; MODES by default), ``{arm}``
+# for the first of them, the arm compared with the baseline.
 HEADLINE_FIELDS: dict[str, tuple[str, str]] = {
     "rate": ("float64", "offered request rate, req/s"),
     "n_repeats": ("int64", "repeats of the rate"),
@@ -60,22 +62,24 @@ HEADLINE_FIELDS: dict[str, tuple[str, str]] = {
     "{mode}_engine_prefill_share_hi": ("float64", "its upper end"),
     "{mode}_decode_slowdown_lo": ("float64", f"its {_INTERVAL}, lower end"),
     "{mode}_decode_slowdown_hi": ("float64", "its upper end"),
-    "n_pairs": ("int64", "requests counted in both ON and OFF, paired by (repeat, request_index)"),
-    "gain_mean_e2e": ("float64", "(OFF - ON) / OFF of mean E2E over the pairs; 0.3: ON 30 % faster"),
+    "n_pairs": ("int64", "requests counted in both arms (ON and OFF by default), paired by (repeat, "
+                "request_index)"),
+    "gain_mean_e2e": ("float64", "(baseline - arm) / baseline of mean E2E over the pairs, (OFF - ON) / OFF by "
+                      "default; 0.3: the arm 30 % faster"),
     "gain_mean_e2e_lo": ("float64", f"its {_INTERVAL}, paired, lower end"),
     "gain_mean_e2e_hi": ("float64", "its upper end"),
-    "gain_p90_e2e": ("float64", "(OFF - ON) / OFF of p90 E2E over the pairs"),
+    "gain_p90_e2e": ("float64", "(baseline - arm) / baseline of p90 E2E over the pairs"),
     "gain_p90_e2e_lo": ("float64", f"its {_INTERVAL}, paired, lower end"),
     "gain_p90_e2e_hi": ("float64", "its upper end"),
-    "gain_is_bound": ("bool", "ON or OFF saturated here: the gain is a bound, not a value"),
-    "on_hit_rate": ("float64", "ON's measured hit rate: cached / prompt tokens of its counted requests"),
-    "on_hit_rate_expected": ("float64", "ON's infinite-cache bound of it"),
+    "gain_is_bound": ("bool", "either arm saturated here: the gain is a bound, not a value"),
+    "{arm}_hit_rate": ("float64", "the arm's measured hit rate: cached / prompt tokens of its counted requests"),
+    "{arm}_hit_rate_expected": ("float64", "its infinite-cache bound"),
 }
 
 
-def headline_columns() -> list[str]:
-    """HEADLINE_FIELDS with ``{mode}`` spelled out for each mode."""
-    return list(dict.fromkeys(c.format(mode=m) for c in HEADLINE_FIELDS for m in MODES))
+def headline_columns(arms: tuple[str, str] = MODES) -> list[str]:
+    """HEADLINE_FIELDS with ``{mode}`` spelled out for each of ``arms`` (the arm, the baseline)."""
+    return list(dict.fromkeys(c.format(mode=m, arm=arms[0]) for c in HEADLINE_FIELDS for m in arms))
 
 
 def _column(b: np.ndarray, j: int) -> np.ndarray:
@@ -121,7 +125,7 @@ def _latency(ok: pd.DataFrame, mode: str, seed) -> dict:
     return out
 
 
-def _paired_gain(ok: pd.DataFrame, seed, arm: str = "on", baseline: str = "off") -> dict:
+def _paired_gain(ok: pd.DataFrame, seed, arm: str, baseline: str) -> dict:
     """The gain of ``arm`` over ``baseline``, (baseline - arm) / baseline, paired by request."""
     on = ok[ok["mode"] == arm][["repeat", "request_index", "e2e_ms"]]
     off = ok[ok["mode"] == baseline][["repeat", "request_index", "e2e_ms"]]
@@ -162,8 +166,10 @@ def _engine(busy: pd.DataFrame, fit: engine_fit.StepFit | None, mode: str, seed)
 
 
 def headline(requests: pd.DataFrame, summary: pd.DataFrame, iterations: pd.DataFrame | None = None,
-             fit: engine_fit.StepFit | None = None) -> pd.DataFrame:
-    """One row per rate (see the module docstring).  Pure: frames in, frame out, seeded by rate."""
+             fit: engine_fit.StepFit | None = None, arms: tuple[str, str] = MODES) -> pd.DataFrame:
+    """One row per rate (see the module docstring), ``arms[0]`` against the baseline ``arms[1]``.
+    Pure: frames in, frame out, seeded by rate."""
+    arm, baseline = arms
     ok = counted(requests)
     busy = engine_fit.busy_steps(iterations) if iterations is not None and len(iterations) else None
     rows = []
@@ -174,17 +180,17 @@ def headline(requests: pd.DataFrame, summary: pd.DataFrame, iterations: pd.DataF
         at = ok[ok["rate"] == rate]
         row = {"rate": float(rate), "n_repeats": int(s["repeat"].nunique()),
                "arrival_rate": float(s["arrival_rate"].mean()) if "arrival_rate" in s else math.nan}
-        for i, mode in enumerate(MODES):
+        for i, mode in enumerate(arms):
             row |= _latency(at, mode, child[i])
             sat = s[s["mode"] == mode]["saturated"].astype(bool)
             row[f"{mode}_saturated"] = bool(sat.any()) if len(sat) else False
             row[f"{mode}_saturated_share"] = float(sat.mean()) if len(sat) else math.nan
             eng = busy[busy["rate"] == rate] if busy is not None else pd.DataFrame()
             row |= _engine(eng, fit, mode, child[2 + i])
-        row |= _paired_gain(at, seed)
-        row["gain_is_bound"] = bool(row["on_saturated"] or row["off_saturated"])
-        row["on_hit_rate"], row["on_hit_rate_expected"] = hit_rates(at[at["mode"] == "on"]) \
-            if (at["mode"] == "on").any() else (math.nan, math.nan)
+        row |= _paired_gain(at, seed, arm, baseline)
+        row["gain_is_bound"] = bool(row[f"{arm}_saturated"] or row[f"{baseline}_saturated"])
+        row[f"{arm}_hit_rate"], row[f"{arm}_hit_rate_expected"] = hit_rates(at[at["mode"] == arm]) \
+            if (at["mode"] == arm).any() else (math.nan, math.nan)
         rows.append(row)
     return pd.DataFrame(rows)
 

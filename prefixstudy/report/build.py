@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from prefixstudy.arms import arm_label
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import counted, parse_slo
 from prefixstudy.report import arms as arm_report, bench_json, figures as plots, first_screen, tables
@@ -49,20 +50,24 @@ def parse_point(text: str | None) -> tuple[str | None, float] | None:
     return (m.group(1).lower() if m.group(1) else None, float(m.group(2)))
 
 
-def _timeseries_point(done: pd.DataFrame, point: tuple[str | None, float] | None) -> tuple[tuple[str, ...], float]:
-    """(modes, rate) of the engine time series: ``--point``'s, else ``default_point``."""
+def _timeseries_point(done: pd.DataFrame, point: tuple[str | None, float] | None,
+                      arms: tuple[str, str] = MODES) -> tuple[tuple[str, ...], float]:
+    """(modes, rate) of the engine time series: ``--point``'s, else ``default_point``; both
+    compared arms unless ``--point`` names one."""
     mode_sel, rate = (None, default_point(done)) if point is None else point
     rates = done["rate"].to_numpy()
     if point is not None and not np.isclose(rates, rate).any():
         raise UserError(f"--point {rate:g}: no finished point at that rate; "
                         f"rates: {tables.rates_list(sorted(done['rate'].unique()))}")
-    return ((mode_sel,) if mode_sel else MODES), float(rates[np.argmin(np.abs(rates - rate))])
+    return ((mode_sel,) if mode_sel else arms), float(rates[np.argmin(np.abs(rates - rate))])
 
 
 def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None,
                  point: tuple[str | None, float] | None = None,
                  formats: Sequence[str] = FORMATS) -> list[SavedFigure]:
     done = d.done
+    a_, b_ = (arm_label(m) for m in d.arms)
+    who = "Caching" if d.arms == MODES else f"{a_}'s"
     sat_rates = sorted(set(done.loc[done["saturated"], "rate"]))
     sat_map = {(m, float(r)): bool(s) for m, r, s in zip(done["mode"], done["rate"], done["saturated"], strict=True)}
     rate_map = dict(zip(d.points["nominal_rate"], d.points["rate"], strict=True))
@@ -70,12 +75,12 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
     req_ok["rate"] = [rate_map.get(r, r) for r in req_ok["rate"]]
     it = norm_rate(d.study.iterations)
     # The time series is one point's (repeat 0's) steps; --point names a configured rate.
-    ts_modes, rate = _timeseries_point(done.assign(rate=done["nominal_rate"]), point)
+    ts_modes, rate = _timeseries_point(done.assign(rate=done["nominal_rate"]), point, d.arms)
     it = it[it["repeat"] == 0]
     which = "chosen with --point" if point else "the highest rate at which both modes are unsaturated (else the highest)"
     # In the order the report shows them, numbered from 1 in that order.
     specs = [
-        ("e2e_intervals", lambda: first_screen.e2e_with_intervals(d.head),
+        ("e2e_intervals", lambda: first_screen.e2e_with_intervals(d.head, d.arms),
          "Mean E2E with 95 % intervals (t over the repeats' means; one repeat: blocks of requests) and p90, "
          "vs the actual arrival rate; log scale. The intervals hold for the machine this ran on."),
         ("e2e_vs_rate", lambda: plots.e2e_vs_rate(done, peers),
@@ -91,14 +96,14 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
          "Highest offered rate whose p90 E2E (left) / p90 TTFT (right) meets a threshold, "
          "vs the threshold; dotted: knee rate."),
         ("caching_gain", lambda: plots.caching_gain(d.gains, sat_rates),
-         "Caching gain (OFF − ON) / OFF of mean E2E (t interval over the repeats' paired gains) and mean "
-         "TTFT (independent bootstrap), 95 % CIs."),
+         f"{who} gain ({b_} − {a_}) / {b_} of mean E2E (t interval "
+         "over the repeats' paired gains) and mean TTFT (independent bootstrap), 95 % CIs."),
         ("prefill_share", lambda: plots.prefill_share(done),
          "Prefill share vs rate: request level (solid) and engine level (dashed)."),
         ("engine_timeseries", lambda: plots.engine_timeseries(
-            it, rate, {m: sat_map.get((m, rate), False) for m in MODES}, ts_modes),
+            it, rate, {m: sat_map.get((m, rate), False) for m in d.arms}, ts_modes),
          f"Engine state over time at {tables.rate_str(rate)} req/s set, first repeat ({which})."),
-        ("e2e_cdf", lambda: plots.e2e_cdf(req_ok, sat_map),
+        ("e2e_cdf", lambda: plots.e2e_cdf(req_ok, sat_map, modes=d.arms),
          "CDF of end-to-end latency at each offered rate."),
     ]
     if len(d.split):
@@ -168,6 +173,7 @@ def _closure_blocks(d: ReportData) -> list[tuple]:
 
 def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
     f = {x.stem: x for x in figs}
+    a_, b_ = (arm_label(m) for m in d.arms)
     b: list[tuple] = [("meta", tables.meta_line(d.study))]
     if len(d.tiers):
         b += [("headline", t) for t in arm_report.tier_sentences(d.tiers, arm_report.tier_sizes(d.study.config))]
@@ -175,8 +181,8 @@ def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str]
         b += [("headline", t) for t in arm_report.sentences(d.study.arms)]
         b += [("table", arm_report.table(d.study.arms)), ("fig", f["arms"])]
     if len(d.head):
-        b += [("headline", t) for t in first_screen.why_sentences(d.head)]
-        b += [("table", first_screen.headline_table(d.head)), ("fig", f["e2e_intervals"])]
+        b += [("headline", t) for t in first_screen.why_sentences(d.head, d.arms)]
+        b += [("table", first_screen.headline_table(d.head, d.arms)), ("fig", f["e2e_intervals"])]
     b += [("headline", t) for t in tables.headline_paragraphs(d)]
     if d.slo:
         b.append(("p", "SLOs (ms): " + ", ".join(f"{k} ≤ {v:g}" for k, v in d.slo.items())
@@ -190,13 +196,13 @@ def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str]
           ("h2", "Where the time goes"), ("fig", f["latency_breakdown"]),
           ("h2", "Highest rate meeting a latency threshold"), ("fig", f["max_rate_vs_threshold"]),
           ("h2", "Caching gain"),
-          ("p", "E2E gain = (OFF − ON) / OFF of the mean over requests counted in both modes; its 95 % CI "
-                "resamples repeats, then blocks of consecutive request indices, the same blocks in ON and OFF "
+          ("p", f"E2E gain = ({b_} − {a_}) / {b_} of the mean over requests counted in both modes; its 95 % CI "
+                f"resamples repeats, then blocks of consecutive request indices, the same blocks in {a_} and {b_} "
                 "(metrics.headline). TTFT gain: 1000 seeded bootstrap resamples of each mode independently. "
-                "Paired Δ = OFF − ON of the same request (repeat and request_index) at the same rate; > 0 "
-                "means ON was faster."),
+                f"Paired Δ = {b_} − {a_} of the same request (repeat and request_index) at the same rate; > 0 "
+                f"means {a_} was faster."),
           ("fig", f["caching_gain"]), ("table", tables.gain_table(d)),
-          *([("h2", "Where the gain comes from"), ("p", split_report.TEXT), ("fig", f["gain_split"]),
+          *([("h2", "Where the gain comes from"), ("p", split_report.TEXT.format(arm=a_, baseline=b_)), ("fig", f["gain_split"]),
              ("table", split_report.table(d.split))] if len(d.split) else []),
           *_order_blocks(d),
           *_closure_blocks(d),

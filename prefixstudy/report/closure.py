@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 
+from prefixstudy.arms import arm_label
 from prefixstudy.metrics.requests import counted
 from prefixstudy.model.closure import admission_limit, arm_table
 from prefixstudy.report.data import ReportData
@@ -21,9 +22,9 @@ TEXT = ("From the step-cost fit alone (model.closure): each request brings w ms 
 def table(d: ReportData) -> pd.DataFrame:
     """model.closure.arm_table, worded for the report: per arm, w, the instability and "full" rates, the
     model's knee beside the measured bracket, and the largest TPOT error at the arm's calm rates."""
-    t = arm_table(d.coef, d.head, counted(d.study.requests), admission_limit(d.study.manifest), ("on", "off"))
+    t = arm_table(d.coef, d.head, counted(d.study.requests), admission_limit(d.study.manifest), d.arms)
     return pd.DataFrame([{
-        "arm": r.arm.upper(), "work per request (ms)": f"{r.work_ms:.1f}",
+        "arm": arm_label(r.arm), "work per request (ms)": f"{r.work_ms:.1f}",
         "unstable at (req/s)": f"{r.unstable_rate:.1f}",
         "full at (req/s)": f"{r.full_rate:.1f}" if math.isfinite(r.full_rate) else "–",
         "model knee (req/s)": f"{r.knee_rate:.1f}",

@@ -18,6 +18,7 @@ from prefixstudy.metrics.requests import parse_slo
 from prefixstudy.metrics.summary import max_rate_curve
 from prefixstudy.report import arms as arm_report, tables
 from prefixstudy.report.data import ReportData, analyze, thresholds
+from prefixstudy.arms import arm_label
 from prefixstudy.report.figures import (GAIN_COLORS, MODE_COLORS, MODE_LABELS, MODES, PEER_COLORS, SAT_MARKER,
                                         SAT_SIZE, STUDY_STYLES, arms_in, legend, mode_line, new_figure, rate_axis,
                                         register_arms, sat_handle, save_all)
@@ -118,8 +119,8 @@ def _figure_specs(labels: list[str], datas: list[ReportData]) -> list[tuple]:
     curves = {}
     for metric, title in (("p90_e2e_ms", "p90 E2E"), ("p90_ttft_ms", "p90 TTFT")):
         th = thresholds(pd.concat([p[metric] for p in pts.values()]))
-        curves[title] = {lab: max_rate_curve(p, metric, th, modes=list(dict.fromkeys(["on", "off", *p["mode"]])))
-                         for lab, p in pts.items()}
+        curves[title] = {lab: max_rate_curve(d.done, metric, th, modes=list(dict.fromkeys([*d.arms, *d.done["mode"]])))
+                         for lab, d in zip(labels, datas, strict=True)}
     return [
         ("compare_e2e", lambda: compare_latency(pts, "e2e"), "Mean and p90 E2E vs offered rate."),
         ("compare_ttft", lambda: compare_latency(pts, "ttft"), "Mean and p90 TTFT vs offered rate."),
@@ -134,12 +135,12 @@ def _figure_specs(labels: list[str], datas: list[ReportData]) -> list[tuple]:
 def side_by_side(labels: list[str], datas: list[ReportData]) -> pd.DataFrame:
     rows = []
     for lab, d in zip(labels, datas, strict=True):
-        h, rt = d.headline, tables.rate_text
+        h, rt, (a, b) = d.headline, tables.rate_text, d.arms  # each study's arm and baseline
         rows.append({"study": lab, "run": str(d.study.path), "vLLM": str(d.study.manifest.get("vllm_version") or "n/a"),
-                     "knee ON (req/s)": rt(d.knees["on"]), "knee OFF (req/s)": rt(d.knees["off"]),
+                     f"knee {arm_label(a)} (req/s)": rt(d.knees[a]), f"knee {arm_label(b)} (req/s)": rt(d.knees[b]),
                      "p90 E2E threshold (ms)": tables.fmt(h["threshold_ms"]),
-                     "ON sustains (req/s)": rt(h["sustains"]["on"][0]),
-                     "OFF sustains (req/s)": rt(h["sustains"]["off"][0])})
+                     f"{arm_label(a)} sustains (req/s)": rt(h["sustains"][a][0]),
+                     f"{arm_label(b)} sustains (req/s)": rt(h["sustains"][b][0])})
     return pd.DataFrame(rows)
 
 

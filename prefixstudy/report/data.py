@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from prefixstudy.arms import arm_label, compared
 from prefixstudy.errors import UserError
 from prefixstudy.metrics import compare, engine_fit, gain_split, headline as hl, requests as reqs, step_checks, summary
 from prefixstudy.results import StudyResults
+from prefixstudy.results.finish import study_arms
 from prefixstudy.schema import MODES, SUMMARY_COLUMNS, typed_iterations
 
 KEY = ["mode", "rate"]
@@ -49,6 +51,7 @@ class ReportData:
     tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # arms with a CPU tier vs caching ON alone
     split: pd.DataFrame = field(default_factory=pd.DataFrame)  # metrics.gain_split per rate, actual rates
     coef: np.ndarray | None = None  # the step-cost fit's coefficients (engine_fit.COEF_NAMES); None: no fit
+    arms: tuple[str, str] = MODES  # the arm headline.csv compares, and its baseline (arms.compared)
 
     @property
     def done(self) -> pd.DataFrame:
@@ -120,20 +123,27 @@ def study_label(study: StudyResults) -> str:
     return f"{name} / {man.get('device') or 'unknown device'} / TP={tp}"
 
 
-def choose_threshold(points: pd.DataFrame, slo: dict[str, float], threshold_ms: float | None) -> tuple[float, str]:
-    """The p90 E2E threshold Y of the headline, and where it comes from."""
+def choose_threshold(points: pd.DataFrame, slo: dict[str, float], threshold_ms: float | None,
+                     arms: tuple[str, str] = MODES) -> tuple[float, str]:
+    """The p90 E2E threshold Y of the headline, and where it comes from: 2 x the baseline's p90 at
+    its lowest rate (else the arm's) unless given."""
     if threshold_ms is not None:
         return float(threshold_ms), "given with --threshold"
     if "e2e" in slo:
         return float(slo["e2e"]), "the e2e SLO"
-    for mode in ("off", "on"):
+    for mode in arms[::-1]:
         p = points[(points["mode"] == mode) & points["p90_e2e_ms"].notna()].sort_values("rate")
         if len(p):
             r = p.iloc[0]
             return (2.0 * float(r["p90_e2e_ms"]),
-                    f"2 × caching {mode.upper()}'s p90 E2E at its lowest rate "
+                    f"2 × {arm_text(mode)}'s p90 E2E at its lowest rate "
                     f"({r['rate']:.2f} req/s: {r['p90_e2e_ms']:.1f} ms)")
     return math.nan, "no finished point"
+
+
+def arm_text(arm: str) -> str:
+    """An arm in the report's sentences: "caching ON" / "caching OFF" for the built-in ones."""
+    return f"caching {arm_label(arm)}" if arm in MODES else f"arm {arm}"
 
 
 def thresholds(values) -> np.ndarray:
@@ -145,8 +155,8 @@ def thresholds(values) -> np.ndarray:
     return np.unique(np.concatenate([[v.min() * 0.7], v, [v.max() * 1.5]]))
 
 
-def max_rate_curves(done: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    arms = list(dict.fromkeys(["on", "off", *done["mode"]]))
+def max_rate_curves(done: pd.DataFrame, compared: tuple[str, str] = MODES) -> dict[str, pd.DataFrame]:
+    arms = list(dict.fromkeys([*compared, *done["mode"]]))
     return {title: summary.max_rate_curve(done, metric, thresholds(done[metric]), modes=arms)
             for metric, title in (("p90_e2e_ms", "p90 E2E"), ("p90_ttft_ms", "p90 TTFT"))}
 
@@ -178,12 +188,15 @@ def step_fit(manifest: dict) -> tuple[pd.DataFrame, list[str]]:
     return fit, notes
 
 
-def gains_and_pairs(requests: pd.DataFrame, n_boot: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Caching gain of mean E2E and TTFT per rate, and the paired E2E (and TTFT) differences."""
-    gains = pd.concat([compare.caching_gain(requests, "e2e_ms", n_boot=n_boot, seed=seed),
-                       compare.caching_gain(requests, "ttft_ms", n_boot=n_boot, seed=seed + 1)], ignore_index=True)
-    pe = compare.paired_summary(compare.paired_differences(requests, "e2e_ms"))
-    pt = compare.paired_summary(compare.paired_differences(requests, "ttft_ms"))
+def gains_and_pairs(requests: pd.DataFrame, n_boot: int, seed: int,
+                    arms: tuple[str, str] = MODES) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The arm's gain over its baseline of mean E2E and TTFT per rate, and the paired E2E (and
+    TTFT) differences."""
+    gains = pd.concat([compare.caching_gain(requests, "e2e_ms", n_boot=n_boot, seed=seed, arms=arms),
+                       compare.caching_gain(requests, "ttft_ms", n_boot=n_boot, seed=seed + 1, arms=arms)],
+                      ignore_index=True)
+    pe = compare.paired_summary(compare.paired_differences(requests, "e2e_ms", arms))
+    pt = compare.paired_summary(compare.paired_differences(requests, "ttft_ms", arms))
     paired = pe.merge(pt[["rate", "mean_delta", "median_delta"]].rename(
         columns={"mean_delta": "mean_delta_ttft", "median_delta": "median_delta_ttft"}), on="rate", how="left")
     return gains, paired
@@ -228,12 +241,13 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     nominal = _with_extras(summary_points(study), req, it, slo)
     points = to_actual(nominal, rate_map)
     done = points[points["status"] != "failed"]
-    knees = {m: hl.knee(head, m)[0] if len(head) else math.nan for m in MODES}
-    y, y_src = choose_threshold(done, slo, threshold_ms)
+    arms = compared(*study_arms(study))
+    knees = {m: hl.knee(head, m)[0] if f"{m}_saturated" in head else math.nan for m in arms}
+    y, y_src = choose_threshold(done, slo, threshold_ms, arms)
     headline = {"threshold_ms": y, "threshold_source": y_src, "knees": knees,
-                "sustains": {m: hl.rate_at_threshold(head, m, y) if math.isfinite(y) and len(head)
-                             else (math.nan,) * 3 for m in MODES}}
-    gains, paired = gains_and_pairs(req, n_boot, seed)
+                "sustains": {m: hl.rate_at_threshold(head, m, y) if math.isfinite(y) and f"{m}_saturated" in head
+                             else (math.nan,) * 3 for m in arms}}
+    gains, paired = gains_and_pairs(req, n_boot, seed, arms)
     gains = to_actual(gains_from_head(head, gains) if len(head) else gains, rate_map)
     fit, notes = step_fit(study.manifest)
     s = norm_rate(study.summary)
@@ -245,11 +259,11 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     checks = step_checks.check_steps(typed_iterations(it), coef) if len(it) else None
     tiers = hl.tiers_versus_cache(req, s[s["status"] == "ok"], study.arms)
     split = pd.DataFrame()
-    if coef is not None and (checks or {}).get("ok") is not False and {"on", "off"} <= set(req["mode"]):
-        split = gain_split.gain_split(gain_split.request_parts(req, it, coef))
+    if coef is not None and (checks or {}).get("ok") is not False and set(arms) <= set(req["mode"]):
+        split = gain_split.gain_split(gain_split.request_parts(req, it, coef), *arms)
         split = to_actual(split, rate_map) if len(split) else pd.DataFrame()
     return ReportData(study, study_label(study), points, to_actual(manifest_points(study, nominal), rate_map),
                       knees, fit, gains,
-                      to_actual(paired, rate_map), slo, y, y_src, max_rate_curves(done), headline, head, notes,
-                      rep_sat, checks, tiers, split, coef)
+                      to_actual(paired, rate_map), slo, y, y_src, max_rate_curves(done, arms), headline, head, notes,
+                      rep_sat, checks, tiers, split, coef, arms)
 

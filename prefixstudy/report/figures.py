@@ -213,7 +213,7 @@ def latency_breakdown(points: pd.DataFrame) -> Figure:
     The number on each bar is the request-level prefill share (mean prefill / mean E2E).
     """
     rates = sorted(points["rate"].unique())
-    arms = arms_in(points) if len(arms_in(points)) > 2 else list(MODES)
+    arms = arms_in(points) if set(arms_in(points)) - set(MODES) else list(MODES)  # ON and OFF keep their slots
     fig = new_figure(max(8.0, 0.3 * len(arms) * len(rates) + 3), 5.5)
     ax = fig.add_subplot()
     width = 0.8 / len(arms)
@@ -373,11 +373,11 @@ def engine_timeseries(iterations: pd.DataFrame, rate: float, saturated: Mapping[
 
 # ----------------------------------------------------------------- figure 7
 
-CDF_CMAPS = {"on": "Blues", "off": "Oranges"}
+CDF_CMAPS = {"on": "Blues", "off": "Oranges", 0: "Greens", 1: "Purples"}  # other arms: by their panel
 
 
 def e2e_cdf(requests_ok: pd.DataFrame, saturated: Mapping[tuple[str, float], bool],
-            metric: str = "e2e_ms", max_points: int = 300) -> Figure:
+            metric: str = "e2e_ms", max_points: int = 300, modes: Sequence[str] = MODES) -> Figure:
     """Empirical CDF of per-request latency at every rate: one panel per mode.
 
     Within a panel each rate is one curve, shaded light (low rate) to dark (high
@@ -391,8 +391,8 @@ def e2e_cdf(requests_ok: pd.DataFrame, saturated: Mapping[tuple[str, float], boo
     fig = new_figure(12.0, 5.0)
     axes = fig.subplots(1, 2, sharey=True, sharex=True)
     norm = colors.Normalize(vmin=0, vmax=max(len(rates) - 1, 1))
-    for ax, mode in zip(axes, MODES, strict=True):
-        full = matplotlib.colormaps[CDF_CMAPS[mode]]
+    for k, (ax, mode) in enumerate(zip(axes, modes, strict=True)):
+        full = matplotlib.colormaps[CDF_CMAPS.get(mode, CDF_CMAPS[k])]
         cmap = colors.ListedColormap(full(np.linspace(0.35, 1.0, 256)))  # skip the near-white end
         shade = lambda i, cmap=cmap: cmap(norm(i))  # noqa: E731
         for i, rate in enumerate(rates):

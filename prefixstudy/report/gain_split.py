@@ -13,12 +13,13 @@ LABELS = {"queue": "queueing", "own_prefill": "its own prefill", "prefill_stalls
           "decode steps", "decode_steps": "decode steps (batch size, step overhead)", "residual": "residual"}
 COLORS = {"queue": "#8c564b", "own_prefill": "#2ca02c", "prefill_stalls": "#d62728", "decode_steps": "#9467bd",
           "residual": "#7f7f7f"}
+# {arm} and {baseline}: the arm compared and its baseline (ON and OFF by default), filled in by the report.
 TEXT = ("Each counted request's E2E split on the clocks that measured it (metrics.gain_split): the engine's "
         "queue stamp; the rest of its TTFT (its own prefill); and the engine steps that ended between its first "
         "and last token, priced by the step-cost fit into the prompt work other requests computed in them "
         "(prefill stalls) and the rest (decode steps). The residual is what no step it rode in holds. Points of "
-        "the gain = (OFF − ON) / OFF mean E2E of each part; they add up to the gain of mean E2E. A saturated "
-        "point's parts are bounds, as its latency is.")
+        "the gain = ({baseline} − {arm}) / {baseline} mean E2E of each part; they add up to the gain of mean E2E. "
+        "A saturated point's parts are bounds, as its latency is.")
 
 
 def figure(split: pd.DataFrame) -> Figure:

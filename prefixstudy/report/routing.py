@@ -19,8 +19,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from prefixstudy.metrics import replicas as rm
-from prefixstudy.report.figures import (CDF_CMAPS, MODE_COLORS, MODE_LABELS, MODES, SAT_MARKER, SAT_SIZE,
-                                        STUDY_STYLES, legend, new_figure, rate_axis, sat_handle, save_all)
+from prefixstudy.report.figures import (CDF_CMAPS, MODE_COLORS, MODE_LABELS, SAT_MARKER, SAT_SIZE,
+                                        STUDY_STYLES, arms_in, legend, new_figure, rate_axis, sat_handle, save_all)
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, render
 from prefixstudy.report.tables import fmt_df, mark
 from prefixstudy.results import atomic_write_text
@@ -68,7 +68,7 @@ def _lines(ax, table: pd.DataFrame, policies: list[str], col: str, errors: tuple
     """One line per policy x mode of ``col`` vs the actual arrival rate; X where saturated."""
     for i, policy in enumerate(policies):
         ls, marker = STUDY_STYLES[i % len(STUDY_STYLES)]
-        for mode in MODES:
+        for mode in arms_in(table):
             g = table[(table["policy"] == policy) & (table["mode"] == mode)]
             if g.empty:
                 continue
@@ -140,14 +140,14 @@ def replica_load(summary: pd.DataFrame, policies: list[str]) -> Figure:
     bar is the requests routed to it; red edge and X: the replica saturated in some repeat."""
     from matplotlib import colormaps
 
-    modes = [m for m in MODES if (summary["mode"] == m).any()]
+    modes = arms_in(summary)
     groups = [(p, r) for p in policies for r in sorted(summary.loc[summary["policy"] == p, "rate"].unique())]
     n = int(summary["replica"].max()) + 1
     fig = new_figure(max(8.0, 0.5 * n * len(groups) + 3), 4.2 * len(modes))
     axes = fig.subplots(len(modes), 1, squeeze=False)[:, 0]
     width = 0.8 / n
     for ax, mode in zip(axes, modes, strict=True):
-        shades = colormaps[CDF_CMAPS[mode]](np.linspace(0.45, 0.95, n))
+        shades = colormaps[CDF_CMAPS.get(mode, CDF_CMAPS[0])](np.linspace(0.45, 0.95, n))
         for i, (policy, rate) in enumerate(groups):
             g = summary[(summary["policy"] == policy) & (summary["rate"] == rate) & (summary["mode"] == mode)]
             total = g["busy_s"].sum()

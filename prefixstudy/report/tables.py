@@ -8,7 +8,8 @@ import pandas as pd
 
 from prefixstudy.metrics.headline import knee_bracket
 from prefixstudy.metrics.saturation import COMPLETION_MIN, FULL_LEVEL, FULL_SHARE, WAIT_SHARE
-from prefixstudy.report.data import ReportData
+from prefixstudy.arms import arm_label
+from prefixstudy.report.data import ReportData, arm_text
 from prefixstudy.report.render import SAT_MARK
 from prefixstudy.results import StudyResults
 from prefixstudy.schema import MODES
@@ -115,6 +116,10 @@ def meta_line(s: StudyResults) -> str:
 
 # ----------------------------------------------------------------- headline
 
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _saturation_sentence(d: ReportData, mode: str) -> str | None:
     p = d.done[d.done["mode"] == mode]
     if p.empty:
@@ -122,9 +127,9 @@ def _saturation_sentence(d: ReportData, mode: str) -> str | None:
     sat = p[p["saturated"]]
     bracket = knee_bracket(d.head, mode)["text"] if len(d.head) else "no headline.csv to place the knee"
     if sat.empty:
-        return f"Caching {mode.upper()}: no point saturated (up to {p['rate'].max():.2f} req/s); {bracket}."
+        return f"{_cap(arm_text(mode))}: no point saturated (up to {p['rate'].max():.2f} req/s); {bracket}."
     why = "; ".join(f"{r['rate']:.2f}: {r['saturation_reason']}" for _, r in sat.iterrows() if r["saturation_reason"])
-    return (f"Caching {mode.upper()}: saturated at {', '.join(f'{r:.2f}' for r in sat['rate'])} req/s"
+    return (f"{_cap(arm_text(mode))}: saturated at {', '.join(f'{r:.2f}' for r in sat['rate'])} req/s"
             f"{f' ({why})' if why else ''}; {bracket}.")
 
 
@@ -142,10 +147,13 @@ def headline_paragraphs(d: ReportData) -> list[str]:
             if r == top:  # the highest rate measured still met it: a lower bound
                 return f"≥ {r:.1f} req/s (the highest rate measured)"
             return f"{r:.1f} req/s [{fmt(lo, '.1f')}, {fmt(hi, '.1f')}]"
-        out.append(f"At p90 E2E ≤ {y:.1f} ms caching ON sustains {at('on')} and OFF {at('off')} (actual arrival "
+        (a, b), named = d.arms, d.arms == MODES
+        who = f"caching ON sustains {at(a)} and OFF {at(b)}" if named else \
+            f"{arm_label(a)} sustains {at(a)} and its baseline {arm_label(b)} {at(b)}"
+        out.append(f"At p90 E2E ≤ {y:.1f} ms {who} (actual arrival "
                    f"rates, interpolated where p90 crosses the threshold; the interval from p90's 95 % interval; "
                    f"a saturated rate counts as over). Threshold: {h['threshold_source']}.")
-    out += [s for s in (_saturation_sentence(d, m) for m in MODES) if s]
+    out += [s for s in (_saturation_sentence(d, m) for m in d.arms) if s]
     failed = d.manifest_points[d.manifest_points["status"].isin(["failed", "interrupted"])]
     if len(failed):
         out.append("Points that did not finish: " + "; ".join(
@@ -240,7 +248,7 @@ def _gain_row(d: ReportData, rate: float, saturated: bool) -> dict:
         row["pairs"] = str(int(pr["n_pairs"]))
         row["paired ΔE2E mean / median (ms)"] = f"{fmt(pr['mean_delta'])} / {fmt(pr['median_delta'])}"
         row["paired ΔTTFT mean (ms)"] = fmt(pr["mean_delta_ttft"])
-        row["ON faster"] = pct(pr["on_faster_share"])
+        row[f"{arm_label(d.arms[0])} faster"] = pct(pr["on_faster_share"])
     return row
 
 

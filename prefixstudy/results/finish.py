@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prefixstudy.arms import compared
 from prefixstudy.engines.step_log import TIMING_METHODS
 from prefixstudy.metrics.engine_fit import fit_by_kind, fit_step_cost
 from prefixstudy.metrics.headline import headline, versus_baseline
@@ -40,20 +41,31 @@ def finish_run(run_dir: Path, manifest: dict) -> None:
     ok = summary[summary["status"] == "ok"]
     if len(ok):
         reqs = typed_requests(read_table(run_dir / REQUESTS))
-        atomic_write_csv(run_dir / HEADLINE, headline(reqs, ok, its, fit))
         arms, baseline = recorded_arms(run_dir, summary)
+        atomic_write_csv(run_dir / HEADLINE, headline(reqs, ok, its, fit, compared(arms, baseline)))
         if baseline is not None:
             atomic_write_csv(run_dir / ARMS, versus_baseline(reqs, ok, arms, baseline))
 
 
 def recorded_arms(run_dir: Path, summary) -> tuple[list[str], str | None]:
-    """The arms of a run in the config's order, and its baseline (recorded before arms: on, off
-    and OFF), from its config.yaml; arms without points are left out."""
+    """The arms of a run in the config's order, and its baseline, from its config.yaml
+    (``arms_of``)."""
     import yaml
 
     sweep = {}
     if (run_dir / CONFIG).is_file():
         sweep = (yaml.safe_load((run_dir / CONFIG).read_text()) or {}).get("sweep") or {}
+    return arms_of(sweep, summary)
+
+
+def study_arms(study) -> tuple[list[str], str | None]:
+    """``arms_of`` a loaded run (``results.load``)."""
+    return arms_of(study.config.get("sweep") or {}, study.summary)
+
+
+def arms_of(sweep: dict, summary) -> tuple[list[str], str | None]:
+    """The arms that ran in the order of the recorded config's ``sweep`` section, and its baseline
+    (recorded before arms: on, off and OFF); arms without points are left out."""
     ran = list(dict.fromkeys(summary["mode"]))
     order = [m for m in sweep.get("modes") or ["on", "off"] if m in ran] + \
             [m for m in ran if m not in (sweep.get("modes") or ["on", "off"])]

@@ -70,23 +70,25 @@ def merge_capacity(parents: list[Path], out: Path) -> Path:
     """Join capacity sweeps made apart (e.g. ON on one GPU, OFF on another; or some capacities
     on one machine, the rest on another) into one sweep folder under ``out``: each capacity's runs
     are merged as ``merge_runs`` does, a capacity only one sweep ran is copied.  Only the runs a
-    sweep's ``capacity.json`` lists count: a capacity cut off mid-run is left out."""
+    sweep's ``capacity.json`` lists count: a capacity cut off mid-run is left out.  A sweep of
+    several routing policies joins capacity by capacity and policy by policy."""
     from prefixstudy.capacity import INDEX
 
     indexes = [json.loads((p / INDEX).read_text()) for p in parents]
     units = {ix["unit"] for ix in indexes}
     if len(units) > 1:
         raise UserError(f"merge: capacity sweeps in different units ({', '.join(sorted(units))})")
-    by_value: dict[float, list[tuple[Path, dict]]] = {}
+    by_value: dict[tuple[float, str], list[tuple[Path, dict]]] = {}  # per capacity and routing policy
     for p, ix in zip(parents, indexes):
         for r in ix["runs"]:
-            by_value.setdefault(float(r["capacity"]), []).append((p / r["dir"], r))
+            by_value.setdefault((float(r["capacity"]), r.get("policy", "")), []).append((p / r["dir"], r))
     if not by_value:
         raise UserError("merge: the capacity sweeps hold no finished capacity")
     first = by_value[next(iter(by_value))][0][0]
     dest = new_run_dir(load_config(first / CONFIG), out)
     preflight_out(dest)
-    index: dict = {"unit": units.pop(), "values": sorted(by_value), "runs": [], "merged_from": [str(p) for p in parents]}
+    index: dict = {"unit": units.pop(), "values": sorted({v for v, _ in by_value}), "runs": [],
+                   "merged_from": [str(p) for p in parents]}
     for v in sorted(by_value):
         runs = by_value[v]
         target = dest / runs[0][0].name

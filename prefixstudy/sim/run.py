@@ -26,6 +26,8 @@ from prefixstudy.sim.cost import CostModel, fit_study
 from prefixstudy.sim.hardware import extrapolations, priced, same_model, transfer
 from prefixstudy.sim.study import (DEFAULT_BLOCK_SIZE, SimTarget, block_count, model_dir_or_error, sessions,
                                    sweep_points)
+from prefixstudy.preflight import check_simulated
+from prefixstudy.study_run import Study, run_pending
 from prefixstudy.workloads import describe, load_rows
 
 COST_FILE = "cost_model.json"
@@ -132,6 +134,7 @@ def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, t
     """Every mode x rate of ``cfg`` in virtual time; returns the results folder.  ``jobs`` > 1
     simulates points in that many processes (each point resets the prefix cache, so a point does
     not depend on the ones before it; the scheduler is pure Python and holds the GIL)."""
+    check_simulated(cfg)
     rows = load_rows(cfg)
     # The calibration is checked (and fitted) before any worker starts: a refused one is one line
     # at once, not after the workers' vLLM import.
@@ -163,16 +166,28 @@ def _simulate(cfg: StudyConfig, calibration: Path, target: SimTarget, out: Path 
     writer = ResultsWriter(run_dir, cfg, manifest)
     writer.start()
     target.cost.save(run_dir / COST_FILE)
-    wall0 = time.perf_counter()
-    if pool is not None:
-        from prefixstudy.sim.pool import run_points
+    return run_pending(Study(cfg, writer), SimExecutor(target, pool), rows, progress=False)
 
-        for res in run_points(pool, cfg, target):
-            writer.add(res)
-    else:
-        for session in sessions(cfg, rows, target):
-            for rate, repeat in sweep_points(cfg):
-                writer.add(session.run_point(rate, repeat))
-    manifest["sim"]["wall_s"] = time.perf_counter() - wall0
-    writer.save_manifest(status="complete")
-    return run_dir
+
+class SimExecutor:
+    """The simulator as an executor of ``study_run.run_pending``: its points go through the measured
+    run's ``Study.point_done`` (failed-point and hit-rate policy), and the run ends as a measured
+    one does (status from its points, headline.csv and the step fit from ``ResultsWriter.finish``)."""
+
+    name = "sim"
+
+    def __init__(self, target: SimTarget, pool):
+        self.target, self.pool = target, pool
+
+    def run(self, cfg: StudyConfig, rows, study, progress: bool = False) -> None:
+        wall0 = time.perf_counter()
+        if self.pool is not None:
+            from prefixstudy.sim.pool import run_points
+
+            results = run_points(self.pool, cfg, self.target)
+        else:
+            results = (session.run_point(rate, repeat) for session in sessions(cfg, rows, self.target)
+                       for rate, repeat in sweep_points(cfg))
+        for res in results:
+            study.point_done(res)
+        study.writer.manifest["sim"]["wall_s"] = time.perf_counter() - wall0

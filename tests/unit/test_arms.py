@@ -285,3 +285,51 @@ def test_an_arm_s_engine_arguments_are_checked_by_vllm_naming_the_arm():
     with pytest.raises(UserError) as e:
         check_engine_config(cfg, device="cpu")
     assert str(e.value) == "field 'engine.extra_args.no_such_vllm_arg': unknown vLLM engine argument (arm odd)"
+
+
+@pytest.fixture(scope="module")
+def cold_warm(tmp_path_factory):
+    """Two arms named neither on nor off: ``cold`` without prefix caching, the baseline, and
+    ``warm`` with it (16-token blocks: 48 of a 64-token prompt served)."""
+    cfg = cfg_with(arms=[{"name": "cold", "prefix_caching": False}, {"name": "warm"}],
+                   out=str(tmp_path_factory.mktemp("res")),
+                   **{"sweep.modes": ["cold", "warm"], "sweep.baseline": "cold", "sweep.rates": [40]})
+    return load(run_study(cfg, progress=False))
+
+
+def test_the_headline_compares_the_configured_arms_whatever_their_names(cold_warm):
+    s = cold_warm.summary.set_index("mode")
+    assert s.loc[["cold", "warm"], "hit_rate_measured"].tolist() == [0.0, 0.75]
+    assert s["hit_rate_ok"].all()  # cold is checked as an arm without caching: it must never hit
+    h = cold_warm.headline
+    assert len(h) == 1 and not [c for c in h.columns if c.startswith(("on_", "off_"))]
+    r = cold_warm.measured
+    mean = {m: r.loc[r["mode"] == m, "e2e_ms"].mean() for m in ("cold", "warm")}
+    row = h.iloc[0]
+    assert (row["n_pairs"], row["warm_hit_rate"], row["warm_hit_rate_expected"]) == (8, 0.75, 0.75)
+    assert (row["warm_mean_e2e_ms"], row["cold_mean_e2e_ms"]) == pytest.approx((mean["warm"], mean["cold"]), rel=1e-12)
+    assert row["gain_mean_e2e"] == pytest.approx((mean["cold"] - mean["warm"]) / mean["cold"], rel=1e-12)
+    a = cold_warm.arms  # arms.csv: the same pairing, the same estimate
+    assert a[["rate", "arm", "baseline"]].values.tolist() == [[40.0, "warm", "cold"]]
+    assert a["gain_mean_e2e"].item() == pytest.approx(row["gain_mean_e2e"], rel=1e-12)
+
+
+def test_the_report_and_breakdown_compare_the_configured_arms(cold_warm):
+    from prefixstudy.metrics.breakdown import breakdown
+    from prefixstudy.report.build import build_report
+    from prefixstudy.report.data import analyze
+
+    d = analyze(cold_warm, n_boot=50)
+    assert d.arms == ("warm", "cold") and set(d.knees) == {"warm", "cold"}
+    assert d.gains["n_on"].tolist() == [8, 8] and d.paired["n_pairs"].tolist() == [8]
+    build_report(cold_warm.path, n_boot=50, formats=("png",))
+    md = (cold_warm.path / "report.md").read_text()
+    h = cold_warm.headline.iloc[0]
+    saved = h["cold_mean_e2e_ms"] - h["warm_mean_e2e_ms"]
+    assert (f"At {h['arrival_rate']:.2f} req/s warm saves {saved:.0f} ms of cold's {h['cold_mean_e2e_ms']:.0f} ms"
+            in md)
+    assert "| warm mean E2E (ms) | cold mean E2E (ms) |" in md and "hit rate warm (expected)" in md
+    assert "| 0.750 (0.750) |" in md and "caching ON" not in md
+    b = breakdown(cold_warm.requests, "group", "cold")
+    assert b.loc[b["mode"] == "warm", "cached_share"].tolist() == [0.75, 0.75]
+    assert b.loc[b["mode"] == "warm", "e2e_gain"].notna().all() and b.loc[b["mode"] == "cold", "e2e_gain"].isna().all()

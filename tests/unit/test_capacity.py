@@ -60,6 +60,20 @@ def test_reuse_footprint_counts_what_churns_the_cache_between_two_uses():
         assert (working_set_blocks(rows, 16), reuse_footprint_blocks(rows, 16, primes)) == (working_set, footprint)
 
 
+@pytest.mark.parametrize("override, unit, message", [
+    ({}, "tier_blocks", "--capacity tier_blocks: the tier goes to the study's own arms that cache, and it runs none "
+                        "(add one, e.g. arms: [{name: on-cpu}], and keep it in sweep.modes)"),
+    ({"sweep.max_point_duration_s": 0.2}, "blocks",
+     "field 'sweep.max_point_duration_s': 0.2 s is too short for 12 requests at 50 req/s; use at least 0 s"),
+])
+def test_a_refused_sweep_leaves_no_folder(tmp_path, override, unit, message):
+    cfg = load_config(None, {**GROUPS, **override, "out": str(tmp_path / "res")})
+    with pytest.raises(UserError) as e:
+        run_capacity_sweep(cfg, unit, [14, 12], progress=False)
+    assert str(e.value) == message
+    assert not (tmp_path / "res").exists()
+
+
 @pytest.mark.slow
 def test_sweep_writes_one_run_per_capacity_and_a_table(tmp_path):
     parent = run_capacity_sweep(load_config(None, {**GROUPS, "out": str(tmp_path)}), "blocks", [14, 12],
@@ -79,6 +93,70 @@ def test_sweep_writes_one_run_per_capacity_and_a_table(tmp_path):
     line, = collapse_lines(t)
     assert line.startswith("50 req/s: the hit rate collapses between blocks cached between two uses ÷ capacity 0.92 "
                            "(hit rate 0.889, E2E gain ") and "and 1.09 (hit rate 0.037, E2E gain " in line
+
+
+def test_gains_are_against_the_configured_baseline():
+    import pandas as pd
+
+    from prefixstudy.capacity import with_gain
+
+    df = pd.DataFrame({"mode": ["cold", "warm", "cold", "warm"], "capacity": [1.0, 1.0, 2.0, 2.0], "rate": 1.0,
+                       "mean_e2e_ms": [10.0, 5.0, 10.0, 8.0], "mean_ttft_ms": [4.0, 1.0, 4.0, 2.0]})
+    g = with_gain(df, ["capacity"], "cold")
+    assert g["e2e_gain"].tolist() == pytest.approx([float("nan"), 0.5, float("nan"), 0.2], nan_ok=True)
+    assert g["ttft_gain"].tolist() == pytest.approx([float("nan"), 0.75, float("nan"), 0.5], nan_ok=True)
+
+
+@pytest.mark.slow
+def test_a_sweep_of_arms_named_neither_on_nor_off_reads_the_arm_against_its_baseline(tmp_path):
+    from prefixstudy.capacity import sweep_arms
+
+    cfg = load_config(None, {**GROUPS, "out": str(tmp_path), "arms": [{"name": "cold", "prefix_caching": False},
+                                                                      {"name": "warm"}],
+                             "sweep.modes": ["cold", "warm"], "sweep.baseline": "cold"})
+    parent = run_capacity_sweep(cfg, "blocks", [14, 12], tmp_path / "sweep", progress=False)
+    assert sweep_arms(parent) == ("warm", "cold")
+    t = capacity_table(parent)
+    warm = t[t["mode"] == "warm"]
+    assert warm["hit_rate_measured"].tolist() == pytest.approx([32 / 36, 16 / 432])
+    assert warm["e2e_gain"].notna().all() and t[t["mode"] == "cold"]["e2e_gain"].isna().all()
+    line, = collapse_lines(t, arm="warm")
+    assert line.startswith("50 req/s: the hit rate collapses between blocks cached between two uses ÷ capacity 0.92 "
+                           "(hit rate 0.889, E2E gain ")
+
+
+@pytest.mark.slow
+def test_a_fleet_routed_by_two_policies_runs_each_policy_at_each_capacity(tmp_path):
+    cfg = load_config(None, {**GROUPS, "out": str(tmp_path), "replicas": 2,
+                             "router.policies": ["round_robin", "prefix_affinity"]})
+    parent = run_capacity_sweep(cfg, "blocks", [14], tmp_path / "sweep", progress=False)
+    runs = json.loads((parent / "capacity.json").read_text())["runs"]
+    assert [(r["capacity"], r["policy"], r["dir"]) for r in runs] == [
+        (14, "round_robin", "blocks-14-round_robin"), (14, "prefix_affinity", "blocks-14-prefix_affinity")]
+    assert [load(parent / r["dir"]).config["router"]["policies"] for r in runs] == [["round_robin"],
+                                                                                   ["prefix_affinity"]]
+    t = capacity_table(parent)
+    assert t[["policy", "mode"]].values.tolist() == [["round_robin", "on"], ["round_robin", "off"],
+                                                     ["prefix_affinity", "on"], ["prefix_affinity", "off"]]
+    assert t["e2e_gain"].notna().tolist() == [True, False, True, False]  # against OFF under the same policy
+    assert [line.split(":")[0] for line in collapse_lines(t)] == ["50 req/s (prefix_affinity)",
+                                                                  "50 req/s (round_robin)"]
+    from prefixstudy.report.capacity import write_capacity_report
+
+    write_capacity_report(parent)
+    assert (parent / "capacity.md").read_text().startswith("| capacity | policy | num_blocks |")
+    assert (parent / "capacity.png").is_file()
+
+
+def test_a_run_routes_by_one_policy(tmp_path):
+    cfg = load_config(None, {**GROUPS, "out": str(tmp_path / "res"), "replicas": 2,
+                             "router.policies": ["round_robin", "prefix_affinity"]})
+    with pytest.raises(UserError) as e:
+        run_study(cfg, progress=False)
+    assert str(e.value) == ("field 'router.policies': a run routes by one policy, and 2 are given (round_robin, "
+                            "prefix_affinity); give one, or compare them with `prefixstudy run` or `prefixstudy "
+                            "capacity` (one run folder per policy)")
+    assert not (tmp_path / "res").exists()
 
 
 @pytest.mark.slow

@@ -40,8 +40,8 @@ def run(tmp_path_factory):
 
 
 def documented(fields: dict[str, tuple[str, str]]) -> dict[str, str]:
-    """column -> dtype, ``{mode}`` spelled out for each of headline.csv's modes."""
-    return {c.format(mode=m): t for c, (t, _) in fields.items() for m in MODES}
+    """column -> dtype, ``{mode}`` spelled out for each of headline.csv's modes (``{arm}``: ON)."""
+    return {c.format(mode=m, arm=MODES[0]): t for c, (t, _) in fields.items() for m in MODES}
 
 
 def written(run: Path) -> dict[str, pd.DataFrame]:

@@ -61,6 +61,8 @@ def test_every_column_written_is_documented_with_its_type(parents, name):
     text = [c for c, (t, _) in fields.items() if t == "str"]
     df = pd.read_csv(parents[name] / name, dtype=dict.fromkeys(text, str))
     assert len(df) == ROWS[name]
+    # capacity.csv's policy is written only by a sweep of several routing policies (tests/unit/test_capacity.py)
+    fields = {c: f for c, f in fields.items() if not (name == "capacity.csv" and c == "policy")}
     assert list(df.columns) == list(fields)
     assert {c: df[c].dtype.kind for c in df.columns} == {c: KIND[t] for c, (t, _) in fields.items()}
     assert all(doc.strip() for _, doc in fields.values())

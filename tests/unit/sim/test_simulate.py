@@ -62,6 +62,21 @@ def test_simulated_study_matches_the_hand_schedule(calibration, tmp_path, tiny_v
     assert res.manifest["sim"]["num_gpu_blocks"] == 64 and res.manifest["engine"] == "sim"
 
 
+def test_a_simulated_study_ends_as_a_measured_one(calibration, tmp_path, tiny_vllm_config):
+    """Its points go through the study's point policy and its end writes what a measured run's
+    does: status from the points, the step fit, and headline.csv with the hand schedule's gain."""
+    run = simulate(load_config(None, OVERRIDES), calibration, out=tmp_path / "out")
+    res = load(run)
+    assert res.manifest["status"] == "complete"
+    assert [p["hit_rate_ok"] for p in res.manifest["points"]] == [True] * 4
+    assert res.manifest["step_timing"] == ["sim"]  # recorded by the end of a run, over every point's steps
+    h = pd.read_csv(run / "headline.csv")
+    assert list(h.rate) == [1.0, 2.0] and list(h.n_pairs) == [3, 3]
+    assert list(h.on_mean_e2e_ms) == pytest.approx([4.46, 4.46]) and list(h.off_mean_e2e_ms) == pytest.approx([4.94] * 2)
+    assert list(h.gain_mean_e2e) == pytest.approx([(4.94 - 4.46) / 4.94] * 2)
+    assert list(h.on_hit_rate) == pytest.approx([0.75, 0.75])
+
+
 def test_a_cpu_calibration_cannot_price_a_gpu(calibration, tmp_path):
     cfg = load_config(None, OVERRIDES)
     with pytest.raises(UserError, match="--gpu H200-SXM: the calibration study ran on the CPU"):
@@ -131,6 +146,25 @@ def test_engine_kind_sim_names_a_missing_calibration_in_one_line(tmp_path):
     assert r.exit_code == 2
     assert r.output == f"error: field 'engine.calibration': {tmp_path / 'nowhere'} not found (a study's results " \
                        "folder or a cost_model.json)\n"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sim"])
+def test_a_fleet_is_refused_in_one_line(calibration, tmp_path, kind):
+    """`prefixstudy simulate` of a config with replicas: 2 (the simulator has no router), whether
+    the config names the simulator or a real backend: exit 2, one line, no results folder."""
+    from click.testing import CliRunner
+
+    from prefixstudy.cli import main
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"model": TINY, "out": str(tmp_path / "out"), "replicas": 2,
+                                    "engine": {"kind": kind, **({"calibration": str(calibration)} if kind == "sim"
+                                                                else {})}}))
+    r = CliRunner().invoke(main, ["simulate", str(path), "--calibration", str(calibration), "--no-report"])
+    assert (r.exit_code, r.output) == (2, "error: field 'replicas': the simulator runs one engine per arm (no router "
+                                          "yet); simulate with replicas: 1, or measure a fleet with an in-process "
+                                          "backend (vllm, echo)\n")
     assert not (tmp_path / "out").exists()
 
 

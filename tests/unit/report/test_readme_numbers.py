@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
@@ -75,3 +76,78 @@ def test_the_peer_agreement_is_what_the_three_way_table_gives():
         "points where no one saturated), prefixstudy's mean E2E was through `vllm serve` within ±3 % at 7 of 7 "
         "points (largest gap −2.9 % at OFF 16 req/s), and in process within ±5 % at 4 of 5 points (largest gap "
         "+8.9 % at ON 32 req/s); the in-process points are this study's, from a later lease of another H200.")
+
+
+def test_the_tp8_table_is_what_prefixstudy_model_prints():
+    """The TP 8 rows are ``prefixstudy model``'s: the default-parameter row on 8 x A100 is the
+    reported case the command prints without flags, and the fitted rows use ``--calibrate``'s fits."""
+    from prefixstudy.model.explain import RC, build_case, render_summary
+    from prefixstudy.model.gpus import load_gpus
+    from prefixstudy.model.roofline import Efficiency
+
+    m = _module()
+    t = m.tp8_table()
+    assert "| 8 × H200, TP 8 | defaults: 0.50 / 0.80 / 0.00 | 7.50 / 1.14 | 1.11 | 165.2 / 158.9 | 130 / 1,092 |" in t
+    assert "| 8 × A100-40GB, TP 8 | defaults: 0.50 / 0.80 / 0.00 | 18.24 / 2.13 | 2.09 | 315.0 / 298.9 | 51 / 423 |" in t
+    cli = render_summary(build_case(None, None, RC["gpu"], 8, RC["prompt_len"], RC["prefix_len"], RC["output_len"],
+                                    Efficiency(0.5, 0.8, 0.0), load_gpus()))
+    assert "E2E batch 1 OFF / ON     314.96 / 298.85 ms" in cli and "rate ceiling OFF / ON    50.7 / 422.7 req/s" in cli
+    e = m.fitted_efficiency("h200-tp1")
+    assert f"fitted to h200-tp1: {e.mfu:.2f} / {e.bw_eff:.2f} / {e.overhead_ms:.2f}" in t
+    says = m.tp8_says_block()
+    assert "The reported 20.8 ms saving is in that range" in says
+    assert "leaves room for at most 82 decode steps" in says
+    assert "(OFF at 32 req/s did not run)" in says  # h200-tp2's OFF knee is not measured
+
+
+def test_the_cache_pressure_table_is_the_capacity_files():
+    """One row against capacity.csv directly: 40 groups, 5200 blocks, 4 req/s."""
+    m = _module()
+    t = m.cache_pressure_table()
+    row = ("| 40 | 5200 | 0.86 | 0.98 | 4 (3.61) | 0.896 (0.896) | 325 [323, 328] | 435 [432, 438] | "
+           "25.2 % [24.1, 26.3] | 0 / 0 of 2 |")
+    assert row in t
+    cap = pd.read_csv(m.RESULTS / "h200-cache-pressure/groups-40/capacity.csv")
+    at = cap[(cap["capacity"] == 5200) & (cap["rate"] == 4)]
+    assert f"{at[at['mode'] == 'on']['mean_e2e_ms'].mean():.0f}" == "325"
+    assert f"{at[at['mode'] == 'off']['mean_e2e_ms'].mean():.0f}" == "435"
+    assert t.count("\n| 40 |") == 12 and t.count("\n| 48 |") == 6
+    says = m.cache_pressure_says_block()
+    assert "falls to 0.27 of 0.90 at 1.07; 0.36 of 0.72 at 1.10 and to nothing at 1.16 (0.005)" in says
+
+
+def test_the_multiturn_words_are_the_turn_breakdown():
+    says = _module().multiturn_says_block()
+    assert "the cached share is 0.827, 0.919, 0.937, 0.943 for turns 0–3 (1200 to 1884 prompt tokens)" in says
+    turns = (REPO / "experiments/results/h200-multiturn/turns.md").read_text()
+    assert "| on | 2 | 0 | 3 | 30 | 1884 | 0.943 |" in turns  # what `prefixstudy breakdown --by turn` wrote
+
+
+def test_the_sync_study_words_are_its_files():
+    m = _module()
+    steps = m.sync_steps_block()
+    assert "0 of 2,100 ON and 0 of 608 OFF" in steps and "all 40,533 busy steps" in steps
+    assert ("`step_ms = 6.23 + 0.0207·prefill_tokens + 2.02·prefill_requests + 0.0712·decode_tokens`, "
+            "**R² = 0.997**, RMSE 1.0 ms") in steps
+    says = m.sync_says_block()
+    assert "caching saves 46 ms of 960 (4.7 % [−18.3, 27.8])" in says
+    assert "async scheduling on gave 25–39 % lower mean E2E and 26–40 % lower TPOT" in says
+    assert "At 19.9 and 23.0 req/s OFF kept up but was still filling" in says
+
+
+def test_the_replaced_studies_numbers_are_gone():
+    """The GC, smoke and fidelity sections once compared with an h200-tp1 whose files were replaced;
+    its numbers are in no committed file, so the README does not quote them."""
+    m = _module()
+    text = (m.RESULTS / "README.md").read_text()
+    for gone in ("681.4", "1342.5", "10995.4", "1335.4", "183.98"):
+        assert gone not in text
+    assert "| 1 req/s | 0.004 / 0.08 | 713.5 | 17.3 |" in m.gc_table()
+    assert "| TP 1, in-process | OFF | 16 | 1393.2 | 480 of 480 | 0.000 (0.000) | no | 0.48 |" in m.smoke_table()
+    assert "| OFF | 32 | 960 of 960 | 2613.8 | 59.83 | 11109.4 | 25.71 |" in m.fidelity_table()
+
+
+def test_a_block_the_readme_lacks_is_refused():
+    m = _module()
+    with pytest.raises(SystemExit, match="tp8-model"):
+        m.replace_block("no markers here", m.tp8_table(), m.table_begin("tp8-model"))

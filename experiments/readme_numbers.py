@@ -49,12 +49,7 @@ def _gain(h: pd.Series) -> str:
 
 def _async_effect():
     """experiments/gpu/async_effect.py, loaded as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("async_effect", REPO / "experiments/gpu/async_effect.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _script("experiments/gpu/async_effect.py")
 
 
 def async_lower(sync_dir: Path, async_dir: Path) -> pd.Series:
@@ -179,7 +174,7 @@ def _study(d: Path):
     from prefixstudy.results import load
 
     st = load(d)
-    coef = [st.manifest["step_fit"].get(k, 0.0) for k in COEF_NAMES]
+    coef = [(st.manifest.get("step_fit") or {}).get(k, 0.0) for k in COEF_NAMES]  # none for a study not fitted
     return st, coef
 
 
@@ -930,22 +925,256 @@ def ray_says_block(results: Path = RESULTS) -> str:
         f"{_ratios_cell('decode_tokens', 'roofline transfer', results):.2f}, `ratios.md`)."])
 
 
+def _script(rel: str):
+    """A script of the repository (experiments/...), loaded as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(rel).stem, REPO / rel)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def async_split_block(results: Path = RESULTS) -> str:
+    """experiments/gpu/timing_check.py's split, trace and steps on h200-tp1-async's step traces."""
+    tc = _script("experiments/gpu/timing_check.py")
+    d = results / "h200-tp1-async"
+    sp = {m: tc.split_table(str(d / f"step-trace-{m}.gz")).iloc[0] for m in ("off", "on")}
+    tr = {m: tc.trace_table(str(d / f"step-trace-{m}.gz")) for m in ("off", "on")}
+    steps = tc.check_steps(d).set_index(["mode", "rate"])
+    st, _ = _study(d)
+    from prefixstudy.metrics.requests import counted
+
+    req = counted(st.requests)
+    new = {m: float((g["prompt_tokens"] - g["num_cached_tokens"]).mean()) for m, g in req.groupby("mode")}
+    alone = {m: tr[m].loc["prompt only"] for m in tr}
+    decode_launch = _span([tr[m].loc["decode-only", "execute_model_ms_median"] for m in tr], ".1f")
+    top = steps.index.get_level_values("rate").max()
+
+    def both(col, spec=".1f"):
+        a, b = (format(sp[m][col], spec) for m in ("off", "on"))
+        return a if a == b else f"{a} / {b}"
+
+    return _block("h200-tp1-async-split", [
+        "`python experiments/gpu/timing_check.py split experiments/results/h200-tp1-async/step-trace-off.gz` (and "
+        "`-on.gz`) splits each decode-only record followed by a step with prompt tokens (medians, OFF "
+        f"{int(sp['off']['pairs'])} pairs / ON {int(sp['on']['pairs'])} pairs): the record, {both('record_N')} ms, is "
+        f"{both('schedule_next')} ms scheduling N+1, **{both('execute_model_next')} ms in N+1's `execute_model`** "
+        f"(preparing and launching a step that runs outside the full CUDA graphs), {both('sample_next_and_wait_N')} ms "
+        f"launching N+1's sampling and waiting for N, {both('update_N')} ms updating from N. The step with prompt "
+        f"tokens then records {both('record_next')} ms: its GPU work ran under the record before. Decode-only steps "
+        f"spend {decode_launch} ms in `execute_model` (a full CUDA graph). For a step of prompt tokens alone "
+        f"(`timing_check.py trace`, {_span([int(alone[m]['steps']) for m in alone], 'd')} such steps a mode, run while "
+        f"nothing else ran) `execute_model` takes {alone['on']['execute_model_ms_median']:.1f} ms with {new['on']:.0f} "
+        f"prompt tokens (ON) and {alone['off']['execute_model_ms_median']:.1f} ms with {new['off']:.0f} (OFF): the "
+        f"{new['on']:.0f}-token step's is the host's preparation and launch outside the full CUDA graphs; the extra "
+        f"{alone['off']['execute_model_ms_median'] - alone['on']['execute_model_ms_median']:.1f} ms with "
+        f"{new['off']:.0f} tokens grow with the GPU's work, so the host is paced by the GPU there (a full launch "
+        "queue or an implicit synchronisation: the trace does not tell which), and most of OFF's prefill runs on "
+        "the GPU before the engine core gets to update the step before it. The check of h200-tp1-sync above fails "
+        f"here (`timing_check.py steps`): {steps.loc[('off', top), 'prefill_faster']} of "
+        f"{steps.loc[('off', top), 'pairs']} OFF and {steps.loc[('on', top), 'prefill_faster']} of "
+        f"{steps.loc[('on', top), 'pairs']} ON prefill-after-decode steps at {top:g} req/s measured more than "
+        f"{tc.NOISE_MS:g} ms shorter than the decode step before them."])
+
+
+def async_gpu_block(results: Path = RESULTS) -> str:
+    """timing_check.py gpu on the CUDA-event traces of h200-tp1-async/gpu-spans, and that lease's mean E2E."""
+    tc = _script("experiments/gpu/timing_check.py")
+    d = results / "h200-tp1-async"
+    g = {m: tc.gpu_table(str(d / "gpu-spans" / f"step-trace-{m}.gz")) for m in ("off", "on")}
+    spans = pd.read_csv(d / "gpu-spans" / "summary.csv").groupby("mode")["mean_e2e_ms"].mean()
+    first = pd.read_csv(d / "summary.csv")
+    rate = float(pd.read_csv(d / "gpu-spans" / "summary.csv")["rate"].iloc[0])
+    first = first[first["rate"] == rate].groupby("mode")["mean_e2e_ms"].mean()
+
+    def med(m, kind):
+        r = g[m].loc[kind]
+        return f"{r['gpu_ms_median']:.2f} against {r['record_ms_median']:.2f} ms"
+
+    return _block("h200-tp1-async-gpu", [
+        "`python experiments/gpu/timing_check.py gpu experiments/results/h200-tp1-async/gpu-spans/step-trace-off.gz` "
+        f"(and `-on.gz`): of {int(g['off']['pairs'].iloc[0])} OFF / {int(g['on']['pairs'].iloc[0])} ON "
+        f"prefill-after-decode pairs, **{int(g['off']['faster_by_gpu_span'].iloc[0])} / "
+        f"{int(g['on']['faster_by_gpu_span'].iloc[0])} are shorter than the decode step before by their GPU spans, "
+        f"{int(g['off']['faster_by_record'].iloc[0])} / {int(g['on']['faster_by_record'].iloc[0])} by their host "
+        f"records**. Medians, GPU span against host record: OFF steps with prompt and decode tokens "
+        f"{med('off', 'prompt and decode')}, decode-only {med('off', 'decode-only')}; ON "
+        f"{med('on', 'prompt and decode')} and {med('on', 'decode-only')}. Mean E2E there: OFF {spans['off']:.0f} ms, "
+        f"ON {spans['on']:.0f} ms (against {first['off']:.0f} and {first['on']:.0f} without the events, in the "
+        "first lease)."])
+
+
+def threeway_says_block(results: Path = RESULTS) -> str:
+    """What h200-threeway says, from experiments/gpu/threeway.py's tables of the committed files."""
+    import re
+
+    tw = _script("experiments/gpu/threeway.py")
+    t = pd.read_csv(results / "h200-threeway" / "threeway.csv")
+    http = tw.gaps(t, "vllm-server (HTTP)")
+    calm = http[~http["saturated"].astype(bool)]
+    same = pd.concat([tw.bench_points().query("lease == 1").pipe(tw.table), t[t["way"] == "vllm-server (HTTP)"]],
+                     ignore_index=True)
+    same = tw.gaps(same, "vllm-server (HTTP)").dropna(subset=["e2e_gap_pct"])
+    same = same[~same["saturated"].astype(bool)]
+    peer = tw.bench_points()
+    peer = peer[peer["rate"] == 16.0].groupby("mode")["e2e"]
+    on_ttft = calm[calm["mode"] == "on"].sort_values("rate")
+    sat = t[(t["mode"] == "off") & (t["rate"] == 32.0)]
+    srv = pd.read_csv(results / "h200-vllm-server" / "summary.csv")
+    srv = srv[(srv["mode"] == "off") & (srv["rate"] == 32.0)]
+    limit = _manifest("h200-vllm-server", results)["points"][0]["admission_limit"]
+    inproc = tw.gaps(t, "in-process").dropna(subset=["e2e_gap_pct"])
+    inproc = inproc[~inproc["saturated"].astype(bool)]
+    worst = inproc.loc[inproc["e2e_gap_pct"].abs().idxmax()]
+    own = t[(t["way"] == "in-process") & (t["mode"] == worst["mode"]) & (t["rate"] == worst["rate"])].iloc[0]
+    peer_n = int(t[(t["way"] == "vllm bench serve") & (t["mode"] == worst["mode"])
+                   & (t["rate"] == worst["rate"])]["n"].iloc[0])
+    tok = float(re.search(r"median ([0-9.]+) ms", (results / "h200-threeway" / "threeway.md").read_text()).group(1))
+
+    def rng(s, spec=".1f"):
+        return f"{_signed(s.min(), spec)} to {_signed(s.max(), spec)}"
+
+    return _block("h200-threeway-says", [
+        f"- **E2E: prefixstudy's HTTP path is within ±3 % of `vllm bench serve` at "
+        f"{'every' if (calm['e2e_gap_pct'].abs() <= 3).all() else 'not every'} unsaturated point** "
+        f"({rng(calm['e2e_gap_pct'], '+.1f')} %, {len(calm)} points). On the peer's same-machine repeat the gap is "
+        f"{rng(same['e2e_gap_pct'], '+.1f')} %. The spread between repeats is as wide as the gap: the peer's "
+        f"{peer.size()['on']} ON 16 req/s runs span {peer.min()['on']:.0f}–{peer.max()['on']:.0f} ms, and its OFF 16 "
+        f"runs span {peer.min()['off']:.0f}–{peer.max()['off']:.0f} ms.",
+        f"- **TTFT: the 2 ms goal is not met.** prefixstudy's HTTP TTFT is {-calm['ttft_gap_ms'].max():.1f}–"
+        f"{-calm['ttft_gap_ms'].min():.1f} ms lower than the peer's.",
+        "  - The gap is not the measurement clock. Both take TTFT on the client, from the send to the first "
+        "streamed chunk.",
+        "  - It is the work the peer's requests ask of the server and prefixstudy's do not. The peer sends text, so "
+        f"the server tokenizes the prompt on every request: a median {tok:.2f} ms on one core (`threeway.py` times "
+        "it with the same tokenizer). The server also detokenizes every output token of every stream, in the same "
+        "frontend process and event loop that sends each request's first token.",
+        "  - The gap grows with the rate (ON: " + ", ".join(f"{-x:.1f}" for x in on_ttft["ttft_gap_ms"]) + " ms at "
+        + ", ".join(f"{r:g}" for r in on_ttft["rate"]) + " req/s). That fits frontend CPU work that scales with "
+        "requests and tokens per second.",
+        "  - Not shown: a run of the peer with token-id prompts. Its `prefix_repetition` dataset sends text.",
+        "  - prefixstudy sends token ids on purpose. The prompt is then exactly the dataset's, and no tokenizer is "
+        "needed. So this gap is a difference in workload, not an error. To reproduce the peer's TTFT, send text.",
+        f"- **TPOT agrees within {calm['tpot_gap_ms'].abs().max():.2f} ms** at every unsaturated point.",
+        f"- **OFF at 32 req/s is saturated in all three ways** (mean E2E {sat['e2e_ms'].min() / 1e3:.1f}–"
+        f"{sat['e2e_ms'].max() / 1e3:.1f} s, a bound). Through HTTP there are no engine steps; the point is flagged "
+        "because the server ran full: the client's requests in flight ("
+        + ", ".join(f"{a:.0f} → {b:.0f}" for a, b in zip(srv["in_system_first"], srv["in_system_last"], strict=True))
+        + f" from the window's first third to its last, a repeat each) passed 80 % of the {limit}-request limit it "
+        "was launched with.",
+        f"- **In-process vs the peer** (different leases): within ±5 % at {int((inproc['e2e_gap_pct'].abs() <= 5).sum())} "
+        f"of {len(inproc)} unsaturated points; {worst['mode'].upper()} at {worst['rate']:g} req/s reads "
+        f"{abs(worst['e2e_gap_pct']):.1f} % {'higher' if worst['e2e_gap_pct'] > 0 else 'lower'} (`threeway.md`). "
+        f"h200-tp1's own repeats there span {own['e2e_min_ms']:.0f}–{own['e2e_max_ms']:.0f} ms; the peer ran "
+        f"{peer_n} repeat{'s' if peer_n > 1 else ''}. "
+        "In-process, the load generator shares one Python process with vLLM's frontend; through HTTP the server's "
+        "frontend has a process of its own. A same-lease run of both paths would tell whether that costs anything "
+        "under load (`experiments/gpu/PLAN.md`)."])
+
+
+def cpu_replicas_says_block(results: Path = RESULTS) -> str:
+    """cpu-replicas' hits, imbalance and latency per policy and rate (routing.csv, replicas.csv), and
+    each policy's step fit."""
+    d = results / "cpu-replicas"
+    r = pd.read_csv(d / "routing.csv")
+    on = r[r["mode"] == "on"].set_index(["policy", "rate"]).sort_index()
+    aff, rr = on.loc["prefix_affinity"], on.loc["round_robin"]
+    reps = pd.read_csv(d / "replicas.csv")
+    routed = reps[(reps["policy"] == "prefix_affinity") & (reps["mode"] == "on")]["n_routed"]
+    per_point = int(reps[(reps["policy"] == "round_robin")].groupby(["mode", "rate", "repeat"])["n_routed"].sum().iloc[0])
+    r2 = {p: _manifest(f"cpu-replicas/policy-{p}", results)["step_fit"]["r2"] for p in ("round_robin", "prefix_affinity")}
+    rr_off = pd.read_csv(d / "policy-round_robin" / "summary.csv")
+    rr_off = rr_off[rr_off["mode"] == "off"]
+    low = rr_off[rr_off["rate"] == rr_off["rate"].min()].sort_values("repeat")
+    sat = r[(r["mode"] == "off") & (r["saturated_share"] > 0)]
+    sat_counts = [(x, int(rr_off[rr_off["rate"] == x["rate"]]["saturated"].astype(bool).sum()),
+                   len(rr_off[rr_off["rate"] == x["rate"]])) for _, x in sat.iterrows()]
+
+    def seq(s, spec):
+        return ", ".join(format(x, spec) for x in s)
+
+    overlap = all((a["mean_e2e_lo"] <= b["mean_e2e_hi"]) and (b["mean_e2e_lo"] <= a["mean_e2e_hi"])
+                  for (_, a), (_, b) in zip(aff.iterrows(), rr.iterrows(), strict=True))
+    lines = [
+        f"Step-cost fit R² {r2['round_robin']:.3f} (round robin) and {r2['prefix_affinity']:.3f} (affinity: two "
+        "engines' steps interleaved on two cores).",
+        "",
+        f"- **Hits.** Affinity served {seq(aff['hit_rate_measured'], '.3f')} of prompt tokens from cache at "
+        f"{seq(aff['arrival_rate'], '.2f')} req/s (actual rates); round robin {seq(rr['hit_rate_measured'], '.3f')}. "
+        f"With an unbounded cache they would be {_span(aff['hit_rate_expected'], '.2f')} and "
+        f"{_span(rr['hit_rate_expected'], '.2f')} (`hit_rate_expected`). Both lose more as load grows: more "
+        "requests in flight hold blocks.",
+        f"- **What affinity cost.** It routed {routed.min()} to {routed.max()} of a point's {per_point} requests to "
+        f"one replica (requests imbalance, max/mean, {seq(aff['requests_imbalance'], '.2f')}); busy time was less "
+        f"uneven ({seq(aff['busy_imbalance'], '.2f')}). Round robin: {_span(rr['requests_imbalance'], '.2f')}.",
+        "- **Latency.** Affinity's mean E2E was " + ("lower at every rate: " if (aff["mean_e2e_ms"] < rr["mean_e2e_ms"]).all()
+                                                    else "at each rate: ")
+        + ", ".join(f"{a:.0f} vs {b:.0f}" for a, b in zip(aff["mean_e2e_ms"], rr["mean_e2e_ms"], strict=True))
+        + " ms. " + ("**The intervals overlap at every rate**, so the report claims no clear difference: "
+                     if overlap else "")
+        + f"{int(aff['n_repeats'].iloc[0])} repeats on 2 shared cores, where OFF at {low['rate'].iloc[0]:g} req/s "
+        f"read {' and '.join(f'{x:.0f}' for x in low['mean_e2e_ms'])} ms in its repeats."
+        + "".join(f" OFF at {x['rate']:g} req/s saturated in {k} repeat{'s' if k > 1 else ''} of {n} (a bound, "
+                  f"≥ {x['mean_e2e_ms']:.0f} ms)." for x, k, n in sat_counts),
+    ]
+    return _block("cpu-replicas-says", lines)
+
+
+def cpu_default_says_block(results: Path = RESULTS) -> str:
+    """cpu-default's hit rate, where OFF saturated, and the rate each mode sustains at the report's
+    default p90 threshold (twice OFF's p90 E2E at the lowest rate)."""
+    from prefixstudy.metrics.headline import rate_at_threshold
+    from prefixstudy.metrics.requests import counted
+
+    d = results / "cpu-default"
+    head = pd.read_csv(d / "headline.csv").sort_values("arrival_rate")
+    summ = pd.read_csv(d / "summary.csv")
+    st, _ = _study(d)
+    on = counted(st.requests)
+    on = on[on["mode"] == "on"]
+    off = summ[summ["mode"] == "off"]
+    y = 2 * float(off[off["rate"] == off["rate"].min()]["p90_e2e_ms"].mean())
+    top = head["arrival_rate"].max()
+
+    def sustains(mode):
+        v, lo, hi = rate_at_threshold(head, mode, y)
+        if v == top:  # p90 never crossed the threshold: a bound
+            return f"≥ {v:.1f} req/s (the highest rate run)"
+        return f"{v:.1f} req/s [{lo:.1f}, {hi:.1f}]"
+
+    sat = {m: summ[(summ["mode"] == m) & summ["saturated"].astype(bool)] for m in ("on", "off")}
+    words = {m: ("saturated at " + ", ".join(f"{r['arrival_rate']:.1f}" for _, r in g.iterrows()) + " req/s"
+                 if len(g) else "kept up at every rate") for m, g in sat.items()}
+    return _block("cpu-default-says", [
+        f"ON hit rate {on['num_cached_tokens'].sum() / on['prompt_tokens'].sum():.3f} "
+        f"({on['num_cached_tokens'].mean():.0f} of {on['prompt_tokens'].mean():.0f} prompt tokens, "
+        f"{int(st.manifest['points'][0]['block_size'])}-token blocks), OFF 0; OFF {words['off']}, ON {words['on']} "
+        f"(actual rates). At p90 E2E ≤ {y:.0f} ms (twice OFF's p90 at its lowest rate) ON sustains "
+        f"{sustains('on')} and OFF {sustains('off')}, as `report.md` has it."])
+
+
 RENDER = {"h200-offload": offload_table, "tier-cost": lambda _: tier_cost_table(), "knees": lambda _: knees_table(),
           "h200-tp1-sync-steps": lambda _: sync_steps_block(), "h200-tp1-sync-says": lambda _: sync_says_block(),
-          "h200-tp1-async-effect": lambda _: async_effect_block(), "h200-tp2-fit": lambda _: tp2_fit_block(),
+          "h200-tp1-async-effect": lambda _: async_effect_block(), "h200-tp1-async-split": lambda _: async_split_block(),
+          "h200-tp1-async-gpu": lambda _: async_gpu_block(), "h200-tp2-fit": lambda _: tp2_fit_block(),
           "h200-tp2-says": lambda _: tp2_says_block(), "h200-tp1-ray-checks": lambda _: ray_checks_block(),
           "h200-tp1-ray-says": lambda _: ray_says_block(),
           "h200-cache-pressure": lambda _: cache_pressure_table(),
           "h200-cache-pressure-says": lambda _: cache_pressure_says_block(),
           "h200-multiturn-says": lambda _: multiturn_says_block(), "h200-tp1-gc": lambda _: gc_table(),
           "h200-smoke-after-layout": lambda _: smoke_table(), "fidelity": lambda _: fidelity_table(),
+          "h200-threeway-says": lambda _: threeway_says_block(), "cpu-replicas-says": lambda _: cpu_replicas_says_block(),
+          "cpu-default-says": lambda _: cpu_default_says_block(),
           "tp8-model": lambda _: tp8_table(), "tp8-says": lambda _: tp8_says_block()}
 TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp1-sync", "h200-tp1-sync-steps", "h200-tp1-sync-says",
-                                  "h200-tp1-async-effect", "h200-tp2-fit", "h200-tp2", "h200-tp2-says",
-                                  "h200-tp1-ray-checks", "h200-tp1-ray", "h200-tp1-ray-says", "h200-cache-pressure",
-                                  "h200-cache-pressure-says", "h200-multiturn", "h200-multiturn-says",
-                                  "h200-multiturn-sync", "h200-offload", "tier-cost", "h200-tp1-gc",
-                                  "h200-smoke-after-layout", "fidelity", "tp8-model", "tp8-says", "knees")}
+                                  "h200-tp1-async-split", "h200-tp1-async-gpu", "h200-tp1-async-effect",
+                                  "h200-tp2-fit", "h200-tp2", "h200-tp2-says", "h200-tp1-ray-checks", "h200-tp1-ray",
+                                  "h200-tp1-ray-says", "h200-cache-pressure", "h200-cache-pressure-says",
+                                  "h200-multiturn", "h200-multiturn-says", "h200-multiturn-sync", "h200-offload",
+                                  "tier-cost", "h200-tp1-gc", "h200-smoke-after-layout", "fidelity",
+                                  "h200-threeway-says", "tp8-model", "tp8-says", "cpu-replicas-says",
+                                  "cpu-default-says", "knees")}
 
 
 def render(study: str) -> str:

@@ -94,10 +94,6 @@ def test_the_tp8_table_is_what_prefixstudy_model_prints():
     assert "E2E batch 1 OFF / ON     314.96 / 298.85 ms" in cli and "rate ceiling OFF / ON    50.7 / 422.7 req/s" in cli
     e = m.fitted_efficiency("h200-tp1")
     assert f"fitted to h200-tp1: {e.mfu:.2f} / {e.bw_eff:.2f} / {e.overhead_ms:.2f}" in t
-    says = m.tp8_says_block()
-    assert "The reported 20.8 ms saving is in that range" in says
-    assert "leaves room for at most 82 decode steps" in says
-    assert "(OFF at 32 req/s did not run)" in says  # h200-tp2's OFF knee is not measured
 
 
 def test_the_cache_pressure_table_is_the_capacity_files():
@@ -112,27 +108,11 @@ def test_the_cache_pressure_table_is_the_capacity_files():
     assert f"{at[at['mode'] == 'on']['mean_e2e_ms'].mean():.0f}" == "325"
     assert f"{at[at['mode'] == 'off']['mean_e2e_ms'].mean():.0f}" == "435"
     assert t.count("\n| 40 |") == 12 and t.count("\n| 48 |") == 6
-    says = m.cache_pressure_says_block()
-    assert "falls to 0.27 of 0.90 at 1.07; 0.36 of 0.72 at 1.10 and to nothing at 1.16 (0.005)" in says
 
 
 def test_the_multiturn_words_are_the_turn_breakdown():
-    says = _module().multiturn_says_block()
-    assert "the cached share is 0.827, 0.919, 0.937, 0.943 for turns 0–3 (1200 to 1884 prompt tokens)" in says
     turns = (REPO / "experiments/results/h200-multiturn/turns.md").read_text()
     assert "| on | 2 | 0 | 3 | 30 | 1884 | 0.943 |" in turns  # what `prefixstudy breakdown --by turn` wrote
-
-
-def test_the_sync_study_words_are_its_files():
-    m = _module()
-    steps = m.sync_steps_block()
-    assert "0 of 2,100 ON and 0 of 608 OFF" in steps and "all 40,533 busy steps" in steps
-    assert ("`step_ms = 6.23 + 0.0207·prefill_tokens + 2.02·prefill_requests + 0.0712·decode_tokens`, "
-            "**R² = 0.997**, RMSE 1.0 ms") in steps
-    says = m.sync_says_block()
-    assert "caching saves 46 ms of 960 (4.7 % [−18.3, 27.8])" in says
-    assert "async scheduling on gave 25–39 % lower mean E2E and 26–40 % lower TPOT" in says
-    assert "At 19.9 and 23.0 req/s OFF kept up but was still filling" in says
 
 
 def test_the_replaced_studies_numbers_are_gone():
@@ -151,3 +131,56 @@ def test_a_block_the_readme_lacks_is_refused():
     m = _module()
     with pytest.raises(SystemExit, match="tp8-model"):
         m.replace_block("no markers here", m.tp8_table(), m.table_begin("tp8-model"))
+
+
+def test_the_cpu_default_sentence_is_what_its_report_says():
+    report = (_module().RESULTS / "cpu-default/report.md").read_text()
+    assert "caching ON sustains ≥ 11.5 req/s" in report and "OFF 3.6 req/s [3.6, 3.9]" in report
+
+
+def test_the_plain_words_of_the_offload_and_multiturn_sections_hold():
+    """Claims the README words without numbers: the 32 GiB arm reaches the hit-rate bound at every
+    rate, one offload point has a dispatch-lag p99 over 1 ms, and so does one multiturn-sync point."""
+    m = _module()
+    arms = pd.read_csv(m.RESULTS / "h200-offload/arms.csv")
+    cpu32 = arms[arms["arm"] == "on-cpu32"]
+    assert ((cpu32["hit_rate_gpu"] + cpu32["hit_rate_cpu"]) >= cpu32["hit_rate_expected"] - 0.001).all()
+    assert (cpu32["hit_rate_cpu"] > cpu32["hit_rate_gpu"]).all()  # most of it from the CPU tier
+    for study in ("h200-offload", "h200-multiturn-sync"):
+        lag = pd.read_csv(m.RESULTS / study / "summary.csv")["dispatch_lag_p99_ms"]
+        assert (lag > 1.0).sum() == 1, study
+
+
+SAYS = {
+    "h200-tp1-sync-steps": ["0 of 2,100 ON and 0 of 608 OFF", "all 40,533 busy steps",
+                            "`step_ms = 6.23 + 0.0207·prefill_tokens + 2.02·prefill_requests + 0.0712·decode_tokens`, "
+                            "**R² = 0.997**, RMSE 1.0 ms"],
+    "h200-tp1-sync-says": ["caching saves 46 ms of 960 (4.7 % [−18.3, 27.8])",
+                           "async scheduling on gave 25–39 % lower mean E2E and 26–40 % lower TPOT",
+                           "At 19.9 and 23.0 req/s OFF kept up but was still filling"],
+    "h200-tp1-async-split": ["(medians, OFF 303 pairs / ON 402 pairs): the record, 23.4 / 11.2 ms",
+                             "162 of 257 OFF and 329 of 365 ON prefill-after-decode steps at 16 req/s"],
+    "h200-tp1-async-gpu": ["**0 / 0 are shorter than the decode step before by their GPU spans, 84 / 172 by their host "
+                           "records**", "Mean E2E there: OFF 1384 ms, ON 824 ms (against 1345 and 814"],
+    "h200-cache-pressure-says": ["falls to 0.27 of 0.90 at 1.07; 0.36 of 0.72 at 1.10 and to nothing at 1.16 (0.005)"],
+    "h200-multiturn-says": ["the cached share is 0.827, 0.919, 0.937, 0.943 for turns 0–3 (1200 to 1884 prompt tokens)"],
+    "h200-threeway-says": ["(−2.9 to +0.5 %, 7 points). On the peer's same-machine repeat the gap is −3.0 to +0.3 %",
+                           "(ON: 5.4, 4.9, 7.4, 10.8 ms at 1, 4, 16, 32 req/s)"],
+    "tp8-says": ["The reported 20.8 ms saving is in that range", "leaves room for at most 82 decode steps",
+                 "(OFF at 32 req/s did not run)"],  # h200-tp2's OFF knee is not measured
+    "cpu-replicas-says": ["Affinity served 0.801, 0.763, 0.689 of prompt tokens from cache at 1.77, 3.64, 8.72 req/s",
+                          "It routed 37 to 59 of a point's 96 requests",
+                          "OFF at 8 req/s saturated in 1 repeat of 2 (a bound, ≥ 2219 ms)"],
+    "cpu-default-says": ["ON sustains ≥ 11.5 req/s (the highest rate run) and OFF 3.6 req/s [3.6, 3.9]"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAYS))
+def test_a_paragraph_says_what_its_files_give(name):
+    """A sample of each rendered paragraph, checked exactly (the values as the committed files give them)."""
+    m = _module()
+    block = m.render(name)
+    assert block.startswith(m.table_begin(name)) and block.endswith(m.END)
+    for fragment in SAYS[name]:
+        assert fragment in block
+    assert name in m.TABLES[m.RESULTS / "README.md"]  # so the regeneration test covers it

@@ -184,3 +184,71 @@ def test_a_paragraph_says_what_its_files_give(name):
     for fragment in SAYS[name]:
         assert fragment in block
     assert name in m.TABLES[m.RESULTS / "README.md"]  # so the regeneration test covers it
+
+
+def _config(study: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "experiments/results" / study / "config.yaml").read_text())
+
+
+def _and(xs) -> str:
+    xs = [f"{x:g}" for x in xs]
+    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
+
+
+def _setups() -> dict[str, list[str]]:
+    """Each study section's setup words, built from the study's config.yaml as it ran."""
+    sync = _config("h200-tp1-sync")
+    e, d, s = sync["engine"], sync["dataset"], sync["sweep"]
+    out = {"h200-tp1-sync": [
+        f"prompt {d['prefix_len']} shared + {d['suffix_len']} unique tokens, {d['output_len']} output tokens (ignore "
+        f"EOS), max_num_batched_tokens {e['max_num_batched_tokens']}, max_num_seqs {e['max_num_seqs']}, Poisson "
+        f"arrivals, at least {s['num_requests']} requests and {s['min_duration_s']:g} s of arrivals a point (a point "
+        f"is cut at {s['max_point_duration_s']:g} s), rates {', '.join(f'{r:g}' for r in s['rates'])} req/s, "
+        f"`sweep.repeats: {s['repeats']}`"]}
+    caps = {g: sorted(_config(f"h200-cache-pressure/groups-{g}/{b.name}")["engine"]["extra_args"]["num_gpu_blocks_override"]
+                      for b in (REPO / f"experiments/results/h200-cache-pressure/groups-{g}").glob("blocks-*"))
+            for g in (40, 48)}
+    cp = _config("h200-cache-pressure/groups-40/blocks-4400")
+    d, s = cp["dataset"], cp["sweep"]
+    out["h200-cache-pressure"] = [
+        f"`max_num_batched_tokens` {cp['engine']['max_num_batched_tokens']}; G prompt groups of {d['prefix_len']} "
+        f"shared tokens + {d['suffix_len']} unique, {d['output_len']} output tokens",
+        f"{s['num_requests']} measured requests a point", f"arrivals at {_and(s['rates'])} req/s, {s['repeats']} repeats",
+        f"capped at {_and(caps[40])} blocks of 16 tokens (40 groups) and {_and(caps[48])} (48 groups)"]
+    mt = _config("h200-multiturn")
+    d, ss, s = mt["dataset"], mt["dataset"]["sessions"], mt["sweep"]
+    out["h200-multiturn"] = [
+        f"sessions of {ss['turns']} turns open with one of {d['groups']} system prompts ({d['prefix_len']} tokens) + a "
+        f"{d['suffix_len']}-token first message", f"the {d['output_len']} tokens it generated) + {ss['user_len']} new "
+        f"user tokens, {ss['think_time_s']:g} s after",
+        f"at {_and(s['rates'])} sessions/s, {s['num_requests'] // ss['turns']} sessions ({s['num_requests']} requests) "
+        f"a point, {s['repeats']} repeats"]
+    off, fits = _config("h200-offload"), _config("h200-offload-fits")
+    d, s = off["dataset"], off["sweep"]
+    gib = [a["offload"]["size_gib"] for a in off["arms"]]
+    out["h200-offload"] = [
+        f"{d['groups']} groups of {d['prefix_len']} shared + {d['suffix_len']} unique tokens in round-robin order, "
+        f"primed, {d['output_len']} output tokens. The GPU cache is held to "
+        f"{off['engine']['extra_args']['num_gpu_blocks_override']} blocks",
+        f"of {gib[0]:g} and of {gib[1]:g} GiB",
+        f"Rates {_and(s['rates'])} req/s, {s['num_requests']} requests a point, {s['repeats']} repeats",
+        f"the control: {fits['dataset']['groups']} groups", f"at {_and(fits['sweep']['rates'])} req/s."]
+    cr = _config("cpu-replicas")
+    d, s = cr["dataset"], cr["sweep"]
+    out["cpu-replicas"] = [
+        f"each capped at {cr['engine']['extra_args']['num_gpu_blocks_override']} KV blocks. {d['groups']} prompt groups "
+        f"of {d['prefix_len']} shared + {d['suffix_len']} unique tokens, {d['output_len']} output tokens, groups in "
+        f"{d['mix']['order']} order; {s['num_requests']} requests a point, {len(s['rates'])} rates, {s['repeats']} "
+        f"repeats; round robin and prefix affinity (first block, load bound {cr['router']['load_bound']:g})"]
+    return out
+
+
+def test_the_setup_lines_are_the_configs_as_they_ran():
+    """The setup bullets of the results README are typed, not rendered: each is checked against the
+    config.yaml the study recorded (whitespace and line breaks aside)."""
+    text = " ".join((REPO / "experiments/results/README.md").read_text().split())
+    for study, fragments in _setups().items():
+        for f in fragments:
+            assert f in text, f"{study}: the README's setup does not say {f!r}"

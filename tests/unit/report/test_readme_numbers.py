@@ -5,6 +5,7 @@ them with the report's definitions); after a study is re-run, regenerate with
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -192,6 +193,11 @@ def _config(study: str) -> dict:
     return yaml.safe_load((REPO / "experiments/results" / study / "config.yaml").read_text())
 
 
+def _block_size(study: str) -> int:
+    """The engine's block size, as the study's manifest recorded it."""
+    return int(json.loads((REPO / "experiments/results" / study / "manifest.json").read_text())["points"][0]["block_size"])
+
+
 def _and(xs) -> str:
     xs = [f"{x:g}" for x in xs]
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
@@ -211,12 +217,17 @@ def _setups() -> dict[str, list[str]]:
                       for b in (REPO / f"experiments/results/h200-cache-pressure/groups-{g}").glob("blocks-*"))
             for g in (40, 48)}
     cp = _config("h200-cache-pressure/groups-40/blocks-4400")
+    cap40 = pd.read_csv(REPO / "experiments/results/h200-cache-pressure/groups-40/capacity.csv")
+    bs = _block_size("h200-cache-pressure/groups-40/blocks-4400")
     d, s = cp["dataset"], cp["sweep"]
     out["h200-cache-pressure"] = [
         f"`max_num_batched_tokens` {cp['engine']['max_num_batched_tokens']}; G prompt groups of {d['prefix_len']} "
         f"shared tokens + {d['suffix_len']} unique, {d['output_len']} output tokens",
         f"{s['num_requests']} measured requests a point", f"arrivals at {_and(s['rates'])} req/s, {s['repeats']} repeats",
-        f"capped at {_and(caps[40])} blocks of 16 tokens (40 groups) and {_and(caps[48])} (48 groups)"]
+        f"capped at {_and(caps[40])} blocks of {bs} tokens (40 groups) and {_and(caps[48])} (48 groups)",
+        f"({int(cap40['working_set_blocks'].iloc[0]) // 40} per prefix)",
+        f"G × {int(cap40['reuse_footprint_blocks'].iloc[0]) // 40} "
+        f"({d['prefix_len'] + d['suffix_len'] + d['output_len'] - 1} computed tokens a request"]
     mt = _config("h200-multiturn")
     d, ss, s = mt["dataset"], mt["dataset"]["sessions"], mt["sweep"]
     out["h200-multiturn"] = [
@@ -228,11 +239,12 @@ def _setups() -> dict[str, list[str]]:
     off, fits = _config("h200-offload"), _config("h200-offload-fits")
     d, s = off["dataset"], off["sweep"]
     gib = [a["offload"]["size_gib"] for a in off["arms"]]
+    bs = _block_size("h200-offload")
     out["h200-offload"] = [
         f"{d['groups']} groups of {d['prefix_len']} shared + {d['suffix_len']} unique tokens in round-robin order, "
         f"primed, {d['output_len']} output tokens. The GPU cache is held to "
         f"{off['engine']['extra_args']['num_gpu_blocks_override']} blocks",
-        f"of {gib[0]:g} and of {gib[1]:g} GiB",
+        f"of {gib[0]:g} and of {gib[1]:g} GiB", f"its prefix's blocks ({d['prefix_len'] // bs} of {bs} tokens)",
         f"Rates {_and(s['rates'])} req/s, {s['num_requests']} requests a point, {s['repeats']} repeats",
         f"the control: {fits['dataset']['groups']} groups", f"at {_and(fits['sweep']['rates'])} req/s."]
     cr = _config("cpu-replicas")

@@ -32,7 +32,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
 OUT = REPO / "benchmarks" / "results" / "interval_loo.json"
-STUDIES = ("h200-tp1", "h200-tp1-sync", "h200-multiturn-sync", "h200-offload", "h200-vllm-server")
+STUDIES = ("h200-tp1", "h200-tp1-fixed-order", "h200-tp1-sync", "h200-multiturn-sync", "h200-offload", "h200-vllm-server")
 N_BOOT = 400
 Z = 1.959964
 

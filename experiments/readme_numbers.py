@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments/results"
 README = REPO / "README.md"
 BEGIN, END = "<!-- readme_numbers: headline -->", "<!-- /readme_numbers -->"
-STEADY_SPREAD_PCT = 10.0  # OFF's (max - min) / mean of its repeats' mean E2E at the headline's mid rate
+INFORMS_POINTS = 10.0  # the largest half-width, in points, of a gain's interval that the headline's mid rate may have
 
 
 def _ci(v: float, lo: float, hi: float, spec: str = ".0f", scale: float = 1.0) -> str:
@@ -83,8 +83,9 @@ def headline_block(results: Path = RESULTS) -> str:
     low = head.iloc[0]
     calm = head[(head["on_saturated_share"] == 0) & (head["off_saturated_share"] == 0)]
     # Nearer the knee a point can keep up and still be filling at its end: its repeats then differ
-    # and its interval informs nothing.  The mid rate is the highest one whose OFF repeats agree.
-    steady = calm[calm["off_spread_pct"] < STEADY_SPREAD_PCT]
+    # and its gain's interval informs little.  The mid rate is the highest one whose interval is narrow.
+    half = 50 * (calm["gain_mean_e2e_hi"] - calm["gain_mean_e2e_lo"])
+    steady = calm[half <= INFORMS_POINTS]
     mid = steady.iloc[-1]
     all_sat = head[head["off_saturated_share"] == 1.0]
     off = summ[(summ["mode"] == "off") & (summ["status"] == "ok")]
@@ -98,7 +99,7 @@ def headline_block(results: Path = RESULTS) -> str:
         f"about one prefill, since prompts took {100 * low['off_engine_prefill_share']:.0f} % of OFF's busy "
         f"engine time;",
         f"* at **{mid['arrival_rate']:.1f} req/s**, the highest rate where neither mode saturated in any repeat "
-        f"and OFF's repeats agreed within {STEADY_SPREAD_PCT:g} %, "
+        f"and the gain's interval is narrower than ±{INFORMS_POINTS:g} points, "
         f"from {_ci(mid['off_mean_e2e_ms'], mid['off_mean_e2e_lo'], mid['off_mean_e2e_hi'])} to "
         f"{_ci(mid['on_mean_e2e_ms'], mid['on_mean_e2e_lo'], mid['on_mean_e2e_hi'])} ms, **{_gain(mid)}**: "
         f"prompts took {100 * mid['off_engine_prefill_share']:.0f} % [{100 * mid['off_engine_prefill_share_lo']:.0f}, "
@@ -110,10 +111,10 @@ def headline_block(results: Path = RESULTS) -> str:
         rises = ", ".join(f"{a:.0f}→{b:.0f}" for a, b in zip(reps["in_system_first"], reps["in_system_last"],
                                                              strict=True))
         lines.append(
-            f"* at **{f['arrival_rate']:.1f} req/s** OFF kept up in every repeat, but its repeats' mean E2E differed "
-            f"by {f['off_spread_pct']:.0f} % and the requests in its engine rose from the arrival window's first "
-            f"third to its last ({rises}): a {point_s:g}-second point there ends before the engine settles, so the "
-            f"{_gain(f)} gain informs little;")
+            f"* at **{f['arrival_rate']:.1f} req/s** both modes kept up in every repeat, but the gain's interval is "
+            f"±{50 * (f['gain_mean_e2e_hi'] - f['gain_mean_e2e_lo']):.0f} points: OFF's repeats' mean E2E differed by "
+            f"{f['off_spread_pct']:.0f} % and the requests in its engine went from {rises} between the arrival "
+            f"window's first third and its last ({point_s:g}-second points), so the {_gain(f)} gain informs little;")
     if len(all_sat):
         s = all_sat.iloc[0]
         rows = summ[(summ["mode"] == "off") & (summ["rate"] == s["rate"])].sort_values("repeat")
@@ -143,7 +144,7 @@ def headline_block(results: Path = RESULTS) -> str:
              f"with it off (h200-tp1-sync: an earlier lease of another H200, at the {len(lower)} mode and rate pairs "
              f"where both engines kept up in every repeat). Means with 95 % intervals, Student's t over the "
              f"{repeats} repeats' means, at the actual arrival rates. " + _loo_words() + " An interval holds for "
-             "the machine it ran on.")
+             "the machines it ran on. " + _run_words(d, manifest) + " " + _order_words(d, manifest))
     timed = "on the GPU (CUDA events around each step)" if manifest.get("step_timing") == ["gpu-span"] else \
         "inside vLLM's engine core"
     verdict = {True: ", and the records pass the step-timing checks (`prefixstudy check`)",
@@ -233,10 +234,49 @@ def _loo_words() -> str:
 
     return (f"Coverage tested by simulation (`benchmarks/interval_coverage.py`) and on the committed repeats "
             f"(`benchmarks/interval_loo.py`): with one repeat left out, the others' t prediction held it in "
-            f"{held('t_repeats')} cases (h200-tp1's, whose three repeats leave two: a wide t(1)), where the "
+            f"{held('t_repeats')} cases (the two h200-tp1 runs', whose three repeats leave two: a wide t(1)), where the "
             f"requests' own noise alone held {held('within')} and with a "
             f"between-repeat variance pooled over the study's other rates {held('within_pooled')}: runs differ by "
             f"more than their requests' noise, so the intervals come from the repeats.")
+
+
+def _run_words(d: Path, manifest: dict) -> str:
+    """Where and how the headline run ran: its device calls (the manifest's resumes) and the points it lacks."""
+    import yaml
+
+    from prefixstudy.config import parse_config
+
+    pts = manifest["points"]
+    cfg = parse_config(yaml.safe_load((d / "config.yaml").read_text()), "config.yaml")
+    ran = {(p["mode"], float(p["rate"]), int(p["repeat"])) for p in pts if p.get("status") == "ok"}
+    missing = sorted({(float(r), k) for m in cfg.sweep.modes for r, k in cfg.sweep.points() if (m, float(r), k) not in ran})
+    out = ""
+    if manifest.get("resumed_at"):
+        from datetime import datetime
+
+        cut = datetime.fromisoformat(manifest["resumed_at"][0]).timestamp()
+        before = sum(p["started_at"] < cut for p in pts)
+        out = (f"The run went through {1 + len(manifest['resumed_at'])} device calls of a 10-minute limit, the arms' "
+               f"engines restarted at each: {before} points before its first resume and {len(pts) - before} after, "
+               f"which ran on a second H200 (the first was taken back between the calls; "
+               f"`h200-tp1/device-calls.log`), so its repeats span two machines.")
+    if missing:
+        out += (" Not run, for want of device time: " + ", ".join(f"{r:g} req/s repeat {k + 1}" for r, k in missing)
+                + " (both arms).")
+    return out.strip()
+
+
+def _order_words(d: Path, manifest: dict) -> str:
+    """metrics.order on the headline run: whether the arm that went first moved the gain."""
+    from prefixstudy.metrics.order import order_effect
+
+    e = order_effect(manifest["points"], pd.read_csv(d / "summary.csv"), "on", "off")
+    if e.empty:
+        return ""
+    at = " and ".join(f"{_signed(r.difference_points, '+.1f')} points at {r.rate:g} req/s" for r in e.itertuples())
+    return (f"ON and OFF took turns point by point, and each rate's repeats alternated which went first: where both "
+            f"kept up, the gain with ON first differed from the gain with OFF first by {at} (`metrics.order`; the "
+            f"report's \"Arm order\").")
 
 
 def _physics_words(d: Path, sync: Path) -> str:
@@ -412,7 +452,8 @@ def knees_table(results: Path = RESULTS) -> str:
     out = [table_begin("knees"), "| study | caching ON | caching OFF |", "|---|---|---|"]
     for d in sorted(p.parent for p in results.glob("*/headline.csv") if (p.parent / "requests.parquet").exists()):
         head = pd.read_csv(d / "headline.csv")
-        cells = [knee_bracket(head, m)["text"] if head[f"{m}_mean_e2e_ms"].notna().any() else "–" for m in MODES]
+        cells = [knee_bracket(head, m)["text"] if head.get(f"{m}_mean_e2e_ms", pd.Series(dtype=float)).notna().any()
+                 else "–" for m in MODES]
         out.append(f"| {d.name} | " + " | ".join(cells) + " |")
     return "\n".join(out + [END])
 

@@ -65,8 +65,8 @@ def test_run_dry_run_runs_the_shipped_default(installed):
     assert out == ("ok: study default, 30 dataset rows, modes on,off, rates 1,2,4,8 req/s, executor ray; "
                    "nothing run (--dry-run)\n")
     out = run(installed, "prefixstudy", "run", "h200-tp1", "--dry-run")
-    assert out.startswith("ok: study h200-tp1, 1200 dataset rows, modes on,off, "
-                          "rates 1,16,32,40,56,80 req/s x 3 repeats, executor")
+    assert out.startswith("ok: study h200-tp1, 1440 dataset rows, modes on,off, "
+                          "rates 1,16,32,56,96 req/s x 3 repeats, executor")
 
 
 def test_model_explain_finds_the_shipped_mistral_config(installed):

@@ -15,9 +15,9 @@ def test_the_committed_file_is_what_the_code_gives_and_within_noise_alone_underc
     rows = m.held_out([c for s in m.STUDIES for c in m.cells(s)])
     committed = json.loads(m.OUT.read_text())
     assert m.summary(rows) == committed["summary"]
-    assert committed["summary"] == {"within": {"held_out": 115, "covered": 78},
-                                    "within_pooled": {"held_out": 115, "covered": 103},
-                                    "t_repeats": {"held_out": 27, "covered": 27}}
+    assert committed["summary"] == {"within": {"held_out": 139, "covered": 93},
+                                    "within_pooled": {"held_out": 139, "covered": 125},
+                                    "t_repeats": {"held_out": 51, "covered": 51}}
     assert [r["error"] for r in committed["rows"]] == rows["error"].tolist()
     text = (REPO / "README.md").read_text()
-    assert "held it in 27 of 27 cases" in text and "78 of 115" in text and "103 of 115" in text
+    assert "held it in 51 of 51 cases" in text and "93 of 139" in text and "125 of 139" in text

@@ -76,5 +76,5 @@ def test_runs_found():
                                                                          (48, (5600, 6400))) for c in cs]
     assert RUNS == ["cpu-default", "cpu-replicas/policy-prefix_affinity", "cpu-replicas/policy-round_robin",
                     *pressure, "h200-multiturn", "h200-multiturn-sync", "h200-offload", "h200-offload-fits",
-                    "h200-tp1", "h200-tp1-async", "h200-tp1-gc", "h200-tp1-ray", "h200-tp1-sync", "h200-tp2",
-                    "h200-vllm-server"]
+                    "h200-tp1", "h200-tp1-async", "h200-tp1-fixed-order", "h200-tp1-gc", "h200-tp1-ray", "h200-tp1-sync",
+                    "h200-tp2", "h200-vllm-server"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from prefixstudy.arms import arm_label
 from prefixstudy.metrics.order import order_effect
 
 TEXT = ("The arms took turns point by point, and each rate's repeats alternated which went first. At the rates "
@@ -21,7 +22,7 @@ def table(study) -> pd.DataFrame:
     for p in pairs.itertuples():
         e = order_effect(points, study.summary, str(p.arm), str(p.baseline))
         for r in e.itertuples():
-            rows.append({"arm / baseline": f"{p.arm.upper()} / {p.baseline.upper()}", "rate (req/s)": f"{r.rate:g}",
+            rows.append({"arm / baseline": f"{arm_label(p.arm)} / {arm_label(p.baseline)}", "rate (req/s)": f"{r.rate:g}",
                          "repeats: baseline first / arm first": f"{r.n_baseline_first} / {r.n_arm_first}",
                          "gain, baseline first": f"{100 * r.gain_baseline_first:.1f} %",
                          "gain, arm first": f"{100 * r.gain_arm_first:.1f} %",

@@ -41,7 +41,9 @@ class OffloadConfig(BaseModel):
     model_config = _STRICT
     size_gib: float = Field(gt=0, description="The tier's size, GiB of host memory (vLLM's `kv_offloading_size`).")
     backend: Literal["native", "lmcache"] = Field("native", description="vLLM's `kv_offloading_backend`: `native` "
-                                                  "(its OffloadingConnector) or `lmcache` (needs that package).")
+                                                  "(its OffloadingConnector); `lmcache` is refused (vLLM's "
+                                                  "LMCacheMPConnector needs an LMCache server a study cannot "
+                                                  "reset).")
 
 
 class ArmConfig(BaseModel):

@@ -63,6 +63,15 @@ def check_arms(cfg: StudyConfig, source: str, overrides: dict | None = None) -> 
             fail(f"arms.{i}.engine.{loc}", "unknown key" if e["type"] == "extra_forbidden" else e["msg"])
 
 
+# Offload backends vLLM accepts but a study cannot measure, and why.  vLLM (0.26 on) maps
+# kv_offloading_backend lmcache to its LMCacheMPConnector, a client of a separate LMCache server:
+# prefixstudy starts no such server, cannot reset its cache between points (so a point could start
+# warm) and reads per-tier hits only from vLLM's own OffloadingConnector (engines.vllm_tiers).
+UNSUPPORTED_OFFLOAD = {"lmcache": "lmcache is vLLM's LMCacheMPConnector, a client of a separate LMCache server "
+                                  "that a study neither starts nor resets between points, and whose tier hits it "
+                                  "cannot count; use native (vLLM's OffloadingConnector)"}
+
+
 def _check_offload(cfg: StudyConfig, i: int, a: ArmConfig, fail) -> None:
     kind = cfg.engine.kind
     if not capabilities(kind).cpu_tier:
@@ -73,6 +82,8 @@ def _check_offload(cfg: StudyConfig, i: int, a: ArmConfig, fail) -> None:
     for k in OFFLOAD_ARGS:
         if k in given:
             fail(f"arms.{i}.offload", f"extra_args also sets {k}; set the tier in one place (arms.{i}.offload)")
+    if a.offload.backend in UNSUPPORTED_OFFLOAD:
+        fail(f"arms.{i}.offload.backend", UNSUPPORTED_OFFLOAD[a.offload.backend])
     pkg = OFFLOAD_PACKAGES[a.offload.backend]
     if pkg is not None and not installed(pkg):
         fail(f"arms.{i}.offload.backend", f"{a.offload.backend} needs the {pkg} package, which is not installed "

@@ -95,7 +95,8 @@ def test_offload_fields_are_checked_before_anything_starts():
         load_config(None, {**base, "arms": [{"name": "t", "offload": {"size_gib": 0}}]})
     with pytest.raises(UserError, match=r"field 'arms.0.offload.backend': Input should be 'native' or 'lmcache'"):
         load_config(None, {**base, "arms": [{"name": "t", "offload": {"size_gib": 1, "backend": "redis"}}]})
-    with pytest.raises(UserError, match=r"field 'arms.0.offload.backend': lmcache needs the lmcache package"):
+    with pytest.raises(UserError, match=r"field 'arms.0.offload.backend': lmcache is vLLM's LMCacheMPConnector, a "
+                                        r"client of a separate LMCache server that a study neither starts nor resets"):
         load_config(None, {**base, "arms": [{"name": "t", "offload": {"size_gib": 1, "backend": "lmcache"}}]})
     with pytest.raises(UserError, match=r"field 'arms.0.offload': a CPU tier extends the prefix cache"):
         load_config(None, {**base, "arms": [{"name": "t", "prefix_caching": False, "offload": {"size_gib": 1}}]})

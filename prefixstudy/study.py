@@ -23,7 +23,7 @@ from prefixstudy.errors import StudyFailed, UserError, first_line  # noqa: F401 
 from prefixstudy.executors import pick_executor
 from prefixstudy.results import find_run_dir, read_manifest, read_summary
 from prefixstudy.preflight import check_engine_config, check_inputs, check_installed, check_plan
-from prefixstudy.results.provenance import base_manifest, now
+from prefixstudy.results.provenance import base_manifest, machine, now
 from prefixstudy.results.store import CONFIG, SUMMARY
 from prefixstudy.results.writer import ResultsWriter, RunLock, new_run_dir, preflight_out
 from prefixstudy.study_run import Study, run_pending  # noqa: F401 (Study: importers' name)
@@ -94,6 +94,7 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
             manifest.pop("error", None)  # why it stopped before; this attempt records its own
             manifest.pop("error_log", None)
             manifest.setdefault("resumed_at", []).append(now())
+            manifest.setdefault("machines", []).append(machine())
         writer = ResultsWriter(run_dir, cfg, manifest)
         if old is not None:
             writer.keep(manifest.get("points", []), old.summary)

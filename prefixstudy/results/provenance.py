@@ -7,6 +7,7 @@ import datetime as dt
 import os
 import socket
 import sys
+from pathlib import Path
 from importlib import metadata
 from typing import NamedTuple
 
@@ -51,6 +52,10 @@ MANIFEST_KEYS: dict[str, Key] = {
     "config_sha256": Key("string", "sha256 of the resolved config at the run's start: `--resume` refuses a "
                          "config.yaml that no longer matches it", optional=True),
     "resumed_at": Key("array", "UTC stamps (ISO 8601) of each `--resume`", optional=True),
+    "machines": Key("array", "the machine the driver ran on at the run's start and at each `--resume`: `at`, "
+                    "`host`, `boot_id` (the kernel's, new at every boot: two leases of one host name differ "
+                    "here), `device` and `device_uuid` (the GPU torch sees; empty on the CPU); with the Ray "
+                    "executor the engines may run elsewhere", optional=True),
     "error": Key("string", "why the run stopped, one line; dropped when it is resumed", optional=True),
     "error_log": Key("string", "file in the run folder with the engine's own output when it failed (a "
                      "server's log, a Ray actor's)", optional=True),
@@ -186,6 +191,30 @@ def gpu_name_via_nvml(use_gpu: bool) -> str:
     return "cpu"
 
 
+def device_uuid() -> str:
+    """The UUID of the GPU torch sees here ("" on the CPU), under device_name's guard against
+    importing torch for nothing."""
+    if device_name() == "cpu":
+        return ""
+    try:
+        import torch
+
+        return str(torch.cuda.get_device_properties(0).uuid)
+    except Exception:
+        return ""
+
+
+def machine() -> dict:
+    """Where the driver runs now: a run records one at its start and one at each resume, so a run
+    whose attempts landed on different machines says so (a lent machine's host name can repeat)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return {"at": now(), "host": socket.gethostname(), "boot_id": boot, "device": device_name(),
+            "device_uuid": device_uuid()}
+
+
 def base_manifest(study: str, engine: str, engine_versions: dict, dataset: dict, executor: str) -> dict:
     return {
         "prefixstudy_version": __version__,
@@ -203,4 +232,5 @@ def base_manifest(study: str, engine: str, engine_versions: dict, dataset: dict,
         "status": "running",
         "dataset": dataset,
         "points": [],
+        "machines": [machine()],
     }

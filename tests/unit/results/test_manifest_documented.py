@@ -78,6 +78,10 @@ def test_a_run_writes_only_documented_keys_of_their_types(runs, kind):
     assert len(m["points"]) == {"arms": 3, "fleet": 2, "resumed": 2, "merged": 2}[kind]
     # What each kind of run adds, beyond a plain one:
     assert ("resumed_at" in m, "merged_from" in m) == (kind == "resumed", kind == "merged")
+    # Where it ran: once at the start, again at each resume; this machine's boot, no GPU here.
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert [(x["boot_id"], x["device"], x["device_uuid"]) for x in m["machines"]] == \
+        [(boot, "cpu", "")] * (2 if kind == "resumed" else 1)
     assert all(("router" in p, "replicas" in p) == (kind == "fleet",) * 2 for p in m["points"])
     assert [p["prefix_caching"] for p in m["points"]] == {"arms": [True, False, True]}.get(kind, [True, False])
 

@@ -17,7 +17,7 @@ import platform
 import statistics
 import time
 
-from prefixstudy.runner import _sleep_until
+from prefixstudy.runner.pacing import _sleep_until
 
 LENGTHS_S = (0.05, 0.5, 2.0, 4.5)
 

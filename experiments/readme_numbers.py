@@ -1116,7 +1116,7 @@ def threeway_says_block(results: Path = RESULTS) -> str:
         f"{peer_n} repeat{'s' if peer_n > 1 else ''}. "
         "In-process, the load generator shares one Python process with vLLM's frontend; through HTTP the server's "
         "frontend has a process of its own. A same-lease run of both paths would tell whether that costs anything "
-        "under load (`experiments/gpu/PLAN.md`)."])
+        "under load (`experiments/gpu/README.md` has both commands)."])
 
 
 def cpu_replicas_says_block(results: Path = RESULTS) -> str:

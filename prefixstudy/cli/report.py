@@ -45,7 +45,7 @@ def report(results_dir: Path, slo, threshold_ms, peers, point, seed, rederive):
         raise UserError(f"--threshold {threshold_ms}: must be > 0 ms")
     parsed_slo = _slo(slo)
     parsed_point = parse_point(point)
-    from prefixstudy.report.bench_json import bench_files
+    from prefixstudy.report.bench_import import bench_files
 
     for p in peers:
         if not any(c in p for c in "*?[") and not Path(p).exists():

@@ -1,160 +1,37 @@
 """Executor ``ray``: one actor per mode on a Ray cluster, its load generator beside it.
 
 Each mode's ``ModeSession`` (the engine and the code that sends the requests) runs inside one
-``EngineActor``, so measured latency never crosses the network.  The driver plans resources (GPU
+``EngineActor`` (``ray_actor``), so measured latency never crosses the network.  The driver plans resources (GPU
 placement groups, or CPUs; ``ray_plan``), decides whether ON and OFF run side by side, asks the
 actors for points, and hands every ``PointResult`` that comes back to the study's sink: results
 travel through Ray, no shared filesystem is needed.  An actor that dies (OOM, crash, killed) turns its
 point into a failed row with the cause, a fresh actor takes its place and the sweep goes on.
 
-Ray is imported here (lazily) and nowhere else.
+Ray is imported here and in the other ``ray_*`` modules (lazily), and nowhere else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
-import socket
-import threading
 import time
-from pathlib import Path
 
 from tqdm import tqdm
 
 from prefixstudy.config import StudyConfig
-from prefixstudy.engines.registry import capabilities, engine_class
 from prefixstudy.errors import StudyFailed, UserError, first_line
 from prefixstudy.executors.base import StudySink, point_line, repeat_tag, total_requests
-from prefixstudy.executors.own_log import OwnLog
+from prefixstudy.executors.ray_actor import EngineActor, _gpus_in_process, actor_env
+from prefixstudy.executors.ray_cluster import NAMESPACE, alive_node_ids, alive_nodes, connect, ray_failure
 from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, plan_parallel,
                                             summarize_actor_error)
-from prefixstudy.results.provenance import gpu_name_via_nvml
-from prefixstudy.runner import ModeSession, run_until_signal
+from prefixstudy.runner import run_until_signal
 from prefixstudy.schema import PointResult
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "prefixstudy"
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding prefixstudy/
 PLACEMENT_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
-
-
-def actor_env(cfg: StudyConfig, mode: str, use_gpu: bool) -> dict[str, str]:
-    """Env vars an engine actor gets (runtime_env): what its backend asks for, and PYTHONPATH with
-    this package's source folder first."""
-    env = engine_class(cfg.engine.kind).process_env(cfg.arm_engine(mode), mode, use_gpu)
-    paths = [str(PACKAGE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    return env
-
-
-# --------------------------------------------------------------------------- the actor
-
-def _gpus_in_process(cfg: StudyConfig) -> bool:
-    """Whether the engine's own process must see its GPUs, not only its Ray workers."""
-    return capabilities(cfg.engine.kind).gpus_in_process
-
-
-class EngineActor:
-    """Runs inside a Ray worker: one ModeSession (engine + load generator), points on request."""
-
-    def __init__(self, cfg: StudyConfig, mode: str, rows, use_gpu: bool, replica_factory=None):
-        # replica_factory (cfg.replicas > 1): this actor is the fleet's load generator and router,
-        # and builds its replicas as actors of their own (executors.ray_fleet).
-        own_log = OwnLog()  # before the engine prints: what it logs from here on, should its start fail
-        self.session = ModeSession(cfg, mode, rows, ray_workers=use_gpu, replica_factory=replica_factory,
-                                   own_log=own_log)
-        self.mode, self.use_gpu = mode, use_gpu
-
-    async def start(self) -> dict:
-        await self.session.__aenter__()
-        import ray
-
-        return {"pid": os.getpid(), "host": socket.gethostname(),
-                "node_ip": ray.util.get_node_ip_address(), "device": gpu_name_via_nvml(self.use_gpu),
-                **engine_class(self.session.cfg.engine.kind).versions(),
-                "startup_s": self.session.engine.startup_s, "block_size": self.session.engine.block_size,
-                **({"replicas": self.session.engine.started} if self.session.cfg.replicas > 1 else {})}
-
-    async def run_point(self, rate: float, repeat: int = 0) -> PointResult:
-        return await self.session.run_point(rate, repeat)
-
-    async def recover(self) -> bool:
-        """After a failed point: restart the engine if it died inside this (living) actor."""
-        if self.session.engine.is_dead():
-            await self.session.restart()
-            return True
-        return False
-
-    async def stop(self) -> None:
-        await self.session.__aexit__(None, None, None)
-
-
-# --------------------------------------------------------------------------- the driver
-
-def connect(address: str, num_cpus: int | None = None) -> bool:
-    """Join (or, for ``local``, start) the Ray cluster.  True when this call did so, and
-    ``ray.shutdown()`` should undo it; False when Ray was already initialized here.
-
-    ``local`` joins the cluster that RAY_ADDRESS names instead, when it is set: ``ray job submit``
-    sets it for the job's entrypoint, whose engines belong on that cluster.
-    """
-    import ray
-
-    if ray.is_initialized():
-        return False
-    if address == "local" and os.environ.get("RAY_ADDRESS"):
-        address = os.environ["RAY_ADDRESS"]
-    # Quiet unless -v: the actors' own output (vLLM's and torch's start-up notes, per engine) stays in
-    # Ray's session logs, and Ray's notes (token authentication) stay out of the progress bar.  A
-    # failing actor still reaches the results as a failed point with its cause.
-    verbose = logging.getLogger().isEnabledFor(logging.INFO)
-    quiet = dict(log_to_driver=verbose, logging_level=logging.WARNING if verbose else logging.ERROR)
-    if address == "local":
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, namespace=NAMESPACE,
-                 **quiet)
-    else:
-        try:
-            ray.init(address=address, namespace=NAMESPACE, **quiet)
-        except ConnectionError as e:
-            raise UserError(f"ray.address '{address}': cannot reach a Ray cluster ({e})") from None
-    _keep_sigterm_handler()
-    return True
-
-
-def _keep_sigterm_handler() -> None:
-    """ray.init installs Ray's own failure-signal handler over ours: on 2 x H200 a SIGTERM (a
-    deadline's `timeout`) then killed the driver at once, leaving the manifest at "running" with
-    no summary of the points it had saved.  Put the study's handler back (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    handler = signal.getsignal(signal.SIGTERM)
-    if callable(handler):
-        signal.signal(signal.SIGTERM, handler)
-
-
-def ray_failure(e: BaseException) -> str:
-    """A Ray error that is no task's or actor's own (Ray's OutOfMemoryError, a lost object, a
-    cluster going away), in one line with what to do."""
-    what = ("run fewer engines side by side (--parallel off, or fewer replicas) or --executor local"
-            if type(e).__name__ == "OutOfMemoryError" else "try again, or run with --executor local")
-    return f"Ray: {type(e).__name__}: {first_line(e, 200)}; {what}"
-
-
-def alive_nodes() -> list[dict]:
-    import ray
-
-    return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-
-
-def alive_node_ids() -> list[str]:
-    """The node ids of ``alive_nodes()``, in the same order."""
-    import ray
-
-    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
 
 
 class _ModeRunner:

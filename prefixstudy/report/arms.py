@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from prefixstudy.report.figures import MODE_COLORS, MODE_LABELS, SAT_MARKER, SAT_SIZE, new_figure, rate_axis
+from prefixstudy.report.figure_kit import MODE_COLORS, MODE_LABELS, SAT_MARKER, SAT_SIZE, new_figure, rate_axis
 from prefixstudy.report.tables import bound_mark, fmt
 
 

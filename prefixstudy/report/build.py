@@ -20,7 +20,7 @@ import pandas as pd
 from prefixstudy.arms import arm_label
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import counted, parse_slo
-from prefixstudy.report import arms as arm_report, bench_json, figures as plots, first_screen, tables
+from prefixstudy.report import arms as arm_report, bench_import, figure_kit as kit, figures as plots, first_screen, tables
 from prefixstudy.report import closure as closure_report, gain_split as split_report, order as order_report
 from prefixstudy.report.data import ReportData, analyze, norm_rate
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, write_report
@@ -115,7 +115,7 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
                       "Every arm against the baseline arm: mean E2E with 95 % intervals (left) and the "
                       "paired gain of the mean (right), vs the actual arrival rate."))
     specs = [(stem, draw, f"Figure {i}. {caption}") for i, (stem, draw, caption) in enumerate(specs, 1)]
-    return plots.save_all(specs, out_dir / PLOTS_DIR, formats)
+    return kit.save_all(specs, out_dir / PLOTS_DIR, formats)
 
 
 def model_section(d: ReportData) -> tuple[list[str], pd.DataFrame | None]:
@@ -240,13 +240,13 @@ def build_report(results_dir: str | Path, slo: dict[str, float] | str | None = N
         finish_run(run, manifest)
         write_json(run / MANIFEST, manifest)
     study = load(run)
-    plots.register_arms(((study.config.get("sweep") or {}).get("modes")) or plots.MODES)
+    kit.register_arms(((study.config.get("sweep") or {}).get("modes")) or kit.MODES)
     slo = parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
     slo = slo or dict(study.config.get("goodput") or {})  # the run's --goodput, unless one is given here
     point = parse_point(point) if isinstance(point, str) or point is None else point
     if study.requests.empty:
         raise UserError(f"{study.path}: no requests recorded yet; nothing to report")
-    peer_df = bench_json.peer_points(list(peers)) if peers else None
+    peer_df = bench_import.peer_points(list(peers)) if peers else None
     d = analyze(study, slo, threshold_ms, n_boot=n_boot, seed=seed)
     if d.done.empty:  # every point failed (a server answering errors): say so, with each point's error
         blocks = [("meta", tables.meta_line(d.study)), *(("headline", t) for t in tables.headline_paragraphs(d)),

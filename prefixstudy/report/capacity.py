@@ -13,7 +13,7 @@ import pandas as pd
 from prefixstudy.arms import arm_label
 from prefixstudy.capacity import TABLE, capacity_table, collapse_lines, ratio_column, sweep_arms
 from prefixstudy.metrics.breakdown import markdown
-from prefixstudy.report.figures import new_figure, save
+from prefixstudy.report.figure_kit import new_figure, save
 
 COLUMNS = ["capacity", "policy", "num_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate", "repeat",
            "hit_rate_measured", "hit_rate_estimated", "hit_rate_expected", "mean_e2e_ms", "e2e_gain", "saturated"]

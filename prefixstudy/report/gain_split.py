@@ -7,7 +7,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from prefixstudy.metrics.gain_split import PARTS
-from prefixstudy.report import figures as plots
+from prefixstudy.report import figure_kit as kit
 
 LABELS = {"queue": "queueing", "own_prefill": "its own prefill", "prefill_stalls": "other requests' prefills in its "
           "decode steps", "decode_steps": "decode steps (batch size, step overhead)", "residual": "residual"}
@@ -25,7 +25,7 @@ TEXT = ("Each counted request's E2E split on the clocks that measured it (metric
 def figure(split: pd.DataFrame) -> Figure:
     """Stacked points of the gain per part against the actual arrival rate (negative parts below 0),
     the measured gain as a line over them."""
-    fig = plots.new_figure(10.0, 4.5)
+    fig = kit.new_figure(10.0, 4.5)
     ax = fig.add_subplot(111)
     x = np.arange(len(split))
     pos, neg = np.zeros(len(split)), np.zeros(len(split))
@@ -35,7 +35,7 @@ def figure(split: pd.DataFrame) -> Figure:
         ax.bar(x, v, bottom=base, color=COLORS[p], label=LABELS[p], width=0.6)
         pos, neg = pos + np.maximum(v, 0), neg + np.minimum(v, 0)
     ax.plot(x, 100 * split["gain"].to_numpy(float), "k.-", label="gain of mean E2E (measured)")
-    ax.set_xticks(x, [plots.rate_str(r) for r in split["rate"]])
+    ax.set_xticks(x, [kit.rate_str(r) for r in split["rate"]])
     ax.set_xlabel("actual arrival rate (req/s)")
     ax.set_ylabel("points of the caching gain (%)")
     ax.axhline(0, color="k", lw=0.5)
@@ -44,7 +44,7 @@ def figure(split: pd.DataFrame) -> Figure:
 
 
 def table(split: pd.DataFrame) -> pd.DataFrame:
-    out = pd.DataFrame({"rate (req/s)": [plots.rate_str(r) for r in split["rate"]],
+    out = pd.DataFrame({"rate (req/s)": [kit.rate_str(r) for r in split["rate"]],
                         "gain, mean E2E": [f"{100 * g:.1f} %" for g in split["gain"]]})
     for p in PARTS:
         out[LABELS[p]] = [f"{100 * v:+.1f}" for v in split[f"{p}_points"]]

@@ -19,8 +19,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from prefixstudy.metrics import replicas as rm
-from prefixstudy.report.figures import (CDF_CMAPS, MODE_COLORS, MODE_LABELS, SAT_MARKER, SAT_SIZE,
-                                        STUDY_STYLES, arms_in, legend, new_figure, rate_axis, sat_handle, save_all)
+from prefixstudy.report.figure_kit import (CDF_CMAPS, MODE_COLORS, MODE_LABELS, SAT_MARKER, SAT_SIZE,
+                                           STUDY_STYLES, arms_in, legend, new_figure, rate_axis, sat_handle, save_all)
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, render
 from prefixstudy.report.tables import fmt_df, mark
 from prefixstudy.results import atomic_write_text

@@ -29,7 +29,7 @@ from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.executors import pick_executor, resolve_executor
 from prefixstudy.engines.vllm import ENGINE_ENV
-from prefixstudy.executors.ray import actor_env
+from prefixstudy.executors.ray_actor import actor_env
 from prefixstudy.executors.ray_plan import plan_parallel, summarize_actor_error
 from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS, SUMMARY_COLUMNS
 
@@ -329,7 +329,7 @@ def test_ray_job_submit_entrypoint(ray_head, tmp_path):
             "executor ray; nothing run (--dry-run)") in r.stdout
     assert "succeeded" in r.stdout
     # Inside a job, ray.address 'local' joins the job's cluster (RAY_ADDRESS) rather than starting one.
-    r = submit("python", "-c", "import ray; from prefixstudy.executors.ray import connect, alive_nodes; "
+    r = submit("python", "-c", "import ray; from prefixstudy.executors.ray_cluster import connect, alive_nodes; "
                                "print('joined', connect('local'), len(alive_nodes()), ray.cluster_resources()['CPU'])")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"joined True 1 {ray_head.cpus:.1f}" in r.stdout  # the head's CPUs, not this machine's

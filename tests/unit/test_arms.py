@@ -177,16 +177,16 @@ def _sentence_rate(arms: pd.DataFrame, arm: str) -> float:
 
 
 def test_the_report_shows_every_arm_and_keeps_each_arm_s_colour(three_arms):
-    from prefixstudy.report import figures
+    from prefixstudy.report import figure_kit
     from prefixstudy.report.build import build_report
 
     html = build_report(three_arms.path).read_text()
     assert f"arm on-bs32 against caching OFF at {_sentence_rate(three_arms.arms, 'on-bs32'):g} req/s set" in html
     assert (three_arms.path / "plots/arms.png").is_file()
-    assert figures.MODE_COLORS["on"] == "tab:blue" and figures.MODE_COLORS["off"] == "tab:orange"
-    assert figures.MODE_COLORS["on-bs32"] == figures.ARM_PALETTE[0]
-    figures.register_arms(["on", "off", "on-bs32", "later"])
-    assert (figures.MODE_COLORS["on-bs32"], figures.MODE_COLORS["later"]) == figures.ARM_PALETTE[:2]
+    assert figure_kit.MODE_COLORS["on"] == "tab:blue" and figure_kit.MODE_COLORS["off"] == "tab:orange"
+    assert figure_kit.MODE_COLORS["on-bs32"] == figure_kit.ARM_PALETTE[0]
+    figure_kit.register_arms(["on", "off", "on-bs32", "later"])
+    assert (figure_kit.MODE_COLORS["on-bs32"], figure_kit.MODE_COLORS["later"]) == figure_kit.ARM_PALETTE[:2]
 
 
 def test_arm_engine_copies_when_there_is_no_overlay():

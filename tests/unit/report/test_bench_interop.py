@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 
 from prefixstudy.config import load_config
-from prefixstudy.report.bench_json import export_bench, peer_points
+from prefixstudy.report.bench_import import peer_points
+from prefixstudy.report.bench_json import export_bench
 from prefixstudy.results import load
 from prefixstudy.study import run_study
 

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from prefixstudy.metrics.requests import goodput
 from prefixstudy.metrics.headline import rate_at_threshold
-from prefixstudy.report import bench_json as exchange
+from prefixstudy.report import bench_import as exchange
 from prefixstudy.cli import main as cli_main
 from prefixstudy.report import build_report
 from prefixstudy.results import load

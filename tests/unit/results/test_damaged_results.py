@@ -100,12 +100,12 @@ def test_an_emptied_summary_is_refused_by_report_and_rebuilt_by_resume(run, clea
 
 
 def test_a_report_that_cannot_be_written_is_one_line_and_leaves_no_half_file(run, monkeypatch):
-    import prefixstudy.report.figures as figures
+    import prefixstudy.report.figure_kit as figure_kit
 
     def read_only(path, data):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(figures, "atomic_write_bytes", read_only)
+    monkeypatch.setattr(figure_kit, "atomic_write_bytes", read_only)
     line = refused("report", run)
     assert line.startswith(f"error: {run / 'plots'}/") and line.endswith(
         ": cannot write the report (Read-only file system); the results themselves are untouched")

@@ -206,7 +206,7 @@ def test_a_long_wait_for_a_send_naps_briefly_so_a_timer_that_runs_slow_cannot_ma
     """A clock where every timer sleep oversleeps by 0.5 % (a Ray actor's uvloop on this VM: 4.5 s
     slept 22 ms long).  A 4.5-s gap before a send must still end on time: no nap is longer than
     MAX_NAP_S, and the spin covers the rest."""
-    from prefixstudy import runner
+    from prefixstudy.runner import pacing
 
     now = [100.0]
     naps = []
@@ -215,11 +215,11 @@ def test_a_long_wait_for_a_send_naps_briefly_so_a_timer_that_runs_slow_cannot_ma
         naps.append(d)
         now[0] += d * 1.005 if d > 0 else 1e-6
 
-    monkeypatch.setattr(runner.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(runner.asyncio, "sleep", slow_sleep)
-    asyncio.get_event_loop_policy().new_event_loop().run_until_complete(runner._sleep_until(104.5))
+    monkeypatch.setattr(pacing.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(pacing.asyncio, "sleep", slow_sleep)
+    asyncio.get_event_loop_policy().new_event_loop().run_until_complete(pacing._sleep_until(104.5))
     timed = [d for d in naps if d > 0]
-    assert max(timed) == runner.MAX_NAP_S and len(timed) == 90
+    assert max(timed) == pacing.MAX_NAP_S and len(timed) == 90
     assert 0 <= now[0] - 104.5 < 2e-6  # one sleep(0) past the target at most; one 4.5-s sleep: 22.5 ms
 
 

@@ -1,20 +1,12 @@
-"""Stage: runner.  Replays the dataset at one rate against one engine, and records every request.
-
-A ``ModeSession`` owns one engine (one mode, any backend, through ``engines.Engine`` only) and
-runs points on it: reset the prefix cache, prime the group prefixes, send the warm-up requests,
-then send the measured requests on the arrival schedule.  It hands on a ``PointResult``: typed
-request rows, iteration rows and the point's metadata.  Executors (local, Ray) only decide where
-sessions live.
-"""
+"""``ModeSession``: one engine (one mode, any backend, through ``engines.Engine`` only) and the
+points run on it: reset the prefix cache, prime the group prefixes, send the warm-up requests,
+then send the measured requests on the arrival schedule, and estimate what the cache should have
+served."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
-import math
-import signal
-import threading
 import time
 import traceback
 from dataclasses import asdict, replace
@@ -23,133 +15,18 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from prefixstudy import arrivals
 from prefixstudy.cachesim import SentRequest, simulate, simulate_timed
 from prefixstudy.config import StudyConfig
-from prefixstudy.engines import IterationSample, RequestTrace
+from prefixstudy.engines import RequestTrace
 from prefixstudy.engines import pool as engine_pool
 from prefixstudy.engines.build import make_engine
 from prefixstudy.errors import StudyFailed, describe_failure
+from prefixstudy.runner.pacing import _sleep_until, settle_heap
+from prefixstudy.runner.plan import point_plan, token_range, warmup_rows
+from prefixstudy.runner.records import iteration_frame, itl_summary, make_record
+from prefixstudy.runner.signals import stop_requested
 from prefixstudy.schema import PointResult, RequestRecord, typed_iterations, typed_requests
 from prefixstudy.workloads.base import DatasetRow, group_prefixes
-from prefixstudy.workloads.trace import trace_offsets
-
-
-def percentile(ordered: list[float], q: float) -> float:
-    """``np.percentile(a, q)`` (its default, linear method) of an ascending list, to the bit: the same
-    index, weight and interpolation.  A tenth of numpy's time on a request's ~150 gaps, where numpy's
-    per-call overhead was most of a simulated point's record keeping."""
-    n = len(ordered)
-    index = (q / 100) * (n - 1)
-    lo = math.floor(index)
-    a, b = ordered[lo], ordered[min(lo + 1, n - 1)]
-    weight, diff = index - lo, b - a
-    return b - diff * (1 - weight) if weight >= 0.5 else a + diff * weight
-
-
-def make_record(mode: str, rate: float, index: int, request_id: str, row: DatasetRow, warmup: bool,
-                scheduled_s: float, t0: float, tr: RequestTrace, expected: int = 0, estimated: int = 0,
-                parent_index: int = -1, repeat: int = 0) -> RequestRecord:
-    """Client times are on time.monotonic(); engine stamps are the engine's own monotonic stamps."""
-    nan = float("nan")
-    times = np.asarray(tr.token_times)
-    n = len(times)
-    ttft = (times[0] - tr.sent_mono) * 1e3 if n else nan
-    e2e = (times[-1] - tr.sent_mono) * 1e3 if n else nan
-    # Gaps between tokens are measured only where every token arrived on its own clock reading.
-    itl = np.diff(times) * 1e3 if n > 1 and not tr.unstreamed_tokens else np.array([])
-    ordered = sorted(itl.tolist())
-    itl_p50, itl_p99 = (percentile(ordered, 50), percentile(ordered, 99)) if ordered else (nan, nan)
-    error = tr.error
-    if not error and n < row.output_len:
-        error = f"short output: {n} of {row.output_len} tokens"
-    elif not error and n > row.output_len:  # not the work asked for: a server that ignores max_tokens
-        error = f"long output: {n} tokens, {row.output_len} asked"
-
-    def span(a: float, b: float) -> float:
-        return (b - a) * 1e3 if a > 0 and b > 0 else nan
-
-    return RequestRecord(
-        mode=mode, rate=rate, repeat=repeat, request_index=index, request_id=request_id, group=row.group, warmup=warmup,
-        prompt_tokens=len(row.prompt_token_ids), output_tokens=n, num_cached_tokens=tr.num_cached_tokens,
-        expected_cached_tokens=expected,
-        scheduled_s=scheduled_s, sent_s=tr.sent_mono - t0,
-        dispatch_lag_ms=(tr.sent_mono - t0 - scheduled_s) * 1e3,
-        ttft_ms=ttft, e2e_ms=e2e, tpot_ms=(e2e - ttft) / (n - 1) if n > 1 else nan,
-        itl_mean_ms=float(itl.mean()) if len(itl) else nan,
-        itl_p50_ms=itl_p50, itl_p99_ms=itl_p99,
-        itl_max_ms=float(itl.max()) if len(itl) else nan,
-        queue_ms=span(tr.queued_ts, tr.scheduled_ts),
-        prefill_ms=span(tr.scheduled_ts, tr.first_token_ts),
-        decode_ms=span(tr.first_token_ts, tr.last_token_ts),
-        error=error, session=row.session, turn=row.turn, parent_index=parent_index,
-        estimated_cached_tokens=estimated, replica=tr.replica,
-    )
-
-
-def iteration_frame(mode: str, rate: float, samples: list[IterationSample], t0: float, repeat: int = 0,
-                    timing: str = "engine") -> pd.DataFrame:
-    """Engine steps as iteration rows, times in seconds since the point's start ``t0``."""
-    df = pd.DataFrame([asdict(s) for s in samples])
-    if df.empty:
-        return typed_iterations(df)
-    df["step_start_s"] = df.pop("start_mono") - t0
-    df["t_s"] = df.pop("end_mono") - t0
-    df["host_step_ms"] = (df["t_s"] - df["step_start_s"]) * 1e3
-    # A step timed on the GPU costs its span there; the host stamps stay beside it.
-    gpu = df.pop("gpu_ms").to_numpy(dtype=float)
-    timed = np.isfinite(gpu)
-    df["step_ms"] = np.where(timed, gpu, df["host_step_ms"])
-    df = df.rename(columns={"queried_tokens": "prefix_queries", "sampled_tokens": "generation_tokens"})
-    df["prefix_hits"] = df["cached_tokens"]
-    df["prompt_tokens"] = df["prefill_tokens"]
-    df["mode"], df["rate"], df["repeat"] = mode, rate, repeat
-    df["timing"] = np.where(timed, "gpu-span", timing)
-    return typed_iterations(df)
-
-
-def warmup_rows(rows: list[DatasetRow], prefixes: dict[int, list[int]], n: int,
-                token_range: tuple[int, int]) -> list[DatasetRow]:
-    """Same group prefixes, fresh suffixes drawn from ``token_range`` [lo, hi): warm-ups must not
-    pre-cache measured suffixes.  Only first turns serve as models (a later turn's row holds just
-    its new user tokens).  The runner and the simulator (``sim.study``) both send these."""
-    rng = np.random.default_rng(10_007)
-    lo, hi = token_range
-    firsts = [r for r in rows if r.parent < 0]
-    out = []
-    for i in range(n):
-        base = firsts[i % len(firsts)]
-        keep = len(prefixes.get(base.group, []))
-        suffix = rng.integers(lo, hi, size=len(base.prompt_token_ids) - keep).tolist()
-        out.append(DatasetRow(f"warmup{i}", base.prompt_token_ids[:keep] + suffix, base.output_len, base.group))
-    return out
-
-
-def point_plan(cfg: StudyConfig, dataset: list[DatasetRow], rate: float,
-               repeat: int) -> tuple[list[DatasetRow], list[int], np.ndarray]:
-    """A point's rows, each one's parent (point index, -1: none) and send offsets (s; NaN for
-    later turns, which are sent when their parent finishes).  First turns take the arrival
-    schedule in order; a trace replays its recorded times unless told to draw them.  Each repeat
-    draws its own schedule; ON and OFF of one repeat the same one (they are paired by index).
-    The runner and the simulator (``sim.study``) both follow it."""
-    n, L = cfg.sweep.requests_for(rate), len(dataset)
-    rows = [dataset[i % L] for i in range(n)]
-    # The dataset wraps around: a parent sits as many rows back as in the dataset.
-    parents = [i - (i % L - r.parent) if r.parent >= 0 else -1 for i, r in enumerate(rows)]
-    d = cfg.dataset
-    offsets = trace_offsets(dataset, n, rate, d.trace.replay if d.trace else "scaled") \
-        if d.kind == "trace" else None
-    if offsets is None:
-        firsts = [i for i in range(n) if parents[i] < 0]
-        offsets = np.full(n, np.nan)
-        offsets[firsts] = arrivals.schedule(len(firsts), rate, cfg.arrivals.process,
-                                            cfg.arrivals.burstiness, cfg.arrivals.seed + repeat)
-    return rows, parents, offsets
-
-
-def token_range(rows: list[DatasetRow]) -> tuple[int, int]:
-    """[lo, hi) of the dataset's token ids: warm-up suffixes drawn from it stay valid ids."""
-    return min(min(r.prompt_token_ids) for r in rows), max(max(r.prompt_token_ids) for r in rows) + 1
 
 
 class ModeSession:
@@ -444,125 +321,3 @@ def _held_span(tr: RequestTrace) -> tuple[float, float]:
     start = tr.scheduled_ts if tr.sent_mono - 1.0 <= tr.scheduled_ts <= now + 1.0 else tr.sent_mono
     end = tr.last_token_ts if start <= tr.last_token_ts <= now + 1.0 else end_client
     return start, max(start, end)
-
-
-def itl_summary(gaps: list[np.ndarray], percentiles) -> dict[str, float | None]:
-    """Every inter-token gap (ms) of a point's counted requests, pooled as `vllm bench serve` pools
-    them: median, std and percentiles (keys ``median``, ``std``, ``p<q>``).  requests.parquet keeps
-    per-request summaries only, so the point's metadata carries these for the bench export."""
-    v = np.concatenate(gaps) if gaps else np.zeros(0)
-    if not v.size:
-        return {}
-    out = {"median": float(np.median(v)), "std": float(v.std())}
-    out.update({f"p{int(q) if int(q) == q else q}": float(np.percentile(v, q)) for q in percentiles})
-    return out
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, delivered like Ctrl-C so the same cleanup runs (engines down, points flushed)."""
-
-    signum = signal.SIGTERM
-
-
-# The signal that asked this process to stop, while ``run_until_signal`` runs a loop (None: none).
-# The runner's own cancellations (a point's deadline) leave it None, so a request cancelled by one
-# becomes an "unfinished" row, while one cancelled by a signal lets the cancellation through.
-_stop: dict[str, int | None] = {"signum": None}
-RECANCEL_S = 0.5  # how often a stop is repeated while the main task has not ended
-
-
-def stop_requested() -> bool:
-    return _stop["signum"] is not None
-
-
-def run_until_signal(main):
-    """``asyncio.run(main)``, with SIGINT and SIGTERM taken by the loop (``add_signal_handler``):
-    the first one cancels the main task, again every RECANCEL_S until it ends (a library that
-    swallows one cancellation cannot keep the run going), and the run then raises
-    KeyboardInterrupt (SIGINT) or ``Terminated`` (SIGTERM).  A handler that raised from inside
-    the loop's select call instead could leave the loop half-stopped and the sweep running on.
-    Off the main thread (a Ray actor's, a notebook's helper) signals are not the loop's to take."""
-    pool = engine_pool.active()
-    if pool is not None:  # its engines belong to its loop (engines.pool)
-        return pool.run(main)
-    if threading.current_thread() is not threading.main_thread():
-        return asyncio.run(main)
-    loop = asyncio.new_event_loop()
-    task = loop.create_task(main)
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.getsignal(s) for s in sigs}
-    _stop["signum"] = None
-
-    def again() -> None:
-        if not task.done():
-            task.cancel()
-            loop.call_later(RECANCEL_S, again)
-
-    def on_signal(signum: int) -> None:
-        first = _stop["signum"] is None
-        _stop["signum"] = _stop["signum"] or signum
-        if first:
-            again()
-
-    try:
-        for s in sigs:
-            loop.add_signal_handler(s, on_signal, s)
-        try:
-            result = loop.run_until_complete(task)
-        except BaseException:
-            if not stop_requested():
-                raise
-            result = None  # whatever the cancellation left behind, the signal is the reason to report
-        if stop_requested():
-            raise (Terminated() if _stop["signum"] == signal.SIGTERM else KeyboardInterrupt()) from None
-        return result
-    finally:
-        try:
-            _cancel_rest(loop)
-        finally:
-            for s in sigs:
-                loop.remove_signal_handler(s)
-                signal.signal(s, previous[s])  # remove_signal_handler would leave SIG_DFL
-            loop.close()
-            _stop["signum"] = None
-
-
-def _cancel_rest(loop: asyncio.AbstractEventLoop) -> None:
-    """What asyncio.run does at its end: cancel the tasks still open, let them finish, close the
-    async generators."""
-    rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
-    for t in rest:
-        t.cancel()
-    if rest:
-        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
-    loop.run_until_complete(loop.shutdown_asyncgens())
-    loop.run_until_complete(loop.shutdown_default_executor())
-
-
-def settle_heap() -> None:
-    """Collect, then freeze what is left, before a point is measured.  torch and vLLM leave ~0.7 M
-    objects in this process; one full collection over them took 414 ms on the 2-core machine, and on
-    2 x H200 the sending loop (and vLLM's output handling beside it) stalled 400-500 ms wherever one
-    fell inside a busy point.  Frozen objects are never scanned again; unfreezing first lets the
-    previous point's garbage go.  `vllm bench serve` and vLLM's engine core freeze their heaps too."""
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
-
-
-# The longest single timer sleep.  A timer overshoots in proportion to its length: 0.1 % on this VM's
-# asyncio loop, 0.5 % on the uvloop a Ray actor runs (4.5 s slept 22 ms long; benchmarks/timer_overshoot.py),
-# which made the sends after long gaps at 1 req/s on Ray TP 2 late by 2-15 ms.  Napping at most 50 ms
-# keeps any overshoot to a fraction of the spin margin below.
-MAX_NAP_S = 0.05
-SPIN_MARGIN_S = 0.0015
-
-
-async def _sleep_until(target: float) -> None:
-    """Sleep in naps of at most MAX_NAP_S until SPIN_MARGIN_S before target, then yield the last
-    stretch: asyncio's timer rounds to ~1 ms.  The spin yields with sleep(0), so the loop's other
-    work (vLLM's output handling) runs in it; it never takes much of a busy loop's time."""
-    while (delay := target - time.monotonic()) > SPIN_MARGIN_S:
-        await asyncio.sleep(min(delay - SPIN_MARGIN_S, MAX_NAP_S))
-    while time.monotonic() < target:
-        await asyncio.sleep(0)

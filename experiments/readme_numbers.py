@@ -171,11 +171,11 @@ def headline_block(results: Path = RESULTS) -> str:
 @functools.lru_cache(maxsize=4)
 def _study(d: Path):
     """The study (read once for every sentence that needs its records) and its fit's coefficients."""
-    from prefixstudy.metrics.engine_fit import COEF_NAMES
+    from prefixstudy.metrics.engine_fit import recorded_coef
     from prefixstudy.results import load
 
     st = load(d)
-    coef = [(st.manifest.get("step_fit") or {}).get(k, 0.0) for k in COEF_NAMES]  # none for a study not fitted
+    coef = recorded_coef(st.manifest.get("step_fit") or {})  # zeros for a study not fitted
     return st, coef
 
 
@@ -207,13 +207,11 @@ def _closure_words(d: Path, head: pd.DataFrame) -> str:
     """model.closure's knees against the measured brackets, in words."""
     from prefixstudy.metrics.headline import knee_bracket
     from prefixstudy.metrics.requests import counted
-    from prefixstudy.model.closure import arm_prediction
+    from prefixstudy.model.closure import admission_limit, arm_table
 
     st, coef = _study(d)
-    req = counted(st.requests)
-    limit = int(st.manifest["points"][0]["admission_limit"])
-    pred = {m: arm_prediction(coef, g["prompt_tokens"].mean(), g["num_cached_tokens"].mean(), g["output_tokens"].mean(),
-                              float(head[f"{m}_mean_ttft_ms"].iloc[0]), limit) for m, g in req.groupby("mode")}
+    limit = admission_limit(st.manifest)
+    pred = arm_table(coef, head, counted(st.requests), limit, ("on", "off")).set_index("arm").to_dict("index")
     on, off = knee_bracket(head, "on"), knee_bracket(head, "off")
     sat_on = [(x, k, n) for x, k, n in on["mixed"]]
     measured_on = (f"ON saturated in {sat_on[-1][1]} of {sat_on[-1][2]} repeats at {sat_on[-1][0]:.1f} req/s, the "

@@ -192,6 +192,12 @@ def fit_step_cost(iterations: pd.DataFrame, *, n_boot: int = 200, seed: int = 0)
     return fit_arrays(X, steps["step_ms"].to_numpy(float), n_boot=n_boot, seed=seed)
 
 
+def recorded_coef(fit) -> np.ndarray:
+    """A recorded fit's coefficients in ``COEF_NAMES`` order (the manifest's ``step_fit``, or a row of
+    it): a term it does not hold is 0."""
+    return np.array([float(fit.get(k, 0.0) or 0.0) for k in COEF_NAMES])
+
+
 def fit_by_kind(iterations: pd.DataFrame, coef: np.ndarray) -> list[dict]:
     """How well the pooled fit explains each arm's steps that carry prompt tokens ("mixed") and its
     decode-only steps, apart: a pooled R² near 1 can come from the spread between OFF's long prefill

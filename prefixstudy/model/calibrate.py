@@ -22,7 +22,7 @@ import pandas as pd
 
 from prefixstudy.config import parse_config
 from prefixstudy.errors import UserError
-from prefixstudy.model.closure import admission_limit, arm_table, closure, fitted_coef, study_workload
+from prefixstudy.model.closure import admission_limit, arm_summary, closure, fitted_coef, study_workload
 from prefixstudy.model.arch import DTYPE_BYTES, arch_from_config, load_config_json
 from prefixstudy.model.gpus import GPU, find_gpu, load_gpus
 from prefixstudy.model.roofline import (PEAK, Deployment, Efficiency, decode_work, predict_request,
@@ -351,10 +351,10 @@ def run_calibrate(results_dir: Path, gpus: dict[str, GPU], eff: Efficiency) -> s
     fig = plot_calibration(df)
     fig.savefig(out, dpi=120)
     text = render_calibration(fit, df)
-    coef, arms = fitted_coef(res.manifest), sorted(set(res.requests["mode"].astype(str)))
-    table = arm_table(coef, res.headline, counted(res.requests), admission_limit(res.manifest), arms)
-    if len(table):
-        points = closure(coef, res.headline, study_workload(counted(res.requests), list(table["arm"])),
-                         admission_limit(res.manifest))
-        text += "\n" + render_closure(table, points)
+    coef, head = fitted_coef(res.manifest), res.headline
+    arms = [a for a in sorted(set(res.requests["mode"].astype(str))) if f"{a}_mean_tpot_ms" in head]
+    workload = study_workload(counted(res.requests), arms)
+    if coef is not None and not head.empty and workload:
+        points = closure(coef, head, workload, admission_limit(res.manifest))
+        text += "\n" + render_closure(arm_summary(points, head), points)
     return text + f"\nfigure: {out}"

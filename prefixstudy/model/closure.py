@@ -78,10 +78,10 @@ def closure(coef, head: pd.DataFrame, workload: dict[str, tuple[float, float, fl
 def fitted_coef(manifest: dict) -> np.ndarray | None:
     """The step-cost fit's coefficients as the run recorded them (``engine_fit.COEF_NAMES``); None
     without a fit."""
-    from prefixstudy.metrics.engine_fit import COEF_NAMES
+    from prefixstudy.metrics.engine_fit import recorded_coef
 
     f = manifest.get("step_fit")
-    return np.array([float(f.get(k, 0.0) or 0.0) for k in COEF_NAMES]) if f else None
+    return recorded_coef(f) if f else None
 
 
 def study_workload(requests: pd.DataFrame, arms) -> dict[str, tuple[float, float, float]]:
@@ -106,9 +106,11 @@ def arm_table(coef, head: pd.DataFrame, requests: pd.DataFrame, limit: int | Non
     if coef is None or head.empty:
         return pd.DataFrame()
     workload = study_workload(requests, [a for a in arms if f"{a}_mean_tpot_ms" in head])
-    if not workload:
-        return pd.DataFrame()
-    c = closure(coef, head, workload, limit)
+    return arm_summary(closure(coef, head, workload, limit), head) if workload else pd.DataFrame()
+
+
+def arm_summary(c: pd.DataFrame, head: pd.DataFrame) -> pd.DataFrame:
+    """``arm_table`` from ``closure``'s per-rate frame ``c``."""
     rows = []
     for arm, g in c.groupby("mode", sort=False):
         calm = g[g["saturated_share"] == 0]

@@ -254,8 +254,7 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     rep_sat = {(str(m), float(r), int(k)): _as_bool(v)
                for m, r, k, v in zip(s["mode"], s["rate"], s.get("repeat", pd.Series(0, index=s.index)), s["saturated"],
                                      strict=True)}
-    coef = (np.array([float(fit.iloc[0].get(k, 0.0) or 0.0) for k in engine_fit.COEF_NAMES])
-            if len(fit) else None)
+    coef = engine_fit.recorded_coef(fit.iloc[0]) if len(fit) else None
     checks = step_checks.check_steps(typed_iterations(it), coef) if len(it) else None
     tiers = hl.tiers_versus_cache(req, s[s["status"] == "ok"], study.arms)
     split = pd.DataFrame()

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from prefixstudy import slo_run
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import StudyFailed, first_line
 from prefixstudy.executors import interleaved
@@ -32,11 +33,13 @@ class Study:
     def __init__(self, cfg: StudyConfig, writer: ResultsWriter):
         self.cfg, self.writer = cfg, writer
         self.run_dir = writer.dir
+        self._asked_at: list | None = None  # what was recorded when the SLO search's last round was planned
 
     def point_done(self, res: PointResult) -> dict:
         """Write the point and apply the policies on it: a point whose requests mostly failed is
         failed (a server answering errors is broken, not saturated).  Returns its summary row,
         status and error included."""
+        slo_run.add_objective_values(self.cfg, res)
         row = self.writer.add(res)
         why = failed_point(res.requests) if row["status"] == "ok" else ""
         if why:
@@ -62,8 +65,12 @@ class Study:
 
     def pending_configs(self) -> list[StudyConfig]:
         """Configs restricted to the points (rate, repeat) still to run: one config when every mode
-        lacks the same points (modes may then run side by side), else one per mode."""
+        lacks the same points (modes may then run side by side), else one per mode.  An SLO
+        search's: its next round (prefixstudy.slo_run)."""
         cfg = self.cfg
+        if cfg.sweep.slo is not None:
+            self._asked_at = self._recorded()
+            return slo_run.pending_configs(cfg, self.writer)
         done = {point_key(p) for p in self.writer.points if p.get("status") == "ok"}
         pending = {m: [(r, k) for r, k in cfg.sweep.points() if (m, float(r), k) not in done] for m in cfg.sweep.modes}
         pending = {m: pts for m, pts in pending.items() if pts}
@@ -84,6 +91,17 @@ class Study:
             out.append(sub)
         return out
 
+    def next_round(self) -> list[StudyConfig]:
+        """After the pending points ran: an SLO search's next round; a sweep has none."""
+        if self.cfg.sweep.slo is None:
+            return []
+        if self._recorded() == self._asked_at:
+            raise StudyFailed("SLO search: a round recorded no point; stopping rather than asking again")
+        return self.pending_configs()
+
+    def _recorded(self) -> list:
+        return [(point_key(p), p.get("status")) for p in self.writer.points]
+
 
 def run_pending(study: Study, executor, rows: list[DatasetRow], progress: bool) -> Path:
     """Run the pending points through ``executor`` (a measured one, or the simulator's); whatever
@@ -92,8 +110,11 @@ def run_pending(study: Study, executor, rows: list[DatasetRow], progress: bool) 
     status = "failed"
     try:
         try:
-            for sub in study.pending_configs():
-                executor.run(sub, rows, study, progress=progress)
+            subs = study.pending_configs()
+            while subs:  # a sweep: one pass; an SLO search: round after round
+                for sub in subs:
+                    executor.run(sub, rows, study, progress=progress)
+                subs = study.next_round()
             ok = all(p.get("status") == "ok" for p in study.writer.points)
             status = "complete" if ok else "complete_with_failures"
         except KeyboardInterrupt:

@@ -88,6 +88,7 @@ def _parse_sets(values: tuple[str, ...]) -> dict:
 @click.option("--burstiness", type=float, help="Gamma arrivals of this shape (< 1 burstier); not with Poisson.")
 @click.option("--percentiles", help="Percentiles of the bench export, e.g. 50,90,95,99.")
 @click.option("--goodput", help="Objectives in ms for goodput, e.g. ttft:200,e2e:2000.")
+@click.option("--slo", help="Search each arm's highest rate meeting these, e.g. e2e_p90:2000,ttft_p90:500 (ms).")
 @click.option("--label", help="A name for this run (bench export label, manifest).")
 @click.option("--metadata", multiple=True, metavar="KEY=VALUE", help="Recorded in the manifest and bench export.")
 @click.option("--target-on", help="engine.kind http: base URL of the caching-ON server.")
@@ -134,7 +135,8 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         cannot = device_problem(cfg) if not virtual else ""
         executor_name = resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address)
         click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
-                   f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s"
+                   + (f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s" if cfg.sweep.slo is None else
+                      "SLO search " + ",".join(f"{k}:{v:g}" for k, v in cfg.sweep.slo.objectives.items()) + " ms")
                    + (f" x {cfg.sweep.repeats} repeats" if cfg.sweep.repeats > 1 else "")
                    + (f", {cfg.replicas} replicas routed by {','.join(cfg.router.policies)}" if cfg.replicas > 1 else "")
                    + f", executor {'sim (virtual time)' if virtual else executor_name}; "

@@ -66,7 +66,7 @@ def _targets(config: Path | None, on: str | None, off: str | None) -> dict:
 
 
 def peer_overrides(config: Path | None, rates, *, request_rate=None, max_concurrency=None, seed=None,
-                   burstiness=None, percentiles=None, goodput=None, label=None, metadata=(),
+                   burstiness=None, percentiles=None, goodput=None, slo=None, label=None, metadata=(),
                    target_on=None, target_off=None) -> dict:
     """The flags' dotted config overrides (only those given)."""
     if request_rate is not None and rates is not None:
@@ -84,6 +84,10 @@ def peer_overrides(config: Path | None, rates, *, request_rate=None, max_concurr
         out["percentiles"] = _percentiles(percentiles)
     if goodput is not None:
         out["goodput"] = _goodput(goodput)
+    if slo is not None:  # the search's other fields: --set sweep.slo.tolerance=0.1 and so on
+        from prefixstudy.config.slo import parse_objectives
+
+        out["sweep.slo.objectives"] = parse_objectives(slo)
     if label is not None:
         out["label"] = label
     if metadata:

@@ -91,6 +91,17 @@ class StudyConfig(BaseModel):
         return data
 
     @model_validator(mode="after")
+    def _itl_percentiles(self) -> "StudyConfig":
+        # An itl objective reads the point's pooled gaps at its percentile, kept for `percentiles` only.
+        from prefixstudy.config.slo import objective_parts
+
+        for name in (self.sweep.slo.objectives if self.sweep.slo else {}):
+            metric, q = objective_parts(name)
+            if metric == "itl" and q not in self.percentiles:
+                self.percentiles = sorted({*self.percentiles, q})
+        return self
+
+    @model_validator(mode="after")
     def _arms_run_by_default(self) -> "StudyConfig":
         if self.arms and "modes" not in self.sweep.model_fields_set:
             self.sweep.modes = [*BUILTIN_ARMS, *(a.name for a in self.arms)]

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from prefixstudy.config.workload_specs import MixConfig, SessionsConfig, TraceConfig
+from prefixstudy.config.slo import SloSearchConfig
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -141,6 +142,9 @@ class SweepConfig(BaseModel):
                                                      "interleaved run already has; never saved, not for configs.")
     max_concurrency: int | None = Field(None, gt=0, description="At most this many requests open at once (a "
                                         "request waits for a slot; its dispatch lag says how long); None: no limit.")
+    slo: SloSearchConfig | None = Field(None, description="Search each arm's highest rate meeting these "
+                                        "objectives (`--slo e2e_p90:2000`) instead of running `rates`; None: "
+                                        "run `rates`.")
 
     @field_validator("rates")
     @classmethod
@@ -175,6 +179,8 @@ class SweepConfig(BaseModel):
         for k in self.only_repeats or ():
             if not 0 <= k < self.repeats:
                 raise ValueError(f"only_repeats: {k} is not a repeat of 0..{self.repeats - 1}")
+        if self.slo is not None and self.only_repeats is not None:
+            raise ValueError("only_repeats: an SLO search runs its repeats where it ends; it cannot be split")
         return self
 
     def baseline_arm(self) -> str | None:

@@ -35,6 +35,11 @@ class EchoEngineConfig(EngineConfigBase):
                                     "cachesim.OffloadTier); None: none.")
     load_ms_per_block: float = Field(0.0, ge=0, description="Milliseconds per block served from the CPU tier (its "
                                      "load).")
+    max_num_seqs: int | None = Field(None, gt=0, description="Requests answered at once at most; the others wait "
+                                     "in arrival order (a queue of that many servers, each request's cost its "
+                                     "service time); None: every request at once.")
+    # No admission_limit: the saturation check's "ran full" rule is for a batch whose every step
+    # slows as it fills; echo's servers do not, so only its queue's growth says it saturated.
 
     def set_capacity(self, unit: str, value: float) -> None:
         self.num_blocks = int(value)  # blocks, its one unit
@@ -55,6 +60,7 @@ class EchoEngine(EngineDefaults, IterationRecorder):
         self.running = 0
         self._by_tier: list[int] | None = None  # [gpu, cpu] cached tokens of the point's requests
         self.dead = False
+        self.slots = asyncio.Semaphore(engine.max_num_seqs) if engine.max_num_seqs else None
 
     @classmethod
     def check_config(cls, model: str, engine: EchoEngineConfig, modes: list[str]) -> None:
@@ -101,8 +107,15 @@ class EchoEngine(EngineDefaults, IterationRecorder):
 
     async def generate(self, prompt_token_ids: list[int], output_len: int, request_id: str,
                        trace: RequestTrace) -> RequestTrace:
+        trace.queued_ts = time.monotonic()
+        if self.slots is None:
+            return await self._answer(prompt_token_ids, output_len, trace)
+        async with self.slots:  # FIFO: asyncio wakes its waiters in the order they came
+            return await self._answer(prompt_token_ids, output_len, trace)
+
+    async def _answer(self, prompt_token_ids: list[int], output_len: int, trace: RequestTrace) -> RequestTrace:
         e = self.config
-        trace.queued_ts = trace.scheduled_ts = time.monotonic()
+        trace.scheduled_ts = time.monotonic()
         output = self.output_ids(prompt_token_ids, output_len)
         # Blocks are held while the request runs (pinned, as in vLLM), freed when it ends.
         cached, held = self.cache.start(prompt_token_ids, output, 1) if self.caching else (0, [])

@@ -1,0 +1,82 @@
+"""The SLO search inside a run (``sweep.slo``): which points the study runs next, round by round.
+
+Each round every arm still searching gets its next rate (or the repeats at its final rate) from
+``metrics.slo_search``, decided from the points recorded so far, and the round runs through the
+study's point loop as a sweep's points do: same folder, same rows, same point policy, the arms
+taking turns (their order flips each round).  The search's state is in its recorded points only,
+so a resumed run carries on where it stopped.  Each round also records the search: the manifest's
+``slo_search`` and ``slo.csv``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from prefixstudy.executors import interleaved
+from prefixstudy.metrics.slo_search import arm_record, objective_values, probe_rows, search_arm
+from prefixstudy.results.store import atomic_write_csv
+
+if TYPE_CHECKING:
+    from prefixstudy.config import StudyConfig
+    from prefixstudy.results.writer import ResultsWriter
+    from prefixstudy.schema import PointResult
+
+SLO_CSV = "slo.csv"
+
+
+def add_objective_values(cfg: "StudyConfig", res: "PointResult") -> None:
+    """Put the objectives' values of a finished point in its metadata (the manifest's ``slo_ms``),
+    where the search, and a resumed run's search, read them."""
+    if cfg.sweep.slo is not None:
+        res.meta["slo_ms"] = objective_values(res.requests, res.meta.get("itl_ms"), cfg.sweep.slo.objectives)
+
+
+def start_rate(cfg: "StudyConfig") -> float:
+    spec = cfg.sweep.slo
+    return spec.start_rate if spec.start_rate is not None else min(r for r in cfg.sweep.rates)
+
+
+def searches(cfg: "StudyConfig", points: list[dict]) -> dict:
+    """Each arm's search (metrics.slo_search.ArmSearch), from the recorded points."""
+    spec = cfg.sweep.slo
+    return {m: search_arm(m, [p for p in points if p["mode"] == m], spec, start_rate(cfg), cfg.sweep.repeats)
+            for m in cfg.sweep.modes}
+
+
+def record(cfg: "StudyConfig", writer: "ResultsWriter", found: dict) -> None:
+    spec = cfg.sweep.slo
+    writer.manifest["slo_search"] = {
+        "objectives_ms": dict(spec.objectives), "tolerance": spec.tolerance, "growth": spec.growth,
+        "start_rate_req_s": start_rate(cfg), "max_rate_req_s": spec.max_rate, "min_rate_req_s": spec.min_rate,
+        "repeats": cfg.sweep.repeats, "arms": {m: arm_record(s) for m, s in found.items()}}
+    rows = [r for m in found for r in probe_rows(m, [p for p in writer.points if p["mode"] == m], spec.objectives)]
+    cols = ["arm", "probe", "rate_req_s", "repeat", "verdict", *(f"{n}_ms" for n in spec.objectives),
+            *(f"{n}_bound_ms" for n in spec.objectives)]
+    atomic_write_csv(writer.dir / SLO_CSV, pd.DataFrame(rows, columns=cols))
+    writer.save_manifest()
+
+
+def pending_configs(cfg: "StudyConfig", writer: "ResultsWriter") -> list["StudyConfig"]:
+    """The next round's configs (none when every arm's search has stopped), recording the search so far."""
+    found = searches(cfg, writer.points)
+    record(cfg, writer, found)
+    pending = {m: s.next_points for m, s in found.items() if s.next_points}
+    if not pending:
+        return []
+    modes = [m for m in cfg.sweep.modes if m in pending]
+    if (len(writer.points) // len(cfg.sweep.modes)) % 2:
+        modes = modes[::-1]  # the arms take turns: who goes first flips each round
+    union = sorted({p for pts in pending.values() for p in pts}, key=lambda p: (p[1], p[0]))
+    done = {(m, float(r), k) for m in modes for r, k in union if (r, k) not in pending[m]}
+    sub = cfg.model_copy(deep=True)
+    if interleaved(sub) and len(modes) > 1:
+        sub.sweep.modes, sub.sweep.run_points, sub.sweep.done_points = modes, union, done
+        return [sub]
+    out = []
+    for m in modes:
+        one = cfg.model_copy(deep=True)
+        one.sweep.modes, one.sweep.run_points = [m], list(pending[m])
+        out.append(one)
+    return out

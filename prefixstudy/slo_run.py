@@ -66,13 +66,15 @@ def pending_configs(cfg: "StudyConfig", writer: "ResultsWriter") -> list["StudyC
     if not pending:
         return []
     modes = [m for m in cfg.sweep.modes if m in pending]
-    if (len(writer.points) // len(cfg.sweep.modes)) % 2:
-        modes = modes[::-1]  # the arms take turns: who goes first flips each round
     union = sorted({p for pts in pending.values() for p in pts}, key=lambda p: (p[1], p[0]))
+    # The arms take turns: who goes first flips each round (SweepConfig.turns flips odd repeats again).
+    if (len(writer.points) // len(cfg.sweep.modes) + union[0][1]) % 2:
+        modes = modes[::-1]
     done = {(m, float(r), k) for m in modes for r, k in union if (r, k) not in pending[m]}
     sub = cfg.model_copy(deep=True)
     if interleaved(sub) and len(modes) > 1:
         sub.sweep.modes, sub.sweep.run_points, sub.sweep.done_points = modes, union, done
+        sub.sweep.rates = sorted({r for r, _ in union})  # the places turns() reads: this round's rates
         return [sub]
     out = []
     for m in modes:

@@ -80,6 +80,12 @@ MANIFEST_KEYS: dict[str, Key] = {
                    optional=True),
     "merged_from": Key("array", "`prefixstudy merge`: the runs joined (`run`, `modes`, `device`, `executor`, "
                        "`started_at`, `status`)", optional=True),
+    "slo_search": Key("object", "`sweep.slo`: the search's settings (`objectives_ms`, `tolerance`, `growth`, "
+                      "`start_rate_req_s`, `max_rate_req_s`, `min_rate_req_s`, `repeats`) and per arm under `arms`: "
+                      "`rates_tried_req_s` in order, `lo_req_s` (highest rate met in every repeat), `hi_req_s` "
+                      "(lowest missed; null: none), `hi_verdict`, `final_rate_req_s`, `repeats_met`, `stopped` "
+                      "(converged, saturated, max rate, min rate, failures, max probes; null: still searching)",
+                      optional=True),
     "sim": Key("object", "a simulated run: the calibration, GPU, TP, blocks and block size simulated, the cost "
                "model's file and transfer (`source`, `target`, `scale`, `extrapolations`), `wall_s`",
                optional=True),
@@ -113,6 +119,9 @@ POINT_KEYS: dict[str, Key] = {
     "itl_ms": Key("object", "ms, every inter-token gap of the counted requests that streamed token by token, "
                   "pooled: `median`, `std`, `p<q>` for each of `percentiles`; empty without gaps (the bench "
                   "export's ITL fields)", optional=True),
+    "slo_ms": Key("object", "`sweep.slo`: each objective's value at the point, ms (`e2e_p90`: the 90th "
+                  "percentile of E2E, failed and unfinished requests counted as over any bound); null: none to "
+                  "hold against a bound", optional=True),
     "cached_tokens_gpu": Key("number | null", "summary.csv's: prompt tokens the engine served from its GPU "
                              "prefix cache (echo, vLLM, a vLLM server's /metrics)", optional=True),
     "cached_tokens_cpu": Key("number | null", "summary.csv's: those it served from its CPU tier; null without "

@@ -99,6 +99,18 @@ class Study:
             raise StudyFailed("SLO search: a round recorded no point; stopping rather than asking again")
         return self.pending_configs()
 
+    def take_round(self, modes: list[str]) -> StudyConfig | None:
+        """For an executor whose engines of ``modes`` are still up: an SLO search's next round when
+        it runs on them alone (one config), so no engine starts again between rounds; None
+        otherwise (then ``next_round`` hands it out, or nothing is left)."""
+        if self.cfg.sweep.slo is None or self._recorded() == self._asked_at:
+            return None  # nothing recorded since the last round: next_round's check says so
+        subs = slo_run.pending_configs(self.cfg, self.writer)
+        if len(subs) != 1 or not set(subs[0].sweep.modes) <= set(modes):
+            return None
+        self._asked_at = self._recorded()
+        return subs[0]
+
     def _recorded(self) -> list:
         return [(point_key(p), p.get("status")) for p in self.writer.points]
 

@@ -43,8 +43,14 @@ class LocalExecutor:
             for mode in cfg.sweep.modes:  # every engine up before the first point is measured
                 bar.set_description(f"starting engine (cache {mode.upper()})")
                 sessions[mode] = await stack.enter_async_context(ModeSession(cfg, mode, rows, progress=bar.update))
-            for mode, rate, repeat in cfg.sweep.turns():
-                await self._point(cfg, sessions[mode], rate, repeat, sink, bar)
+            take_round = getattr(sink, "take_round", None)  # an SLO search's rounds, on the engines kept up
+            while cfg is not None:
+                for mode, rate, repeat in cfg.sweep.turns():
+                    await self._point(cfg, sessions[mode], rate, repeat, sink, bar)
+                cfg = take_round(list(sessions)) if take_round else None
+                if cfg is not None:
+                    bar.total += total_requests(cfg)
+                    bar.refresh()
 
     @staticmethod
     async def _point(cfg, session: ModeSession, rate: float, repeat: int, sink: StudySink, bar) -> None:

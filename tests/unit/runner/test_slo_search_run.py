@@ -28,8 +28,19 @@ def started(run) -> list[tuple[str, float, int]]:
     return [(p["mode"], p["rate"], p["repeat"]) for p in pts]
 
 
-def test_rounds_run_as_points_of_one_folder_and_the_arms_take_turns(tmp_path):
+def test_rounds_run_as_points_of_one_folder_and_the_arms_take_turns(tmp_path, monkeypatch):
+    from prefixstudy.executors import local
+
+    opened = []
+
+    class Counted(local.ModeSession):
+        def __init__(self, cfg, mode, *a, **k):
+            opened.append(mode)
+            super().__init__(cfg, mode, *a, **k)
+
+    monkeypatch.setattr(local, "ModeSession", Counted)
     run = run_study(load_config(None, {**FREE, "out": str(tmp_path)}), progress=False)
+    assert opened == ["on", "off"]  # one engine per arm, kept up through the five rounds
     # zero-cost echo meets 5 s everywhere: doubling from 8 to max_rate 64, then the second repeat there;
     # who goes first flips each round
     assert started(run) == [("on", 8.0, 0), ("off", 8.0, 0), ("off", 16.0, 0), ("on", 16.0, 0),
@@ -49,6 +60,16 @@ def test_rounds_run_as_points_of_one_folder_and_the_arms_take_turns(tmp_path):
     both = slo.merge(summary, left_on=["arm", "rate_req_s", "repeat"], right_on=["mode", "rate", "repeat"])
     assert np.allclose(both["e2e_p90_ms"], both["p90_e2e_ms"])
     assert set(slo["verdict"]) == {"met"}
+
+
+def test_without_interleaving_each_round_runs_one_arm_after_the_other(tmp_path):
+    run = run_study(load_config(None, {**FREE, "out": str(tmp_path), "sweep.interleave_arms": False}),
+                    progress=False)
+    # one config per arm and round, in an order that flips each round (and again for a second repeat)
+    assert started(run) == [("on", 8.0, 0), ("off", 8.0, 0), ("off", 16.0, 0), ("on", 16.0, 0),
+                            ("on", 32.0, 0), ("off", 32.0, 0), ("off", 64.0, 0), ("on", 64.0, 0),
+                            ("off", 64.0, 1), ("on", 64.0, 1)]
+    assert manifest(run)["slo_search"]["arms"]["off"]["stopped"] == "max rate"
 
 
 def test_a_resumed_search_goes_on_from_its_recorded_points(tmp_path):

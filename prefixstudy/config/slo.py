@@ -32,8 +32,7 @@ def parse_objectives(text: str) -> dict[str, float]:
     """``"e2e_p90:2000,ttft_p90:500"`` -> ``{"e2e_p90": 2000.0, "ttft_p90": 500.0}`` (ms).  A bad
     token is a UserError naming it (``--slo``'s one line)."""
     out: dict[str, float] = {}
-    for token in str(text).split(","):
-        token = token.strip()
+    for token in (t.strip() for t in str(text).split(",")):
         name, sep, value = token.partition(":")
         if not sep:
             name, sep, value = token.partition("=")

@@ -55,8 +55,8 @@ def test_rounds_run_as_points_of_one_folder_and_the_arms_take_turns(tmp_path, mo
     slo = pd.read_csv(run / "slo.csv")
     summary = pd.read_csv(run / "summary.csv")
     # every probe is an ordinary point: one summary row each, and its p90 E2E is the one the search used
-    assert sorted(zip(slo["arm"], slo["rate_req_s"], slo["repeat"])) == \
-        sorted(zip(summary["mode"], summary["rate"], summary["repeat"]))
+    assert sorted(zip(slo["arm"], slo["rate_req_s"], slo["repeat"], strict=True)) == \
+        sorted(zip(summary["mode"], summary["rate"], summary["repeat"], strict=True))
     both = slo.merge(summary, left_on=["arm", "rate_req_s", "repeat"], right_on=["mode", "rate", "repeat"])
     assert np.allclose(both["e2e_p90_ms"], both["p90_e2e_ms"])
     assert set(slo["verdict"]) == {"met"}

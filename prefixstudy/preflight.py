@@ -33,7 +33,7 @@ def check_plan(cfg: StudyConfig) -> None:
                         f"replicas > 1 needs an in-process backend ({', '.join(kinds_that('replicas'))})")
     check_resident(cfg)
     sw = cfg.sweep
-    for rate in sw.rates:
+    for rate in sw.rate_extent():
         need = 1.25 * sw.requests_for(rate) / rate
         if sw.max_point_duration_s < need:
             raise UserError(f"field 'sweep.max_point_duration_s': {sw.max_point_duration_s:g} s is too short for "

@@ -33,23 +33,17 @@ def add_objective_values(cfg: "StudyConfig", res: "PointResult") -> None:
         res.meta["slo_ms"] = objective_values(res.requests, res.meta.get("itl_ms"), cfg.sweep.slo.objectives)
 
 
-def start_rate(cfg: "StudyConfig") -> float:
-    spec = cfg.sweep.slo
-    return spec.start_rate if spec.start_rate is not None else min(r for r in cfg.sweep.rates)
-
-
 def searches(cfg: "StudyConfig", points: list[dict]) -> dict:
     """Each arm's search (metrics.slo_search.ArmSearch), from the recorded points."""
-    spec = cfg.sweep.slo
-    return {m: search_arm(m, [p for p in points if p["mode"] == m], spec, start_rate(cfg), cfg.sweep.repeats)
-            for m in cfg.sweep.modes}
+    spec = cfg.sweep.slo.resolved(cfg.sweep.rates)
+    return {m: search_arm(m, [p for p in points if p["mode"] == m], spec, cfg.sweep.repeats) for m in cfg.sweep.modes}
 
 
 def record(cfg: "StudyConfig", writer: "ResultsWriter", found: dict) -> None:
-    spec = cfg.sweep.slo
+    spec = cfg.sweep.slo.resolved(cfg.sweep.rates)
     writer.manifest["slo_search"] = {
         "objectives_ms": dict(spec.objectives), "tolerance": spec.tolerance, "growth": spec.growth,
-        "start_rate_req_s": start_rate(cfg), "max_rate_req_s": spec.max_rate, "min_rate_req_s": spec.min_rate,
+        "start_rate_req_s": spec.start_rate, "max_rate_req_s": spec.max_rate, "min_rate_req_s": spec.min_rate,
         "repeats": cfg.sweep.repeats, "arms": {m: arm_record(s) for m, s in found.items()}}
     rows = [r for m in found for r in probe_rows(m, [p for p in writer.points if p["mode"] == m], spec.objectives)]
     cols = ["arm", "probe", "rate_req_s", "repeat", "verdict", *(f"{n}_ms" for n in spec.objectives),

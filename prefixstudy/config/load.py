@@ -77,7 +77,7 @@ def check_sizes(cfg: StudyConfig, source: str) -> None:
     d, sw = cfg.dataset, cfg.sweep
     if d.path is not None:
         return
-    rows = max(max(sw.requests_for(r) for r in sw.rates) + sw.warmup_requests, d.num_requests or 0)
+    rows = max(max(sw.requests_for(r) for r in sw.rate_extent()) + sw.warmup_requests, d.num_requests or 0)
     tokens = rows * (d.prefix_len + d.suffix_len) + (d.groups * d.prefix_len if d.kind == "groups" else 0)
     if tokens > DATASET_MAX_TOKENS:
         raise UserError(f"{source}: field 'dataset': the generated dataset would hold {tokens:.3g} prompt tokens "

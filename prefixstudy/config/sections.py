@@ -193,6 +193,10 @@ class SweepConfig(BaseModel):
             return self.num_requests
         return max(self.num_requests, math.ceil(rate * self.min_duration_s))
 
+    def rate_extent(self) -> list[float]:
+        """The rates datasets and point limits are sized for: ``rates``, and an SLO search's range."""
+        return sorted({*self.rates, *(self.slo.extent(self.rates) if self.slo is not None else ())})
+
     def points(self) -> list[tuple[float, int]]:
         """(rate, repeat) in the order they run: the whole sweep, then again for the next repeat."""
         if self.run_points is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prefixstudy.errors import UserError
 
@@ -73,10 +73,12 @@ class SloSearchConfig(BaseModel):
     growth: float = Field(2.0, gt=1, allow_inf_nan=False, description="While every probe meets the objectives, "
                           "the next is this many times the highest so far (and below a failing start, this many "
                           "times lower).")
-    max_rate: float = Field(1000.0, gt=0, allow_inf_nan=False, description="Rates above this are not probed; an "
-                            "arm meeting the objectives here stops with `max rate`.")
-    min_rate: float = Field(0.05, gt=0, allow_inf_nan=False, description="Rates below this are not probed; an arm "
-                            "missing the objectives here stops with `min rate`.")
+    max_rate: float | None = Field(None, gt=0, allow_inf_nan=False, description="Rates above this are not probed; "
+                                   "an arm meeting the objectives here stops with `max rate`; None: the highest of "
+                                   "`sweep.rates`.")
+    min_rate: float | None = Field(None, gt=0, allow_inf_nan=False, description="Rates below this are not probed; "
+                                   "an arm missing the objectives here stops with `min rate`; None: the lowest of "
+                                   "`sweep.rates` / 8.")
     max_probes: int = Field(16, ge=2, le=200, description="Rates probed per arm at most (repeats at the final rate "
                             "not counted); then the arm stops with `max probes` and reports its bracket.")
 
@@ -94,8 +96,15 @@ class SloSearchConfig(BaseModel):
                 raise ValueError(f"{name}: the objective must be a finite number of ms > 0, got {ms}")
         return v
 
-    @model_validator(mode="after")
-    def _rates(self) -> "SloSearchConfig":
-        if self.min_rate > self.max_rate:
-            raise ValueError(f"min_rate {self.min_rate:g} is above max_rate {self.max_rate:g}")
-        return self
+    def resolved(self, rates: list[float]) -> "SloSearchConfig":
+        """A copy with start_rate, min_rate and max_rate set (from ``rates``, `sweep.rates`, where unset)."""
+        finite = [r for r in rates if math.isfinite(r)] or [1.0]
+        hi = self.max_rate if self.max_rate is not None else max(finite)
+        lo = self.min_rate if self.min_rate is not None else min(finite) / 8
+        start = self.start_rate if self.start_rate is not None else min(finite)
+        return self.model_copy(update={"max_rate": hi, "min_rate": min(lo, hi), "start_rate": min(max(start, lo), hi)})
+
+    def extent(self, rates: list[float]) -> list[float]:
+        """The rates a search may probe at the ends of its range: what datasets and point limits are sized for."""
+        r = self.resolved(rates)
+        return [r.min_rate, r.start_rate, r.max_rate]

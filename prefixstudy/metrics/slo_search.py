@@ -100,9 +100,10 @@ class ArmSearch:
         return self.lo if self.stopped else None
 
 
-def search_arm(arm: str, points: list[dict], spec: SloSearchConfig, start_rate: float, repeats: int) -> ArmSearch:
+def search_arm(arm: str, points: list[dict], spec: SloSearchConfig, repeats: int) -> ArmSearch:
     """What arm ``arm`` runs next, from its recorded points (manifest entries: rate, repeat,
-    status, saturated, slo_ms; in the order they ran)."""
+    status, saturated, slo_ms; in the order they ran).  ``spec``: its rates set
+    (``SloSearchConfig.resolved``)."""
     s = ArmSearch(arm)
     by_rate: dict[float, list[str]] = {}
     for p in points:
@@ -122,7 +123,7 @@ def search_arm(arm: str, points: list[dict], spec: SloSearchConfig, start_rate: 
     if "failed" in rate_verdict.values():
         s.stopped = FAILURES
         return s
-    start = min(start_rate, spec.max_rate)
+    start = spec.start_rate
     nxt: float | None = None
     done = None  # why the bracket is final (the repeats at lo come first)
     if not points:

@@ -44,7 +44,7 @@ def token_high(dataset, vocab: int) -> int:
 
 def synthetic_count(cfg) -> int:
     """Rows a generated workload makes: ``dataset.num_requests``, else as many as the largest point needs."""
-    return cfg.dataset.num_requests or max(cfg.sweep.requests_for(r) for r in cfg.sweep.rates)
+    return cfg.dataset.num_requests or max(cfg.sweep.requests_for(r) for r in cfg.sweep.rate_extent())
 
 
 def full_prompt_len(rows: list[DatasetRow], i: int) -> int:

@@ -13,7 +13,12 @@ from prefixstudy.config.slo import SloSearchConfig, parse_objectives
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.slo_search import gain_bracket, objective_values, search_arm, verdict
 
-SPEC = SloSearchConfig(objectives={"e2e_p90": 200.0})
+def search(**kw) -> SloSearchConfig:
+    """A search for p90 E2E <= 200 ms from 8 req/s, its range set as SloSearchConfig.resolved sets it."""
+    return SloSearchConfig(objectives={"e2e_p90": 200.0}, **kw).resolved([8.0, 1000.0])
+
+
+SPEC = search()
 
 
 def point(rate: float, repeat: int, outcome: str) -> dict:
@@ -22,11 +27,11 @@ def point(rate: float, repeat: int, outcome: str) -> dict:
             "saturated": outcome == "saturated", "slo_ms": {"e2e_p90": 100.0 if outcome == "met" else 300.0}}
 
 
-def drive(spec: SloSearchConfig, repeats: int, outcome, start: float = 8.0):
+def drive(spec: SloSearchConfig, repeats: int, outcome):
     """Run the search against ``outcome(rate, repeat)`` the way the study does, round by round."""
     points: list[dict] = []
     for _ in range(100):
-        s = search_arm("on", points, spec, start, repeats)
+        s = search_arm("on", points, spec, repeats)
         if s.stopped:
             return s, [(p["rate"], p["repeat"]) for p in points]
         assert s.next_points, "a search that has not stopped asks for a point"
@@ -55,7 +60,7 @@ def test_a_repeat_that_misses_at_the_final_rate_moves_the_answer_below_it():
 
 
 def test_meeting_the_slo_at_max_rate_stops_there_with_no_upper_end():
-    s, ran = drive(SloSearchConfig(objectives={"e2e_p90": 200.0}, max_rate=100), 2, lambda r, k: "met")
+    s, ran = drive(search(max_rate=100), 2, lambda r, k: "met")
     assert ran == [(8.0, 0), (16.0, 0), (32.0, 0), (64.0, 0), (100.0, 0), (100.0, 1)]
     assert (s.lo, s.hi, s.stopped) == (100.0, None, "max rate")
 
@@ -64,7 +69,7 @@ def test_missing_at_the_start_halves_down_to_the_answer_or_min_rate():
     s, ran = drive(SPEC, 1, lambda r, k: "met" if r <= 2.5 else "missed")
     assert ran == [(8.0, 0), (4.0, 0), (2.0, 0), (2.83, 0), (2.38, 0), (2.6, 0), (2.49, 0)]
     assert (s.lo, s.hi, s.stopped) == (2.49, 2.6, "converged")
-    s, ran = drive(SloSearchConfig(objectives={"e2e_p90": 200.0}, min_rate=1), 1, lambda r, k: "missed")
+    s, ran = drive(search(min_rate=1), 1, lambda r, k: "missed")
     assert ran == [(8.0, 0), (4.0, 0), (2.0, 0), (1.0, 0)]
     assert (s.lo, s.final_rate, s.stopped) == (None, None, "min rate")
 
@@ -72,14 +77,14 @@ def test_missing_at_the_start_halves_down_to_the_answer_or_min_rate():
 def test_a_failed_point_stops_the_search_and_max_probes_caps_it():
     s, ran = drive(SPEC, 1, lambda r, k: "failed" if r == 32 else "met")
     assert ran[-1] == (32.0, 0) and (s.lo, s.stopped) == (16.0, "failures")
-    s, ran = drive(SloSearchConfig(objectives={"e2e_p90": 200.0}, max_probes=5), 1,
+    s, ran = drive(search(max_probes=5), 1,
                    lambda r, k: "met" if r <= 37 else "missed")
     assert len(ran) == 5 and (s.lo, s.hi, s.stopped) == (32.0, 45.3, "max probes")
 
 
 def test_a_met_rate_above_a_missed_one_is_noise_and_does_not_raise_the_answer():
     pts = [point(8, 0, "met"), point(16, 0, "missed"), point(32, 0, "met")]
-    s = search_arm("on", pts, SPEC, 8, 1)
+    s = search_arm("on", pts, SPEC, 1)
     assert (s.lo, s.hi, s.next_points) == (8.0, 16.0, [(11.3, 0)])
 
 
@@ -97,6 +102,13 @@ def test_objective_values_count_failed_and_unfinished_requests_as_over_any_bound
     assert v["itl_p99"] is None  # a request failed: the pooled gaps are not the point's
     ok = df.assign(error="", finished=True)
     assert objective_values(ok, {"p99": 7.5}, {"itl_p99": 1.0}) == {"itl_p99": 7.5}
+
+
+def test_an_unset_range_comes_from_the_sweeps_rates():
+    r = SloSearchConfig(objectives={"e2e_p90": 1.0}).resolved([2.0, 4.0, 96.0])
+    assert (r.start_rate, r.min_rate, r.max_rate) == (2.0, 0.25, 96.0)
+    r = SloSearchConfig(objectives={"e2e_p90": 1.0}, start_rate=500, min_rate=3).resolved([2.0, 96.0])
+    assert (r.start_rate, r.min_rate, r.max_rate) == (96.0, 3.0, 96.0)  # the start kept within the range
 
 
 def test_verdict_and_the_gain_bracket():

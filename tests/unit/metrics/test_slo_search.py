@@ -139,3 +139,17 @@ def test_parse_objectives_names_the_bad_token(text, message):
     with pytest.raises(UserError) as e:
         parse_objectives(text)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_dataset_and_the_point_limit_cover_the_searchs_range():
+    from prefixstudy.config import load_config
+    from prefixstudy.preflight import check_plan
+    from prefixstudy.workloads.base import synthetic_count
+
+    cfg = load_config(None, {"engine": {"kind": "echo"}, "sweep.rates": [1, 4], "sweep.min_duration_s": 10,
+                             "sweep.slo": {"objectives": {"e2e_p90": 100}, "max_rate": 50}})
+    assert cfg.sweep.rate_extent() == [0.125, 1.0, 4.0, 50.0]
+    assert synthetic_count(cfg) == 500  # 10 s of arrivals at 50 req/s, where a sweep of [1, 4] needs 40
+    cfg.sweep.max_point_duration_s = 300  # 40 requests at min_rate 0.125 req/s need 1.25 x 320 s
+    with pytest.raises(UserError, match="too short for 40 requests at 0.125 req/s; use at least 400 s"):
+        check_plan(cfg)

@@ -75,7 +75,8 @@ def sentences(search: dict, arms: tuple[str, str], head: pd.DataFrame) -> list[s
         return [f"At {slo}, {' and '.join(none)} met the SLO at no rate searched; no gain to state."]
     bound = "at least " if a["hi_req_s"] is None else ""
     text = (f"At {slo}, {arm_label(arm)} sustains {a['lo_req_s']:g} req/s and {arm_label(base)} {b['lo_req_s']:g} "
-            f"req/s, each searched to {search['tolerance']:.0%} and met in all {search['repeats']} repeats there: "
+            f"req/s, each searched to {search['tolerance']:.0%} and met there in {a['repeats_met']} and "
+            f"{b['repeats_met']} of {search['repeats']} repeats: "
             f"{arm_label(arm)} buys {bound}{ratio:.2f}× the throughput at this SLO [{lo:.2f}, "
             + ("∞" if math.isinf(hi) else f"{hi:.2f}") + "] (the brackets' bounds). Stopped: "
             + "; ".join(f"{arm_label(m)} {STOPPED.get(s['stopped'] or '', 'still searching')}"

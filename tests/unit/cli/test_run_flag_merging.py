@@ -53,3 +53,9 @@ def test_a_target_url_without_a_valid_port_is_one_line():
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == ("error: --set engine: field 'engine.targets': Value error, on: 'http://127.0.0.1:abc' "
                         "has no valid host and port\n")
+
+
+def test_slo_sets_the_search_and_the_dry_run_names_it():
+    r = cli("run", "try-echo", "--dry-run", "--slo", "e2e_p90:2000,itl_p95:40", "--set", "sweep.slo.tolerance=0.1")
+    assert r.returncode == 0, r.stderr
+    assert "SLO search e2e_p90:2000,itl_p95:40 ms" in r.stdout and "rates" not in r.stdout

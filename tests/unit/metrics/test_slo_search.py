@@ -153,3 +153,10 @@ def test_the_dataset_and_the_point_limit_cover_the_searchs_range():
     cfg.sweep.max_point_duration_s = 300  # 40 requests at min_rate 0.125 req/s need 1.25 x 320 s
     with pytest.raises(UserError, match="too short for 40 requests at 0.125 req/s; use at least 400 s"):
         check_plan(cfg)
+
+
+def test_an_itl_objective_keeps_its_percentile_of_the_pooled_gaps():
+    from prefixstudy.config import load_config
+
+    cfg = load_config(None, {"engine": {"kind": "echo"}, "sweep.slo": {"objectives": {"itl_p95": 40, "e2e_p97": 900}}})
+    assert cfg.percentiles == [50.0, 90.0, 95.0, 99.0]  # the point's itl_ms then carries p95; e2e reads requests

@@ -31,7 +31,7 @@ def test_the_sentence_states_the_searched_gain_its_bounds_and_why_each_search_st
     first, second = slo_report.sentences(SEARCH, ("on", "off"), HEAD)
     # 39.8 / 12.3 = 3.236; bounds 39.8 / 12.9 = 3.085 and 41.6 / 12.3 = 3.382
     assert first == ("At e2e p90 ≤ 1000 ms, ON sustains 39.8 req/s and OFF 12.3 req/s, each searched to 5% and met "
-                     "in all 3 repeats there: ON buys 3.24× the throughput at this SLO [3.09, 3.38] (the brackets' "
+                     "there in 3 and 3 of 3 repeats: ON buys 3.24× the throughput at this SLO [3.09, 3.38] (the brackets' "
                      "bounds). Stopped: ON converged (the upper rate missed an objective); OFF converged (the upper "
                      "rate saturated: the engine's limit, not the SLO's).")
     # ON: 32 + (1000 - 800) * 13.3 / 800 = 35.325; OFF: 8 + (1000 - 500) * 8 / 1500 = 10.667
@@ -43,8 +43,8 @@ def test_an_arm_stopped_at_max_rate_is_a_lower_bound_and_one_that_met_nothing_ha
     at_max = {**SEARCH, "arms": {**SEARCH["arms"], "on": {**SEARCH["arms"]["on"], "lo_req_s": 100.0,
                                                            "hi_req_s": None, "stopped": "max rate"}}}
     text = slo_report.sentences(at_max, ("on", "off"), pd.DataFrame())
-    assert text == [("At e2e p90 ≤ 1000 ms, ON sustains 100 req/s and OFF 12.3 req/s, each searched to 5% and met in "
-                     "all 3 repeats there: ON buys at least 8.13× the throughput at this SLO [7.75, ∞] (the brackets' "
+    assert text == [("At e2e p90 ≤ 1000 ms, ON sustains 100 req/s and OFF 12.3 req/s, each searched to 5% and met "
+                     "there in 3 and 3 of 3 repeats: ON buys at least 8.13× the throughput at this SLO [7.75, ∞] (the brackets' "
                      "bounds). Stopped: ON met at max rate (the answer is at least this); OFF converged (the upper "
                      "rate saturated: the engine's limit, not the SLO's).")]
     none = {**SEARCH, "arms": {**SEARCH["arms"], "off": {**SEARCH["arms"]["off"], "lo_req_s": None,

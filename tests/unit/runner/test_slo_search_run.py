@@ -131,3 +131,21 @@ def test_the_search_finds_an_echo_queues_known_answer_within_its_tolerance(tmp_p
         # what the client clock adds to each request (about 1 ms on S of 60-80 ms) and timer slack.
         assert cap / 1.05 * 0.97 <= s["lo_req_s"] <= answer, (arm, s)
         assert s["hi_req_s"] >= cap * 0.97, (arm, s)
+
+
+def test_a_round_that_records_no_point_stops_the_run_instead_of_asking_again(tmp_path, monkeypatch):
+    import prefixstudy.study as study_module
+    from prefixstudy.errors import StudyFailed
+
+    class RunsNothing:
+        name = "local"
+
+        def run(self, cfg, rows, sink, progress=True):
+            pass
+
+    monkeypatch.setattr(study_module, "pick_executor", lambda cfg: RunsNothing())
+    with pytest.raises(StudyFailed, match="SLO search: a round recorded no point"):
+        run_study(load_config(None, {**FREE, "out": str(tmp_path)}), progress=False)
+    run = next((tmp_path / "default").iterdir())
+    assert manifest(run)["status"] == "failed"
+    assert manifest(run)["slo_search"]["arms"]["on"]["rates_tried_req_s"] == []

@@ -21,8 +21,10 @@ TEXT = ("Each arm's rate was searched, not interpolated: from the start rate it 
         "finished counting as over it). The answer lies in [highest rate met, lowest rate missed) where latency "
         "grows with the rate. The gain's bounds are those two brackets' (arm's lowest over baseline's highest, and "
         "the reverse): a bound on the search's resolution, not a statistical interval over repeats; every probe "
-        "is also in the points below. The interpolated column is the headline's method on the same points "
-        "(p90 E2E, linear between the rates around the crossing), for the e2e_p90 objective alone.")
+        "is also in the points below. Rates searched are offered rates; the achieved column is what the "
+        "final rate's points completed. The interpolated column is the headline's method on the same points (p90 "
+        "E2E, linear between the rates around the crossing, on the actual arrival rate, which with few requests a "
+        "point strays from the offered one), for the e2e_p90 objective alone.")
 
 STOPPED = {"converged": "converged (the upper rate missed an objective)",
            "saturated": "converged (the upper rate saturated: the engine's limit, not the SLO's)",

@@ -51,6 +51,20 @@ def report(results_dir: Path, slo, threshold_ms, peers, point, seed, rederive):
         if not any(c in p for c in "*?[") and not Path(p).exists():
             raise UserError(f"--peer {p}: file not found")
         bench_files(p)  # an empty folder or glob is refused now, not after the analysis
+    from prefixstudy.sweep.folder import is_sweep
+
+    if is_sweep(results_dir):  # a grid's parent: each cell's report, then the sweep's own
+        if rederive:
+            from prefixstudy.sweep.run import cell_dirs
+
+            for cell in cell_dirs(results_dir):
+                _rederive(cell)
+        from prefixstudy.report.sweep import sweep_report
+
+        for name, path in sweep_report(results_dir):
+            click.echo(f"{name}: {path}")
+        click.echo(f"report: each cell's report.html, under {results_dir}")
+        return
     if rederive:
         _rederive(results_dir)
     try:

@@ -14,6 +14,7 @@ import prefixstudy.study as study_mod
 from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.sweep.run import run_sweep
+from tests import forkcli
 
 PROMPT = 1214  # tokens: a 1198-token shared prefix and a 16-token suffix
 ECHO = {"study": "grid", "executor": "local", "engine": {"kind": "echo", "decode_ms_per_token": 0.2},
@@ -43,6 +44,10 @@ def test_each_value_of_a_field_is_a_cell_whose_run_has_it(tmp_path):
     # median TTFT is at least that; at 0.01 ms/token it stays under the 0.05 cell's floor.
     assert s[0.05].loc["off", "p50_ttft_ms"] >= 0.05 * PROMPT
     assert s[0.01].loc["off", "p50_ttft_ms"] < 0.05 * PROMPT
+    # `prefixstudy report PARENT` reads any sweep: each cell's report (a field axis has no table of its own).
+    r = forkcli.run(("report", parent), cwd=tmp_path, timeout=300)
+    assert (r.returncode, r.stdout) == (0, f"report: each cell's report.html, under {parent}\n"), r.stderr
+    assert [(parent / c["dir"] / "report.html").is_file() for c in index(parent)["cells"]] == [True, True]
 
 
 @pytest.mark.parametrize("grid, message", [

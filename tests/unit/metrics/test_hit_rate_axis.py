@@ -21,7 +21,8 @@ def arms(rate_rows: list[tuple[float, float, float, float]], hit: float) -> pd.D
     """arms.csv of one run: per (rate, gain, lo, hi), ON against OFF."""
     return pd.DataFrame([{"rate": r, "arm": "on", "baseline": "off", "n_repeats": 2, "arrival_rate": r * 1.01,
                           "gain_mean_e2e": g, "gain_mean_e2e_lo": lo, "gain_mean_e2e_hi": hi,
-                          "gain_is_bound": r > 10, "hit_rate": hit} for r, g, lo, hi in rate_rows])
+                          "gain_is_bound": r > 10, "hit_rate": hit, "hit_rate_expected": 0.6}
+                         for r, g, lo, hi in rate_rows])
 
 
 def summary(rates: list[float], on: list[float], off: list[float]) -> pd.DataFrame:
@@ -102,3 +103,13 @@ def test_throughput_gain_pairs_repeats_and_has_no_interval_from_one():
     g, lo, hi, n = throughput_gain(s, 4.0, "on", "off")
     assert n == 2 and g == pytest.approx(0.4)
     assert (lo, hi) == pytest.approx((0.4 - t_quantile(0.975, 1) * 0.1, 0.4 + t_quantile(0.975, 1) * 0.1))
+
+
+def test_without_a_known_block_size_the_runner_s_replay_is_the_reference():
+    cells = sweep([-0.05, -0.01, 0.01, 0.03, 0.05], [-0.05, 0.1, 0.3, 0.5, 0.7])
+    cells[0.5] = Cell(cells[0.5].arms, cells[0.5].summary, math.nan)  # arms.csv's hit_rate_expected: 0.6
+    t = gain_by_hit_rate(cells)
+    assert t.loc[t["shared_fraction"] == 0.5, "hit_rate_workload"].tolist() == [0.6, 0.6]
+    assert t.loc[t["shared_fraction"] == 0.5, "hit_rate_ok"].tolist() == [False, False]  # 0.488 measured
+    cells[0.5] = Cell(arms([(1.0, 0.05, 0.01, 0.1)], 0.59), cells[0.5].summary, math.nan)
+    assert gain_by_hit_rate({0.5: cells[0.5]})["hit_rate_ok"].tolist() == [True]

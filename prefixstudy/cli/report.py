@@ -43,6 +43,11 @@ def report(results_dir: Path, slo, threshold_ms, peers, point, seed, rederive):
     from prefixstudy.report.hit_rate import has_hit_rate_axis, hit_rate_report
 
     if has_hit_rate_axis(results_dir):
+        given = [f for f, v in (("--slo", slo), ("--threshold", threshold_ms), ("--peer", peers), ("--point", point),
+                                ("--rederive", rederive)) if v]
+        if given:
+            raise UserError(f"{', '.join(given)}: for one run's report; {results_dir} is a shared-fraction sweep "
+                            "(its sweep.json): report one of its runs for those")
         out = hit_rate_report(results_dir)
         click.echo(f"report: {out}")
         click.echo(f"report: {out.with_name('report.md')}")

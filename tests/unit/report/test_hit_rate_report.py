@@ -76,3 +76,10 @@ def test_the_index_is_read_and_its_errors_are_one_line(parent, tmp_path):
         read_sweep(bad)
     r = forkcli.run(["report", str(bad)], timeout=60)
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and "gone not found" in r.stderr
+
+
+def test_one_run_s_flags_are_refused_on_a_sweep(parent):
+    r = forkcli.run(["report", str(parent), "--slo", "e2e=100", "--point", "8"], timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"error: --slo, --point: for one run's report; {parent} is a shared-fraction sweep (its "
+                        "sweep.json): report one of its runs for those\n")

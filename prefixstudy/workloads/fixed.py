@@ -7,8 +7,9 @@ With ``dataset.shared_fraction`` f the prompt length L = P + S stays fixed and o
 ``shared_split`` gives floor(f·L) shared tokens (f read as the decimal it is written as, so 0.29 of
 100 is 29, not 28) and the rest unique.  A prefix cache serves whole blocks and never a prompt's last
 token, so once the prefix is cached each request hits floor(min(shared, L - 1) / B)·B tokens of
-its L, block size B: ``expected_hit_rate``.  The runner primes every group's prefix before a point's
-measured requests, so that is every measured request's hit rate and the point's.
+its L, block size B: ``expected_hit_rate``.  The runner primes every group's prefix
+(``sweep.prime_prefixes``, on by default) before a point's measured requests, so that is every
+measured request's hit rate and the point's.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 A sweep's parent folder holds ``sweep.json`` ({"axes": {"dataset.shared_fraction": [...]}, "cells":
 [{"values": {"dataset.shared_fraction": 0.5}, "dir": "..."}, ...]}) and one run folder per cell
-(``dir``, relative to the parent; a study folder holding runs is read as its newest run).
+(``dir``, relative to the parent: a run folder, a study folder holding runs, read as its newest,
+or a results root holding one study folder).
 ``hit_rate_report(parent)`` writes report.md, report.html, hit_rate.csv and plots/ there;
 ``hit_rate_report_from(runs, out)`` does the same from a mapping {shared fraction: run folder}.
 The analysis is ``metrics.hit_rate_axis``; this module reads and writes."""
@@ -23,7 +24,7 @@ from prefixstudy.metrics.hit_rate_axis import AXIS, Cell, gain_by_hit_rate, pays
 from prefixstudy.report import figure_kit as kit
 from prefixstudy.report.figures import gain_vs_hit_rate
 from prefixstudy.report.render import write_report
-from prefixstudy.results import atomic_write_csv, find_run_dir, load
+from prefixstudy.results import MANIFEST, atomic_write_csv, find_run_dir, load
 from prefixstudy.workloads.fixed import expected_hit_rate, shared_split
 
 SWEEP = "sweep.json"
@@ -82,10 +83,20 @@ def workload_hit_rate(config: dict, manifest: dict) -> float:
     return expected_hit_rate(prompt, shared_split(prompt, float(fraction))[0], int(blocks.pop()))
 
 
+def cell_run(path: Path) -> Path:
+    """A cell's run folder: ``path`` itself, the newest run of a study folder, or that of the one
+    study folder under a results root (``out``)."""
+    path = Path(path)
+    subs = [p for p in path.iterdir() if p.is_dir()] if path.is_dir() else []
+    if not (path / MANIFEST).exists() and len(subs) == 1 and not any((p / MANIFEST).exists() for p in subs):
+        return find_run_dir(subs[0])
+    return find_run_dir(path)
+
+
 def load_cells(runs: Mapping[float, Path]) -> dict[float, Cell]:
     cells = {}
     for fraction, path in runs.items():
-        study = load(find_run_dir(path))
+        study = load(cell_run(path))
         if study.arms.empty:
             raise UserError(f"{study.path}: no arms.csv (a run that finished no point, or one older than it)")
         cells[fraction] = Cell(study.arms, study.summary, workload_hit_rate(study.config, study.manifest))

@@ -12,7 +12,7 @@ import pytest
 from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.hit_rate_axis import AXIS, HIT_RATE_COLUMNS
-from prefixstudy.report.hit_rate import has_hit_rate_axis, read_sweep
+from prefixstudy.report.hit_rate import cell_run, has_hit_rate_axis, read_sweep
 from prefixstudy.study import run_study
 from tests import forkcli
 
@@ -59,6 +59,13 @@ def test_report_parent_draws_gain_against_hit_rate(parent):
 
 def test_the_index_is_read_and_its_errors_are_one_line(parent, tmp_path):
     assert read_sweep(parent) == {float(f): parent / f"{AXIS}-{f}" for f in FRACTIONS}
+    run = parent / f"{AXIS}-0.5"
+    # A cell's folder is its run, or a study folder of runs, or a results root holding one study.
+    assert cell_run(run) == run
+    (tmp_path / "root" / "study").mkdir(parents=True)
+    (tmp_path / "root" / "study" / "20261203-000000").symlink_to(run, target_is_directory=True)
+    assert cell_run(tmp_path / "root") == tmp_path / "root" / "study" / "20261203-000000"
+    assert cell_run(tmp_path / "root" / "study") == tmp_path / "root" / "study" / "20261203-000000"
     bad = tmp_path / "bad"
     bad.mkdir()
     assert not has_hit_rate_axis(bad)

@@ -38,7 +38,20 @@ def _slo(text: str | None) -> dict[str, float]:
                    "run's own request and step records with this version's analysis (saturation included); the "
                    "records and config.yaml are left as they are.  Prints the points whose saturation changed.")
 def report(results_dir: Path, slo, threshold_ms, peers, point, seed, rederive):
-    """Write report.md, report.html and plots/ (PNG + SVG) into RESULTS_DIR."""
+    """Write report.md, report.html and plots/ (PNG + SVG) into RESULTS_DIR.  A sweep's folder whose
+    sweep.json has the dataset.shared_fraction axis gets the gain against hit rate, by load."""
+    from prefixstudy.report.hit_rate import has_hit_rate_axis, hit_rate_report
+
+    if has_hit_rate_axis(results_dir):
+        given = [f for f, v in (("--slo", slo), ("--threshold", threshold_ms), ("--peer", peers), ("--point", point),
+                                ("--rederive", rederive)) if v]
+        if given:
+            raise UserError(f"{', '.join(given)}: for one run's report; {results_dir} is a shared-fraction sweep "
+                            "(its sweep.json): report one of its runs for those")
+        out = hit_rate_report(results_dir)
+        click.echo(f"report: {out}")
+        click.echo(f"report: {out.with_name('report.md')}")
+        return
     from prefixstudy.report import build_report, parse_point
 
     if threshold_ms is not None and not threshold_ms > 0:

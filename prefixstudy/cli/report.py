@@ -38,19 +38,26 @@ def _slo(text: str | None) -> dict[str, float]:
                    "run's own request and step records with this version's analysis (saturation included); the "
                    "records and config.yaml are left as they are.  Prints the points whose saturation changed.")
 def report(results_dir: Path, slo, threshold_ms, peers, point, seed, rederive):
-    """Write report.md, report.html and plots/ (PNG + SVG) into RESULTS_DIR.  A sweep's folder whose
-    sweep.json has the dataset.shared_fraction axis gets the gain against hit rate, by load."""
-    from prefixstudy.report.hit_rate import has_hit_rate_axis, hit_rate_report
+    """Write report.md, report.html and plots/ (PNG + SVG) into RESULTS_DIR.  A sweep's folder gets
+    each cell's report and the sweep's own (capacity, routing, or gain against hit rate)."""
+    from prefixstudy.sweep.folder import is_sweep
 
-    if has_hit_rate_axis(results_dir):
-        given = [f for f, v in (("--slo", slo), ("--threshold", threshold_ms), ("--peer", peers), ("--point", point),
-                                ("--rederive", rederive)) if v]
+    if is_sweep(results_dir):  # a grid's parent: each cell's report, then the sweep's own
+        given = [f for f, v in (("--slo", slo), ("--threshold", threshold_ms), ("--peer", peers), ("--point", point))
+                 if v]
         if given:
-            raise UserError(f"{', '.join(given)}: for one run's report; {results_dir} is a shared-fraction sweep "
-                            "(its sweep.json): report one of its runs for those")
-        out = hit_rate_report(results_dir)
-        click.echo(f"report: {out}")
-        click.echo(f"report: {out.with_name('report.md')}")
+            raise UserError(f"{', '.join(given)}: for one run's report; {results_dir} is a sweep's folder (its "
+                            "sweep.json): report one of its cells for those")
+        if rederive:
+            from prefixstudy.sweep.run import cell_dirs
+
+            for cell in cell_dirs(results_dir):
+                _rederive(cell)
+        from prefixstudy.report.sweep import sweep_report
+
+        for name, path in sweep_report(results_dir):
+            click.echo(f"{name}: {path}")
+        click.echo(f"report: each cell's report.html, under {results_dir}")
         return
     from prefixstudy.report import build_report, parse_point
 
@@ -64,20 +71,6 @@ def report(results_dir: Path, slo, threshold_ms, peers, point, seed, rederive):
         if not any(c in p for c in "*?[") and not Path(p).exists():
             raise UserError(f"--peer {p}: file not found")
         bench_files(p)  # an empty folder or glob is refused now, not after the analysis
-    from prefixstudy.sweep.folder import is_sweep
-
-    if is_sweep(results_dir):  # a grid's parent: each cell's report, then the sweep's own
-        if rederive:
-            from prefixstudy.sweep.run import cell_dirs
-
-            for cell in cell_dirs(results_dir):
-                _rederive(cell)
-        from prefixstudy.report.sweep import sweep_report
-
-        for name, path in sweep_report(results_dir):
-            click.echo(f"{name}: {path}")
-        click.echo(f"report: each cell's report.html, under {results_dir}")
-        return
     if rederive:
         _rederive(results_dir)
     try:

@@ -36,11 +36,11 @@ class DatasetConfig(BaseModel):
     output_len: int = Field(143, gt=0, description="Tokens each request generates (max_tokens = min_tokens, "
                             "EOS ignored).")
     groups: int = Field(1, gt=0, description="Distinct prefixes (groups) the requests are spread over.")
-    shared_fraction: float | list[float] | None = Field(
+    shared_fraction: float | None = Field(
         None, description="`fixed` only: the share of each prompt that is its group's common prefix, at a fixed "
         "prompt length: a prompt stays `prefix_len + suffix_len` tokens long and splits into floor(fraction x "
-        "that) shared tokens and the rest unique per request (0.5: the first half is common). A list is an axis "
-        "of a sweep, one sub-run per value. None: `prefix_len` and `suffix_len` as given.")
+        "that) shared tokens and the rest unique per request (0.5: the first half is common). Swept as an axis: "
+        "`grid: {dataset.shared_fraction: [0, 0.5, 0.95]}`. None: `prefix_len` and `suffix_len` as given.")
     # numpy's generators take non-negative seeds.
     seed: int = Field(0, ge=0, description="Seed of the generated token ids and lengths; `--seed` sets it "
                       "and `arrivals.seed`.")
@@ -76,9 +76,8 @@ class DatasetConfig(BaseModel):
         if self.shared_fraction is not None:
             if self.kind != "fixed":
                 raise ValueError(f"'shared_fraction' is read by kind fixed, not {self.kind}")
-            values = self.shared_fraction if isinstance(self.shared_fraction, list) else [self.shared_fraction]
-            if not values or not all(0 <= v <= 1 for v in values):
-                raise ValueError(f"shared_fraction {self.shared_fraction}: each value must be in [0, 1]")
+            if not 0 <= self.shared_fraction <= 1:
+                raise ValueError(f"shared_fraction {self.shared_fraction}: must be in [0, 1]")
         if self.token_high is not None and self.token_low >= self.token_high:
             raise ValueError(f"token_low {self.token_low} must be < token_high {self.token_high}")
         return self

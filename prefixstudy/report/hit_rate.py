@@ -18,39 +18,25 @@ from pathlib import Path
 import pandas as pd
 
 from prefixstudy.arms import arm_label
-from prefixstudy.errors import UserError, read_text
+from prefixstudy.errors import UserError
 from prefixstudy.metrics.hit_rate_axis import AXIS, Cell, gain_by_hit_rate, pays_from, \
     pays_sentence, top_sentences
 from prefixstudy.report import figure_kit as kit
 from prefixstudy.report.figures import gain_vs_hit_rate
 from prefixstudy.report.render import write_report
 from prefixstudy.results import MANIFEST, atomic_write_csv, find_run_dir, load
+from prefixstudy.sweep.folder import INDEX, read_index
 from prefixstudy.workloads.fixed import expected_hit_rate, shared_split
 
-SWEEP = "sweep.json"
 HIT_RATE_CSV = "hit_rate.csv"
 
 
-def has_hit_rate_axis(parent: Path) -> bool:
-    """Whether ``parent`` is a sweep's folder whose index names the shared-fraction axis."""
-    try:
-        index = json.loads((Path(parent) / SWEEP).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(index, dict) and isinstance(index.get("axes"), dict) and AXIS in index["axes"]
-
-
 def read_sweep(parent: Path) -> dict[float, Path]:
-    """{shared fraction: run folder} from ``parent/sweep.json``; one line naming the file and what
-    is wrong where it is not such an index."""
-    path = Path(parent) / SWEEP
-    try:
-        index = json.loads(read_text(path, "sweep index", "a sweep's sweep.json"))
-    except ValueError as e:
-        raise UserError(f"{path}: unreadable sweep index ({e})") from None
-    if not isinstance(index, dict) or not isinstance(index.get("cells"), list):
-        raise UserError(f"{path}: not a sweep index (no 'cells' list)")
-    axes = index.get("axes") if isinstance(index.get("axes"), dict) else {}
+    """{shared fraction: run folder} from the sweep's index (``sweep.folder``); one line naming the
+    file and what is wrong where it is not a sweep of the shared fraction alone."""
+    path = Path(parent) / INDEX
+    index = read_index(parent)
+    axes = index["axes"]
     if AXIS not in axes:
         raise UserError(f"{path}: the sweep has no '{AXIS}' axis (axes: {', '.join(axes) or 'none'})")
     if len(axes) > 1:

@@ -1,13 +1,14 @@
 """A sweep's reports: each cell's own (``build_report``), then what reads the cells together,
 picked by the sweep's axes: the capacity table and figure for a capacity axis, the routing
-comparison for a sweep of routing policies alone.  Any other grid is read cell by cell."""
+comparison for a sweep of routing policies alone, the gain against hit rate for a sweep of the
+shared fraction alone.  Any other grid is read cell by cell."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from prefixstudy.sweep.folder import CAPACITY, POLICY, axis_values, read_index
+from prefixstudy.sweep.folder import CAPACITY, POLICY, SHARED, axis_values, read_index
 
 
 def sweep_report(parent: Path, cells: bool = True) -> list[tuple[str, Path]]:
@@ -28,6 +29,10 @@ def sweep_report(parent: Path, cells: bool = True) -> list[tuple[str, Path]]:
 
         write_capacity_report(parent)
         out.append(("capacity", parent / "capacity.md"))
+    if list(index["axes"]) == [SHARED]:
+        from prefixstudy.report.hit_rate import hit_rate_report
+
+        out.append(("hit rate", hit_rate_report(parent)))
     if list(index["axes"]) == [POLICY]:
         from prefixstudy.routing_sweep import routing_report
 

@@ -21,7 +21,9 @@ from prefixstudy.errors import UserError
 from prefixstudy.results.store import atomic_write_text
 
 INDEX = "sweep.json"
-CAPACITY, POLICY = "capacity.", "router.policy"  # the axes' names: capacity.<unit>, a fleet's routing policy
+# Axes the sweep's reports read by name: capacity.<unit>, a fleet's routing policy, the share of a
+# fixed prompt that is common to every request.
+CAPACITY, POLICY, SHARED = "capacity.", "router.policy", "dataset.shared_fraction"
 LEGACY_CAPACITY, LEGACY_ROUTING = "capacity.json", "routing.json"
 
 

@@ -32,9 +32,6 @@ def rows(cfg: "StudyConfig", vocab: int) -> tuple[list[DatasetRow], str]:
     n = synthetic_count(cfg)
     high = token_high(d, vocab)
     prefix_len, suffix_len = d.prefix_len, d.suffix_len
-    if isinstance(d.shared_fraction, list):
-        raise UserError(f"field 'dataset.shared_fraction': {d.shared_fraction} is a list, an axis of a sweep; "
-                        "one study runs one value (--set dataset.shared_fraction=0.5)")
     if d.shared_fraction is not None:
         prefix_len, suffix_len = shared_split(prefix_len + suffix_len, d.shared_fraction)
     return make_dataset(n, prefix_len, suffix_len, d.output_len, d.groups, d.seed, d.token_low, high), \

@@ -12,7 +12,7 @@ import pytest
 from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.hit_rate_axis import AXIS, HIT_RATE_COLUMNS
-from prefixstudy.report.hit_rate import cell_run, has_hit_rate_axis, read_sweep
+from prefixstudy.report.hit_rate import cell_run, read_sweep
 from prefixstudy.study import run_study
 from tests import forkcli
 
@@ -40,7 +40,8 @@ def parent(tmp_path_factory):
 def test_report_parent_draws_gain_against_hit_rate(parent):
     r = forkcli.run(["report", str(parent)], timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == [f"report: {parent / 'report.html'}", f"report: {parent / 'report.md'}"]
+    assert r.stdout.splitlines() == [f"hit rate: {parent / 'report.html'}",
+                                     f"report: each cell's report.html, under {parent}"]
     assert (parent / "plots" / "gain_vs_hit_rate.png").is_file()
     t = pd.read_csv(parent / "hit_rate.csv")
     assert list(t.columns) == HIT_RATE_COLUMNS
@@ -71,7 +72,6 @@ def index(root, fractions):
 
 def test_the_index_is_read_and_its_errors_are_one_line(tmp_path):
     parent = index(tmp_path / "sweep", FRACTIONS)
-    assert has_hit_rate_axis(parent)
     assert read_sweep(parent) == {float(f): parent / f"{AXIS}-{f}" for f in FRACTIONS}
     run = parent / f"{AXIS}-0.5"
     # A cell's folder is its run, or a study folder of runs, or a results root holding one study.
@@ -82,9 +82,7 @@ def test_the_index_is_read_and_its_errors_are_one_line(tmp_path):
     assert cell_run(tmp_path / "root" / "study") == tmp_path / "root" / "study" / "20261203-000000"
     bad = tmp_path / "bad"
     bad.mkdir()
-    assert not has_hit_rate_axis(bad)
     (bad / "sweep.json").write_text(json.dumps({"axes": {"engine.max_num_seqs": [8]}, "cells": []}))
-    assert not has_hit_rate_axis(bad)
     with pytest.raises(UserError, match=r"sweep.json: the sweep has no 'dataset.shared_fraction' axis "
                                         r"\(axes: engine.max_num_seqs\)$"):
         read_sweep(bad)
@@ -103,5 +101,5 @@ def test_one_run_s_flags_are_refused_on_a_sweep(tmp_path):
     parent = index(tmp_path, [0.5])
     r = forkcli.run(["report", str(parent), "--slo", "e2e=100", "--point", "8"], timeout=60)
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == (f"error: --slo, --point: for one run's report; {parent} is a shared-fraction sweep (its "
-                        "sweep.json): report one of its runs for those\n")
+    assert r.stderr == (f"error: --slo, --point: for one run's report; {parent} is a sweep's folder (its "
+                        "sweep.json): report one of its cells for those\n")

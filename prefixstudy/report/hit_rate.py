@@ -10,7 +10,6 @@ The analysis is ``metrics.hit_rate_axis``; this module reads and writes."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path

@@ -19,6 +19,7 @@ from prefixstudy.metrics.saturation import failed_point
 from prefixstudy.results.store import ENGINE_LOG, atomic_write_text
 from prefixstudy.results.writer import ResultsWriter
 from prefixstudy.schema import PointResult, point_key
+from prefixstudy.sweep.plan import RunPlan
 from prefixstudy.workloads import DatasetRow
 
 log = logging.getLogger(__name__)
@@ -56,13 +57,21 @@ class Study:
         self.writer.manifest[key] = value
         self.writer.save_manifest()
 
+    def append_plan(self, plan: RunPlan) -> None:
+        """The manifest's ``plans``: what each attempt set out to run (its points, and the arms'
+        points it kept), beside the points it produced."""
+        self.writer.manifest.setdefault("plans", []).append(plan.record())
+        self.writer.save_manifest()
+
     def append(self, key: str, mode: str, value: Any) -> None:
         self.writer.manifest.setdefault(key, {}).setdefault(mode, []).append(value)
         self.writer.save_manifest()
 
-    def pending_configs(self) -> list[StudyConfig]:
-        """Configs restricted to the points (rate, repeat) still to run: one config when every mode
-        lacks the same points (modes may then run side by side), else one per mode."""
+    def pending(self) -> list[tuple[StudyConfig, RunPlan]]:
+        """What is still to run, as (config restricted to the arms concerned, their plan): one
+        pair when every arm lacks the same points (the arms may then run side by side), else one
+        per arm; interleaved arms keep taking turns over every pending point, skipping the arms
+        that have it."""
         cfg = self.cfg
         done = {point_key(p) for p in self.writer.points if p.get("status") == "ok"}
         pending = {m: [(r, k) for r, k in cfg.sweep.points() if (m, float(r), k) not in done] for m in cfg.sweep.modes}
@@ -71,7 +80,7 @@ class Study:
             return []
         if len({tuple(pts) for pts in pending.values()}) == 1:
             groups = [(list(pending), next(iter(pending.values())))]
-        elif interleaved(cfg):  # keep taking turns: every pending point, skipping the arms that have it
+        elif interleaved(cfg):
             union = {p for pts in pending.values() for p in pts}
             groups = [(list(pending), [p for p in cfg.sweep.points() if p in union])]
         else:
@@ -79,9 +88,8 @@ class Study:
         out = []
         for modes, pts in groups:
             sub = cfg.model_copy(deep=True)
-            sub.sweep.modes, sub.sweep.run_points = modes, pts
-            sub.sweep.done_points = {d for d in done if d[0] in modes}
-            out.append(sub)
+            sub.sweep.modes = modes
+            out.append((sub, RunPlan(tuple(pts), frozenset(d for d in done if d[0] in modes))))
         return out
 
 
@@ -92,8 +100,9 @@ def run_pending(study: Study, executor, rows: list[DatasetRow], progress: bool) 
     status = "failed"
     try:
         try:
-            for sub in study.pending_configs():
-                executor.run(sub, rows, study, progress=progress)
+            for sub, plan in study.pending():
+                study.append_plan(plan)
+                executor.run(sub, plan, rows, study, progress=progress)
             ok = all(p.get("status") == "ok" for p in study.writer.points)
             status = "complete" if ok else "complete_with_failures"
         except KeyboardInterrupt:

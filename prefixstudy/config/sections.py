@@ -142,13 +142,6 @@ class SweepConfig(BaseModel):
                                   "alternates across a rate's repeats, so neither the arm nor its place in a "
                                   "pair owns the early or the late part of the run; false: one arm's whole "
                                   "sweep, then the next (one engine at a time).")
-    # Set by study.pending_configs when a run is resumed; never saved.
-    run_points: list[tuple[float, int]] | None = Field(None, exclude=True,
-                                                       description="Internal: the (rate, repeat) points still to "
-                                                       "run when a run is resumed; never saved, not for configs.")
-    done_points: set[tuple[str, float, int]] = Field(default_factory=set, exclude=True,
-                                                     description="Internal: (arm, rate, repeat) points a resumed "
-                                                     "interleaved run already has; never saved, not for configs.")
     max_concurrency: int | None = Field(None, gt=0, description="At most this many requests open at once (a "
                                         "request waits for a slot; its dispatch lag says how long); None: no limit.")
 
@@ -198,23 +191,10 @@ class SweepConfig(BaseModel):
         return max(self.num_requests, math.ceil(rate * self.min_duration_s))
 
     def points(self) -> list[tuple[float, int]]:
-        """(rate, repeat) in the order they run: the whole sweep, then again for the next repeat."""
-        if self.run_points is not None:
-            return list(self.run_points)
+        """(rate, repeat) in the order they run: the whole sweep, then again for the next repeat
+        (what a run still has to do is its plan, ``sweep.plan.RunPlan``)."""
         repeats = self.only_repeats if self.only_repeats is not None else range(self.repeats)
         return [(rate, k) for k in repeats for rate in self.rates]
-
-    def turns(self) -> list[tuple[str, float, int]]:
-        """(arm, rate, repeat) in the order an interleaved run takes them: the arms in order where the
-        rate's place in ``rates`` plus the repeat is even, reversed where odd.  Along a sweep that is
-        A B, B A, A B, ...; and each rate's repeats alternate which arm goes first, so that the order
-        within a pair can be told from the arm."""
-        place = {rate: i for i, rate in enumerate(self.rates)}  # fixed by the config: a resumed run keeps it
-        out = []
-        for rate, k in self.points():
-            arms = self.modes if (place.get(rate, 0) + k) % 2 == 0 else self.modes[::-1]
-            out += [(m, rate, k) for m in arms if (m, float(rate), k) not in self.done_points]
-        return out
 
 
 class CheckConfig(BaseModel):

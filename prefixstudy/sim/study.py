@@ -196,11 +196,6 @@ def _iterations(mode: str, rate: float, steps: list[dict], t0: float) -> pd.Data
     return typed_iterations(df)
 
 
-def sweep_points(cfg: StudyConfig) -> list[tuple[float, int]]:
-    """(rate, repeat) of the sweep, in the order the runner runs them."""
-    return cfg.sweep.points()
-
-
 def sessions(cfg: StudyConfig, rows: list[DatasetRow], target: SimTarget) -> list[SimSession]:
     """One session per mode; the VllmConfig is resolved once and shared (it takes seconds)."""
     lim = engine_limits(cfg)

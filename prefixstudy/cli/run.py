@@ -139,6 +139,16 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
                    + (f", {cfg.replicas} replicas routed by {','.join(cfg.router.policies)}" if cfg.replicas > 1 else "")
                    + f", executor {'sim (virtual time)' if virtual else executor_name}; "
                    "nothing run (--dry-run)")
+        from prefixstudy.sweep.axes import grid_axes
+        from prefixstudy.sweep.run import cells
+
+        axes = grid_axes(cfg)
+        if axes:  # every cell's config is built and checked as the run would
+            grid = cells(cfg, axes)
+            for cell in grid:
+                check_plan(cell.cfg)
+            click.echo(f"grid: {len(grid)} cells over {', '.join(a.name for a in axes)}, each a run folder under one "
+                       f"parent: {', '.join(c.dir for c in grid)}")
         if cannot:  # a GPU study checked on a laptop: fine to check, not to run (a Ray cluster's GPUs may do)
             click.echo(f"note: it cannot run on this machine: {cannot}" + ("; a Ray cluster's GPUs would do"
                                                                            if executor_name == "ray" else ""))

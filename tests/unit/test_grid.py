@@ -93,3 +93,16 @@ def test_a_sweep_stopped_between_cells_resumes_from_its_parent(tmp_path, monkeyp
     assert [c["status"] for c in index(parent)["cells"]] == ["complete", "complete"]
     pd.testing.assert_frame_equal(pd.read_csv(first / "summary.csv"), before)  # kept, not run again
     assert sorted(pd.read_csv(parent / "prefill_ms_per_token-0.05" / "summary.csv")["mode"]) == ["off", "on"]
+
+
+def test_a_dry_run_names_every_cell(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"engine": {"kind": "echo"}, "executor": "local",
+                                   "grid": {"engine.prefill_ms_per_token": [0.01, 0.05], "capacity.blocks": [64]}},
+                                  sort_keys=False))
+    r = forkcli.run(("run", cfg, "--dry-run", "--out", tmp_path / "res"), cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == ("grid: 2 cells over engine.prefill_ms_per_token, capacity.blocks, each a run "
+                                         "folder under one parent: prefill_ms_per_token-0.01-blocks-64, "
+                                         "prefill_ms_per_token-0.05-blocks-64")
+    assert not (tmp_path / "res").exists()

@@ -43,3 +43,31 @@ def test_the_tables_are_what_accuracy_csv_gives(accuracy, tmp_path):
     accuracy.write(pd.read_csv(ACC / "accuracy.csv"), tmp_path)
     for name in ("accuracy.md", "summary.md"):
         assert (tmp_path / name).read_text() == (ACC / name).read_text(), name
+
+
+@pytest.fixture(scope="module")
+def accuracy_async():
+    return load_script("experiments/sim/accuracy_async.py")
+
+
+def test_the_default_engine_table_covers_every_calibration_study_and_point(accuracy_async, monkeypatch):
+    """async.csv holds every committed default-engine study with GPU-span steps, each of its points and
+    repeats under both held-out checks and its other runs; with one row gone, or a measured value
+    changed, the check says so."""
+    monkeypatch.chdir(REPO)
+    df = pd.read_csv(ACC / "async.csv")
+    assert accuracy_async.calibrations() == ["h200-tp1", "h200-tp1-fixed-order"]
+    assert accuracy_async.coverage_problems(df) == []
+    dropped = df.drop(index=df.index[(df["check"] == "held-out repeat") & (df["study"] == "h200-tp1")][0])
+    assert [p.split(":")[0] for p in accuracy_async.coverage_problems(dropped)] == ["held-out repeat h200-tp1"]
+    changed = df.copy()
+    changed.loc[changed.index[0], "mean_e2e_ms_meas"] *= 1.01
+    r = changed.iloc[0]
+    assert accuracy_async.coverage_problems(changed) == [
+        f"{r['check']} {r['study']} {r['mode']} {r['rate']:g} r{r['repeat']}: measured E2E is not summary.csv's"]
+
+
+def test_the_default_engine_tables_are_what_async_csv_gives(accuracy_async, tmp_path):
+    accuracy_async.write(pd.read_csv(ACC / "async.csv"), tmp_path)
+    for name in ("async.md", "async-summary.md"):
+        assert (tmp_path / name).read_text() == (ACC / name).read_text(), name

@@ -11,8 +11,10 @@ spans, host part on the host stamps, a step costs the larger) and checked two wa
   repeats left out), each repeat simulated on its own arrival schedule;
 * **repeat held out**: each repeat k of every point predicted from a fit on the other repeats.
 
-Then **another run**: the fit on all of the calibration simulates every point of ``OTHER_RUNS``,
-default-engine studies without GPU spans (same engine, another day or another workload).
+Then **another run** and **another workload**: the fit on all of the calibration simulates every point
+of ``OTHER_RUNS`` (the same workload, another run) and ``other_workloads()`` (the cache-pressure sweeps
+and the multi-turn sessions: default-engine studies with host stamps only, of other workloads, each
+with its own block count).
 
 Writes async.csv (one row per point, repeat and check), async.md (per point: means over repeats and
 errors; "cost model's period err" is the priced steps against the measured engine loop's time on
@@ -39,7 +41,17 @@ RESULTS = Path("experiments/results")
 # steps: h200-tp1-fixed-order (six rates, the same day) and h200-tp1-async (1 and 16 req/s, host
 # stamps only, another day).
 OTHER_RUNS = {"h200-tp1": ["h200-tp1-fixed-order", "h200-tp1-async"]}
-CHECKS = ("held-out point", "held-out repeat", "another run")
+CHECKS = ("held-out point", "held-out repeat", "another run", "another workload")
+WORKLOAD_CALIBRATION = "h200-tp1"
+
+
+def other_workloads(results: Path = RESULTS) -> list[str]:
+    """Default-engine studies of other workloads: the H200 cache-pressure sweeps (async scheduling at
+    vLLM's default, their steps stamped on the host) and the multi-turn sessions (h200-multiturn; its
+    one-step-at-a-time twin h200-multiturn-sync is not the default engine)."""
+    sweeps = sorted(results.glob("h200-cache-pressure/groups-*/blocks-*"),
+                    key=lambda d: (d.parent.name, float(d.name.split("-")[1])))
+    return [str(d.relative_to(results)) for d in sweeps] + ["h200-multiturn"]
 
 
 def calibrations(results: Path = RESULTS) -> list[str]:
@@ -78,9 +90,10 @@ def held_out_repeat(d: Path) -> list[dict]:
     return out
 
 
-def another_run(src: Path, dst: Path) -> list[dict]:
+def another_run(src: Path, dst: Path, check: str = "another run") -> list[dict]:
     model = _fit(load_steps(src), str(src))
-    return [{**r, "calibration": src.name} for r in simulate_points(dst, lambda mode, rate: model, "another run")]
+    return [{**r, "study": str(dst.relative_to(RESULTS)), "calibration": src.name}
+            for r in simulate_points(dst, lambda mode, rate: model, check)]
 
 
 def period_error(model, steps: pd.DataFrame) -> float:
@@ -135,6 +148,7 @@ def coverage_problems(df: pd.DataFrame, results: Path = RESULTS) -> list[str]:
     problems = []
     expected = [(check, name) for name in calibrations(results) for check in CHECKS[:2]]
     expected += [("another run", other) for name in calibrations(results) for other in OTHER_RUNS.get(name, ())]
+    expected += [("another workload", w) for w in other_workloads(results)]
     got = set(zip(df["check"], df["study"], strict=True))
     problems += [f"{check} {study}: not in async.csv" for check, study in sorted(set(expected) - got)]
     problems += [f"{check} {study}: not a check of a calibration study" for check, study in sorted(got - set(expected))]
@@ -172,6 +186,8 @@ def main() -> None:
         rows += held_out_point(d) + held_out_repeat(d)
         for other in OTHER_RUNS.get(name, ()):
             rows += another_run(d, RESULTS / other)
+    for w in other_workloads():
+        rows += another_run(RESULTS / WORKLOAD_CALIBRATION, RESULTS / w, "another workload")
     write(add_cost_error(pd.DataFrame(rows)), a.out)
     print(f"wrote {a.out}/async.csv, async.md, async-summary.md", file=sys.stderr)
 

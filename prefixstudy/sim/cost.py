@@ -56,8 +56,8 @@ class CostModel:
     # nothing changed) and what the transfer extrapolates (``extrapolations``).
     transfer: dict = field(default_factory=dict)
     # The host part of an async-scheduling calibration (``c0_ms``, ``coef_ms``, ``r2``, ``n_steps``);
-    # empty for one that ran one step at a time.  The roofline transfer leaves it as it is: it is the
-    # host's work, not the GPU's.
+    # empty for one that ran one step at a time.  The roofline transfer scales it as the GPU part
+    # (``sim.hardware.transfer``): the host records it is fitted on hold the waits for the GPU.
     host: dict = field(default_factory=dict)
 
     @property

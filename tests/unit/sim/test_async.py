@@ -131,3 +131,23 @@ def test_the_deadline_drops_the_step_in_flight(make_sim):
     tr = sim.run([SimRequest("a", list(range(100, 200)), 50, 0.0)], deadline_s=0.004)["a"]
     assert tr.token_times == pytest.approx([0.002, 0.0031])
     assert sim.in_flight is None and not sim.unfinished() and len(sim.steps) == 4
+
+
+def test_the_roofline_transfer_scales_the_host_part_as_the_gpu_part():
+    """Mistral-7B on one H200 to TP 2: each term of both parts by the same roofline ratio, each part's
+    fixed cost less the source's roofline c0 plus the target's."""
+    from prefixstudy.model.arch import load_arch
+    from prefixstudy.model.gpus import get_gpu
+    from prefixstudy.model.roofline import Deployment
+    from prefixstudy.sim.hardware import roofline_terms, transfer
+
+    arch, h200 = load_arch(REPO / "prefixstudy/configs/models/mistral-7b-v0.3"), get_gpu("H200-SXM")
+    src, dst = Deployment(arch, h200, 1), Deployment(arch, h200, 2)
+    m = CostModel(4.0, {"prefill_tokens": 0.02}, host={"c0_ms": 5.0, "coef_ms": {"decode_tokens": 0.06}})
+    t = transfer(m, src, dst, 1000.0)
+    r1, r2 = roofline_terms(src, 1000.0), roofline_terms(dst, 1000.0)
+    assert t.c0_ms == pytest.approx(4.0 - r1["c0"] + r2["c0"])
+    assert t.host["c0_ms"] == pytest.approx(5.0 - r1["c0"] + r2["c0"])
+    assert t.coef_ms == pytest.approx({"prefill_tokens": 0.02 * r2["prefill_tokens"] / r1["prefill_tokens"]})
+    assert t.host["coef_ms"] == pytest.approx({"decode_tokens": 0.06 * r2["decode_tokens"] / r1["decode_tokens"]})
+    assert transfer(CostModel(4.0, {"prefill_tokens": 0.02}), src, dst, 1000.0).host == {}

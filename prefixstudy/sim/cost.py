@@ -139,6 +139,11 @@ def fit(df: pd.DataFrame, source: str = "", async_scheduling: bool = False) -> C
     gap, and dropping the long ones alone would bias the sum.  ``async_scheduling``: the study ran
     vLLM's async scheduling; the GPU part is fitted on the GPU spans, the host part on the host
     stamps of the same steps."""
+    if async_scheduling and (set(df["timing"]) != {"gpu-span"} or "host_step_ms" not in df
+                             or df["host_step_ms"].isna().any()):
+        raise UserError(f"--calibration {source}: it ran vLLM's async scheduling, but its steps are not all timed "
+                        f"on the GPU with host stamps beside them (timing {','.join(sorted(set(df['timing'])))}); "
+                        f"no per-step cost to fit")
     steps = busy_steps(df)
     X, y = engine_fit.design(steps), steps["step_ms"].to_numpy(dtype=float)
     cols = engine_fit.identified(X) if len(steps) else []
@@ -148,9 +153,6 @@ def fit(df: pd.DataFrame, source: str = "", async_scheduling: bool = False) -> C
     timing = ",".join(sorted(set(steps["timing"])))
     host = {}
     if async_scheduling:
-        if set(steps["timing"]) != {"gpu-span"} or "host_step_ms" not in steps or steps["host_step_ms"].isna().any():
-            raise UserError(f"--calibration {source}: it ran vLLM's async scheduling, but its steps are not all "
-                            f"timed on the GPU with host stamps beside them (timing {timing}); no step cost to fit")
         h0, hcoef, hf = _fit_part(X, steps["host_step_ms"].to_numpy(dtype=float))
         host = {"c0_ms": h0, "coef_ms": hcoef, "r2": hf.r2, "n_steps": hf.n}
     return CostModel(c0, coef, f.r2, f.n, f.residual_ms, source, timing, host=host)

@@ -53,7 +53,8 @@ def test_the_async_fit_prices_the_gpu_on_the_spans_and_the_host_on_the_host_stam
 def test_an_async_calibration_without_gpu_spans_is_refused():
     df = gpu_span_steps().assign(timing="engine")
     with pytest.raises(UserError, match=r"--calibration x: it ran vLLM's async scheduling, but its steps are not all "
-                                        r"timed on the GPU with host stamps beside them \(timing engine\); no per-step cost to fit"):
+                                        r"timed on the GPU with host stamps beside them \(timing engine\); "
+                                        r"no per-step cost to fit"):
         fit(df, source="x", async_scheduling=True)
 
 

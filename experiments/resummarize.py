@@ -23,10 +23,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def runs() -> list[Path]:
     """Run folders with their records committed: studies, the runs of capacity and routing sweeps."""
+    from prefixstudy.sweep.folder import is_sweep
+    from prefixstudy.sweep.run import cell_dirs
+
     top = [p.parent for p in RESULTS.glob("*/summary.csv") if (p.parent / "requests.parquet").exists()]
-    capacity = [p.parent for p in RESULTS.glob("*/*/*/summary.csv") if (p.parent.parent / "capacity.json").is_file()]
-    routing = [p.parent for p in RESULTS.glob("*/policy-*/summary.csv") if (p.parent.parent / "routing.json").is_file()]
-    return sorted(top + capacity + routing)
+    parents = [p for p in RESULTS.glob("*/") if is_sweep(p)] + [p for p in RESULTS.glob("*/*/") if is_sweep(p)]
+    cells = [c for p in parents for c in cell_dirs(p) if (c / "requests.parquet").exists()]
+    return sorted(top + cells)
 
 
 def main() -> int:
@@ -36,9 +39,8 @@ def main() -> int:
     a = ap.parse_args()
 
     from prefixstudy.report.build import build_report
-    from prefixstudy.report.capacity import write_capacity_report
+    from prefixstudy.report.sweep import sweep_report
     from prefixstudy.results.rederive import rederive
-    from prefixstudy.routing_sweep import routing_report
 
     todo = [r for r in runs() if not a.studies or r.relative_to(RESULTS).parts[0] in a.studies]
     parents = set()
@@ -55,10 +57,7 @@ def main() -> int:
                   f"{c['saturated']} {c['saturation_reason']}", flush=True)
     if not a.no_reports:
         for parent in sorted(parents):
-            if (parent / "routing.json").is_file():
-                routing_report(parent)
-            elif (parent / "capacity.json").is_file():
-                write_capacity_report(parent)
+            sweep_report(parent, cells=False)
             print(f"{parent.relative_to(RESULTS)}: sweep report", flush=True)
     return 0
 

@@ -91,10 +91,10 @@ def overlay_data(engine, arm: ArmConfig) -> dict:
 
 
 def arm_engine(engine, arm: ArmConfig):
-    """The engine config one arm's engine is built from (its ``prefix_caching`` set)."""
+    """The engine config one arm's engine is built from (its caching set, ``engines.base.caching``)."""
     if not arm.engine and arm.offload is None:
         out = engine.model_copy(deep=True)
     else:
         out = type(engine).model_validate(overlay_data(engine, arm))
-    out.prefix_caching = arm.prefix_caching
+    out._prefix_caching = arm.prefix_caching
     return out

@@ -1,11 +1,8 @@
-"""KV-cache capacity as an outer sweep axis: one ordinary run folder per capacity under one parent
-folder, and the table that reads them together.
-
-Why an outer loop and not a third point key: a capacity is an engine argument, so each one needs
-its own engine start anyway; a run folder per capacity keeps every existing piece (point key,
-resume, merge, report) unchanged and each folder a complete study of its own.  The parent holds
-``capacity.json`` (unit, values, run folders, working set) and, once read, ``capacity.csv``
-(``CAPACITY_FIELDS``).
+"""KV-cache capacity as an engine axis of a grid (``grid: {capacity.blocks: [...]}``, or
+``prefixstudy capacity --capacity blocks=...``): what a capacity does to the config, and the table
+that reads a sweep's capacities together.  Each capacity is a run folder of its own under the
+sweep's parent (``sweep.run``), whose ``sweep.json`` records each cell's working set; once read,
+the parent also holds ``capacity.csv`` (``CAPACITY_FIELDS``).
 
 Capacity is set as ``blocks`` (vLLM's ``num_gpu_blocks_override``; the echo backend's
 ``num_blocks``), ``bytes`` (``kv_cache_memory_bytes``) or ``share`` (``gpu_memory_utilization``);
@@ -20,8 +17,6 @@ tier with both.  Each run's manifest records the tier's blocks the engine had.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 from pathlib import Path
 
@@ -34,14 +29,13 @@ from prefixstudy.config import StudyConfig
 from prefixstudy.engines.registry import BACKENDS, capabilities
 from prefixstudy.errors import UserError
 from prefixstudy.schema import SUMMARY_FIELDS, typed_frame
-from prefixstudy.workloads import DatasetRow, load_rows
-from prefixstudy.workloads.base import group_prefixes
+from prefixstudy.sweep.folder import CAPACITY, POLICY, axis_values, read_index
+from prefixstudy.workloads import DatasetRow
 
 UNITS = ("blocks", "bytes", "share", "offload_gib", "tier_blocks")
 # The CPU tier's units (0 is a value: no tier).  Which backend takes which unit is its declaration,
 # ``capacity_units`` in prefixstudy.engines.registry.
 TIER_UNITS = ("offload_gib", "tier_blocks")
-INDEX = "capacity.json"
 TABLE = "capacity.csv"
 
 # capacity.csv's columns in order, each with its dtype and meaning (the docs' results reference
@@ -176,82 +170,32 @@ def reuse_footprint_blocks(rows: list[DatasetRow], block: int, primes: list[list
     return int(np.median(spans)) if spans else None
 
 
-def run_capacity_sweep(cfg: StudyConfig, unit: str, values: list[float], parent: Path | None = None,
-                       progress: bool = True) -> Path:
-    """One run per capacity (``sweep_runs``: per capacity x routing policy for a fleet routed by
-    several), in the order given, under ``parent`` (default: a new run folder).  Every run's config
-    is checked before the parent is made, so a refused sweep leaves no folder; nor does one stopped
-    before its first run wrote anything.  A sweep is not resumed as a whole: each run's folder is an
-    ordinary run (``prefixstudy run --resume``)."""
-    from prefixstudy.results.writer import new_run_dir
-    from prefixstudy.preflight import check_inputs
-    from prefixstudy.study import run_study
-
-    runs = sweep_runs(cfg, unit, values)
-    rows = load_rows(cfg)
-    for _, _, sub in runs:
-        check_inputs(sub)
-    made = None if parent else new_run_dir(cfg)
-    parent = parent or made
-    parent.mkdir(parents=True, exist_ok=True)
-    primes = [p for _, p in sorted(group_prefixes(rows).items()) if p] if cfg.sweep.prime_prefixes else []
-    index: dict = {"unit": unit, "values": values, "runs": []}
-    try:
-        for v, policy, sub in runs:
-            run = run_study(sub, run_dir=parent / f"{unit}-{v:g}{f'-{policy}' if policy else ''}", progress=progress)
-            points = json.loads((run / "manifest.json").read_text())["points"]
-            block = next((p["block_size"] for p in points if p.get("block_size")), 0)
-            index["runs"].append({"capacity": v, **({"policy": policy} if policy else {}), "dir": run.name,
-                                  "working_set_blocks": working_set_blocks(rows, block) if block else None,
-                                  "reuse_footprint_blocks": reuse_footprint_blocks(rows, block, primes) if block
-                                  else None})
-            (parent / INDEX).write_text(json.dumps(index, indent=1))
-    finally:
-        if made is not None and made.is_dir() and not any(made.iterdir()):
-            with contextlib.suppress(OSError):  # never in place of the error that ended the sweep
-                made.rmdir()  # stopped before the first run wrote anything: no empty folder to read as a sweep
-    return parent
-
-
-def sweep_runs(cfg: StudyConfig, unit: str, values: list[float]) -> list[tuple[float, str | None, StudyConfig]]:
-    """(capacity, routing policy or None, config) of each run of a sweep, in order.  A fleet routed
-    by several policies runs each policy at each capacity, as a routing sweep does
-    (``routing_sweep.policy_config``: an arm without caching only under ``router.off_policies``)."""
-    from prefixstudy.routing_sweep import policy_config
-
-    out: list[tuple[float, str | None, StudyConfig]] = []
-    for v in values:
-        sub = capacity_config(cfg, unit, v)
-        if cfg.replicas > 1 and len(cfg.router.policies) > 1:
-            out += [(v, p, c) for p in cfg.router.policies if (c := policy_config(sub, p)) is not None]
-        else:
-            out.append((v, None, sub))
-    return out
-
-
 def capacity_table(parent: Path) -> pd.DataFrame:
     """One row per capacity x point: the engine's blocks, working set ÷ usable blocks, hit rates
     (measured, with the engine's blocks, infinite cache), latency, and the gain over the baseline
     arm (capacity.csv: ``CAPACITY_FIELDS``; ``policy`` only where the sweep ran several)."""
     from prefixstudy.results import load
 
-    f = parent / INDEX
-    if not f.is_file():
-        raise UserError(f"{parent}: no {INDEX} (not a capacity sweep folder)")
-    index = json.loads(f.read_text())
+    index = read_index(parent)
+    found = axis_values(index, CAPACITY)
+    if found is None:
+        raise UserError(f"{parent}: its sweep has no capacity axis (not a capacity sweep folder)")
+    axis, unit = found[0], found[0][len(CAPACITY):]
     out = []
-    for r in index["runs"]:
+    for r in index["cells"]:
+        if not (parent / r["dir"] / "manifest.json").is_file():
+            continue  # a cell not started yet: nothing of it to read
         res = load(parent / r["dir"])
         blocks = {p["mode"]: p.get("num_blocks") for p in res.manifest["points"]}
         tiers = {p["mode"]: p.get("tier_blocks", 0) for p in res.manifest["points"]}
         s = res.summary.copy()
-        if "policy" in r:
-            s.insert(0, "policy", r["policy"])
-        s.insert(0, "capacity", float(r["capacity"]))
-        s.insert(0, "capacity_unit", index["unit"])
+        if POLICY in r["values"]:
+            s.insert(0, "policy", r["values"][POLICY])
+        s.insert(0, "capacity", float(r["values"][axis]))
+        s.insert(0, "capacity_unit", unit)
         s["num_blocks"] = s["mode"].map(blocks).astype(float)
         s["tier_blocks"] = s["mode"].map(tiers).fillna(0)  # the CPU tier's offload blocks, 0: none
-        s["working_set_blocks"] = r["working_set_blocks"]
+        s["working_set_blocks"] = r.get("working_set_blocks")
         s["working_set_ratio"] = s["working_set_blocks"] / (s["num_blocks"] - 1)  # one block is vLLM's null block
         s["reuse_footprint_blocks"] = r.get("reuse_footprint_blocks")
         s["reuse_footprint_ratio"] = s["reuse_footprint_blocks"] / (s["num_blocks"] - 1)
@@ -268,7 +212,7 @@ def sweep_arms(parent: Path) -> tuple[str, str | None]:
     from prefixstudy.results import load
     from prefixstudy.results.finish import study_arms
 
-    runs = json.loads((parent / INDEX).read_text())["runs"] if (parent / INDEX).is_file() else []
+    runs = [c for c in read_index(parent)["cells"] if (parent / c["dir"] / "manifest.json").is_file()]
     if not runs:
         return "on", "off"
     arms, baseline = study_arms(load(parent / runs[0]["dir"]))

@@ -17,6 +17,7 @@ import pandas as pd
 from prefixstudy.executors import interleaved
 from prefixstudy.metrics.slo_search import arm_record, objective_values, probe_rows, search_arm
 from prefixstudy.results.store import atomic_write_csv
+from prefixstudy.sweep.plan import RunPlan
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
@@ -52,27 +53,28 @@ def record(cfg: "StudyConfig", writer: "ResultsWriter", found: dict) -> None:
     writer.save_manifest()
 
 
-def pending_configs(cfg: "StudyConfig", writer: "ResultsWriter") -> list["StudyConfig"]:
-    """The next round's configs (none when every arm's search has stopped), recording the search so far."""
+def pending(cfg: "StudyConfig", writer: "ResultsWriter") -> list[tuple["StudyConfig", RunPlan]]:
+    """The next round, as Study.pending gives a sweep's points: (config restricted to the arms
+    concerned, their plan); none when every arm's search has stopped.  Records the search so far."""
     found = searches(cfg, writer.points)
     record(cfg, writer, found)
-    pending = {m: s.next_points for m, s in found.items() if s.next_points}
-    if not pending:
+    todo = {m: s.next_points for m, s in found.items() if s.next_points}
+    if not todo:
         return []
-    modes = [m for m in cfg.sweep.modes if m in pending]
-    union = sorted({p for pts in pending.values() for p in pts}, key=lambda p: (p[1], p[0]))
-    # The arms take turns: who goes first flips each round (SweepConfig.turns flips odd repeats again).
+    modes = [m for m in cfg.sweep.modes if m in todo]
+    union = sorted({p for pts in todo.values() for p in pts}, key=lambda p: (p[1], p[0]))
+    # The arms take turns: who goes first flips each round (RunPlan.turns flips odd repeats again).
     if (len(writer.points) // len(cfg.sweep.modes) + union[0][1]) % 2:
         modes = modes[::-1]
-    done = {(m, float(r), k) for m in modes for r, k in union if (r, k) not in pending[m]}
-    sub = cfg.model_copy(deep=True)
-    if interleaved(sub) and len(modes) > 1:
-        sub.sweep.modes, sub.sweep.run_points, sub.sweep.done_points = modes, union, done
-        sub.sweep.rates = sorted({r for r, _ in union})  # the places turns() reads: this round's rates
-        return [sub]
+    if interleaved(cfg) and len(modes) > 1:
+        sub = cfg.model_copy(deep=True)
+        sub.sweep.modes = modes
+        sub.sweep.rates = sorted({r for r, _ in union})  # the places RunPlan.turns reads: this round's rates
+        skip = frozenset((m, float(r), k) for m in modes for r, k in union if (r, k) not in todo[m])
+        return [(sub, RunPlan(tuple(union), skip))]
     out = []
     for m in modes:
         one = cfg.model_copy(deep=True)
-        one.sweep.modes, one.sweep.run_points = [m], list(pending[m])
-        out.append(one)
+        one.sweep.modes = [m]
+        out.append((one, RunPlan(tuple(todo[m]))))
     return out

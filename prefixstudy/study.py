@@ -69,6 +69,9 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
+        if cfg is not None and cfg.grid:
+            raise UserError("field 'grid': a grid runs one cell at a time through prefixstudy.sweep.run.run_sweep "
+                            "(as `prefixstudy run` does); run_study runs one cell")
         if resume is not None:
             run_dir = find_run_dir(resume)
             lock = RunLock(run_dir).acquire()  # refused while the run is still going
@@ -122,7 +125,7 @@ def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
     e = cfg.engine
     if e.gpu is not None and find_gpu(e.gpu) is None:
         raise UserError(f"field 'engine.gpu': unknown GPU {e.gpu!r} (see prefixstudy/model/gpus.py)")
-    return simulate(cfg, Path(e.calibration), e.gpu, None, None, e.jobs, run_dir)
+    return simulate(cfg, Path(e.calibration), e.gpu, None, None, e.jobs, run_dir, stepwise=e.stepwise)
 
 
 def _on_sigterm(signum, frame):

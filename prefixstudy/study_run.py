@@ -20,6 +20,7 @@ from prefixstudy.metrics.saturation import failed_point
 from prefixstudy.results.store import ENGINE_LOG, atomic_write_text
 from prefixstudy.results.writer import ResultsWriter
 from prefixstudy.schema import PointResult, point_key
+from prefixstudy.sweep.plan import RunPlan
 from prefixstudy.workloads import DatasetRow
 
 log = logging.getLogger(__name__)
@@ -59,18 +60,25 @@ class Study:
         self.writer.manifest[key] = value
         self.writer.save_manifest()
 
+    def append_plan(self, plan: RunPlan) -> None:
+        """The manifest's ``plans``: what each attempt set out to run (its points, and the arms'
+        points it kept), beside the points it produced."""
+        self.writer.manifest.setdefault("plans", []).append(plan.record())
+        self.writer.save_manifest()
+
     def append(self, key: str, mode: str, value: Any) -> None:
         self.writer.manifest.setdefault(key, {}).setdefault(mode, []).append(value)
         self.writer.save_manifest()
 
-    def pending_configs(self) -> list[StudyConfig]:
-        """Configs restricted to the points (rate, repeat) still to run: one config when every mode
-        lacks the same points (modes may then run side by side), else one per mode.  An SLO
-        search's: its next round (prefixstudy.slo_run)."""
+    def pending(self) -> list[tuple[StudyConfig, RunPlan]]:
+        """What is still to run, as (config restricted to the arms concerned, their plan): one
+        pair when every arm lacks the same points (the arms may then run side by side), else one
+        per arm; interleaved arms keep taking turns over every pending point, skipping the arms
+        that have it."""
         cfg = self.cfg
-        if cfg.sweep.slo is not None:
+        if cfg.sweep.slo is not None:  # an SLO search's next round (prefixstudy.slo_run)
             self._asked_at = self._recorded()
-            return slo_run.pending_configs(cfg, self.writer)
+            return slo_run.pending(cfg, self.writer)
         done = {point_key(p) for p in self.writer.points if p.get("status") == "ok"}
         pending = {m: [(r, k) for r, k in cfg.sweep.points() if (m, float(r), k) not in done] for m in cfg.sweep.modes}
         pending = {m: pts for m, pts in pending.items() if pts}
@@ -78,7 +86,7 @@ class Study:
             return []
         if len({tuple(pts) for pts in pending.values()}) == 1:
             groups = [(list(pending), next(iter(pending.values())))]
-        elif interleaved(cfg):  # keep taking turns: every pending point, skipping the arms that have it
+        elif interleaved(cfg):
             union = {p for pts in pending.values() for p in pts}
             groups = [(list(pending), [p for p in cfg.sweep.points() if p in union])]
         else:
@@ -86,30 +94,30 @@ class Study:
         out = []
         for modes, pts in groups:
             sub = cfg.model_copy(deep=True)
-            sub.sweep.modes, sub.sweep.run_points = modes, pts
-            sub.sweep.done_points = {d for d in done if d[0] in modes}
-            out.append(sub)
+            sub.sweep.modes = modes
+            out.append((sub, RunPlan(tuple(pts), frozenset(d for d in done if d[0] in modes))))
         return out
 
-    def next_round(self) -> list[StudyConfig]:
+    def next_round(self) -> list[tuple[StudyConfig, RunPlan]]:
         """After the pending points ran: an SLO search's next round; a sweep has none."""
         if self.cfg.sweep.slo is None:
             return []
         if self._recorded() == self._asked_at:
             raise StudyFailed("SLO search: a round recorded no point; stopping rather than asking again")
-        return self.pending_configs()
+        return self.pending()
 
-    def take_round(self, modes: list[str]) -> StudyConfig | None:
+    def take_round(self, modes: list[str]) -> tuple[StudyConfig, RunPlan] | None:
         """For an executor whose engines of ``modes`` are still up: an SLO search's next round when
         it runs on them alone (one config), so no engine starts again between rounds; None
         otherwise (then ``next_round`` hands it out, or nothing is left)."""
         if self.cfg.sweep.slo is None or self._recorded() == self._asked_at:
             return None  # nothing recorded since the last round: next_round's check says so
-        subs = slo_run.pending_configs(self.cfg, self.writer)
-        if len(subs) != 1 or not set(subs[0].sweep.modes) <= set(modes):
+        work = slo_run.pending(self.cfg, self.writer)
+        if len(work) != 1 or not set(work[0][0].sweep.modes) <= set(modes):
             return None
         self._asked_at = self._recorded()
-        return subs[0]
+        self.append_plan(work[0][1])
+        return work[0]
 
     def _recorded(self) -> list:
         return [(point_key(p), p.get("status")) for p in self.writer.points]
@@ -122,11 +130,12 @@ def run_pending(study: Study, executor, rows: list[DatasetRow], progress: bool) 
     status = "failed"
     try:
         try:
-            subs = study.pending_configs()
-            while subs:  # a sweep: one pass; an SLO search: round after round
-                for sub in subs:
-                    executor.run(sub, rows, study, progress=progress)
-                subs = study.next_round()
+            work = study.pending()
+            while work:  # a sweep: one pass; an SLO search: round after round
+                for sub, plan in work:
+                    study.append_plan(plan)
+                    executor.run(sub, plan, rows, study, progress=progress)
+                work = study.next_round()
             ok = all(p.get("status") == "ok" for p in study.writer.points)
             status = "complete" if ok else "complete_with_failures"
         except KeyboardInterrupt:

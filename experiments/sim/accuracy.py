@@ -42,13 +42,16 @@ TRANSFERS = (("h200-tp1", "h200-tp2"), ("h200-tp2", "h200-tp1"), ("h200-tp1-ray"
 METRICS = ("mean_e2e_ms", "p90_e2e_ms", "mean_ttft_ms", "mean_tpot_ms", "hit_rate_measured", "saturated")
 
 
-def simulate_points(study_dir: Path, cost_for_point, check: str) -> list[dict]:
-    """Simulate every measured (mode, rate, repeat) of ``study_dir``; ``cost_for_point(mode, rate)`` prices it."""
+def simulate_points(study_dir: Path, cost_for_point, check: str, repeats=None) -> list[dict]:
+    """Simulate every measured (mode, rate, repeat) of ``study_dir`` (only ``repeats`` where given);
+    ``cost_for_point(mode, rate)`` prices it."""
     cfg = load_config(study_dir / "config.yaml")
     rows = load_rows(cfg)
     gpu, tp, _ = calibration_hardware(study_dir)
     arch = load_arch(cfg.model)
     measured = read_summary(study_dir / "summary.csv")
+    if repeats is not None:
+        measured = measured[measured["repeat"].isin(repeats)]
     base = SimTarget(gpu.name, tp, block_count(cfg, arch, gpu, tp, DEFAULT_BLOCK_SIZE), DEFAULT_BLOCK_SIZE,
                      cost_for_point("on", measured.rate.iloc[0]))
     vc = vllm_config(scheduler_spec(cfg, base, "on"))

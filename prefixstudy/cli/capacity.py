@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
-from prefixstudy.cli.run import _console, _overrides
+from prefixstudy.errors import UserError
+
+from prefixstudy.cli.run import _console, _overrides, exit_on_failed_cells
 
 
 @click.command()
@@ -22,16 +24,20 @@ from prefixstudy.cli.run import _console, _overrides
 @click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
 def capacity(config, capacity, out, sets, quiet, verbose):
     """Run CONFIG once per KV-cache size; write capacity.csv (hit rate and gain vs working set ÷ capacity)."""
-    from prefixstudy.capacity import collapse_lines, parse_capacity, run_capacity_sweep, sweep_arms
+    from prefixstudy.capacity import collapse_lines, parse_capacity, sweep_arms
     from prefixstudy.config import load_config
     from prefixstudy.configs import resolve_config
     from prefixstudy.metrics.breakdown import markdown
     from prefixstudy.report.capacity import write_capacity_report
+    from prefixstudy.sweep.run import run_sweep
 
     unit, values = parse_capacity(capacity)
     cfg = load_config(resolve_config(config), _overrides(sets, out=out))
+    if any(k.startswith("capacity.") for k in cfg.grid):
+        raise UserError(f"--capacity: the config's grid already sweeps {next(k for k in cfg.grid if k.startswith('capacity.'))}")
+    cfg.grid = {f"capacity.{unit}": values, **cfg.grid}  # the outermost axis
     _console(verbose)
-    parent = _sweep(run_capacity_sweep, cfg, unit, values, progress=not quiet)
+    parent = _sweep(run_sweep, cfg, progress=not quiet)
     table = write_capacity_report(parent)
     cols = ["capacity", "policy", "num_blocks", "tier_blocks", "working_set_ratio", "reuse_footprint_ratio", "mode", "rate",
             "hit_rate_measured", "hit_rate_estimated", "hit_rate_expected", "mean_e2e_ms", "e2e_gain"]
@@ -39,6 +45,7 @@ def capacity(config, capacity, out, sets, quiet, verbose):
     for line in collapse_lines(table, arm=sweep_arms(parent)[0]):
         click.echo(line)
     click.echo(f"results: {parent}")
+    exit_on_failed_cells(parent)
 
 
 def _sweep(run, *args, **kwargs):
@@ -51,7 +58,9 @@ def _sweep(run, *args, **kwargs):
         click.echo(f"error: {e}; finished capacities and points are saved", err=True)
         sys.exit(1)
     except KeyboardInterrupt as e:
-        click.echo("interrupted: finished capacities and points are saved", err=True)
+        where = getattr(e, "run_dir", None)
+        click.echo("interrupted: finished capacities and points are saved"
+                   + (f"; continue with: prefixstudy run --resume {where}" if where is not None else ""), err=True)
         sys.exit(143 if isinstance(e, Terminated) else 130)
 
 

@@ -38,7 +38,27 @@ def _slo(text: str | None) -> dict[str, float]:
                    "run's own request and step records with this version's analysis (saturation included); the "
                    "records and config.yaml are left as they are.  Prints the points whose saturation changed.")
 def report(results_dir: Path, slo, threshold_ms, peers, point, seed, rederive):
-    """Write report.md, report.html and plots/ (PNG + SVG) into RESULTS_DIR."""
+    """Write report.md, report.html and plots/ (PNG + SVG) into RESULTS_DIR.  A sweep's folder gets
+    each cell's report and the sweep's own (capacity, routing, or gain against hit rate)."""
+    from prefixstudy.sweep.folder import is_sweep
+
+    if is_sweep(results_dir):  # a grid's parent: each cell's report, then the sweep's own
+        given = [f for f, v in (("--slo", slo), ("--threshold", threshold_ms), ("--peer", peers), ("--point", point))
+                 if v]
+        if given:
+            raise UserError(f"{', '.join(given)}: for one run's report; {results_dir} is a sweep's folder (its "
+                            "sweep.json): report one of its cells for those")
+        if rederive:
+            from prefixstudy.sweep.run import cell_dirs
+
+            for cell in cell_dirs(results_dir):
+                _rederive(cell)
+        from prefixstudy.report.sweep import sweep_report
+
+        for name, path in sweep_report(results_dir):
+            click.echo(f"{name}: {path}")
+        click.echo(f"report: each cell's report.html, under {results_dir}")
+        return
     from prefixstudy.report import build_report, parse_point
 
     if threshold_ms is not None and not threshold_ms > 0:

@@ -141,13 +141,25 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
                    + (f", {cfg.replicas} replicas routed by {','.join(cfg.router.policies)}" if cfg.replicas > 1 else "")
                    + f", executor {'sim (virtual time)' if virtual else executor_name}; "
                    "nothing run (--dry-run)")
+        from prefixstudy.sweep.axes import grid_axes
+        from prefixstudy.sweep.run import cells
+
+        axes = grid_axes(cfg)
+        if axes:  # every cell's config is built and checked as the run would
+            grid = cells(cfg, axes)
+            for cell in grid:
+                check_plan(cell.cfg)
+            click.echo(f"grid: {len(grid)} cells over {', '.join(a.name for a in axes)}, each a run folder under one "
+                       f"parent: {', '.join(c.dir for c in grid)}")
         if cannot:  # a GPU study checked on a laptop: fine to check, not to run (a Ray cluster's GPUs may do)
             click.echo(f"note: it cannot run on this machine: {cannot}" + ("; a Ray cluster's GPUs would do"
                                                                            if executor_name == "ray" else ""))
         return
-    if cfg is not None and cfg.replicas > 1 or resume is not None and _is_routing_sweep(resume):
-        return _run_fleets(cfg, report, progress=not quiet, resume=resume)
+    from prefixstudy.sweep.folder import is_sweep
+
     run_dir = _run(cfg, resume, config, progress=not quiet)
+    if is_sweep(run_dir):
+        return _sweep_done(run_dir, report)
     _bench_table(run_dir)
     click.echo(f"results: {run_dir}")
     if report:
@@ -163,30 +175,28 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         sys.exit(1)
 
 
-def _run_fleets(cfg, report: bool, progress: bool, resume: Path | None = None) -> None:
-    """replicas > 1: one run folder per routing policy under one parent (routing_sweep), each with
-    its report, then routing.md comparing them.  ``resume``: such a parent, gone on with."""
-    from prefixstudy.routing_sweep import routing_report, run_routing_sweep
+def _sweep_done(parent: Path, report: bool) -> None:
+    """A grid's parent folder: each cell's report and the sweep's own (``report.sweep``), then
+    the cells that failed, with the one command that goes on with them."""
+    from prefixstudy.report.sweep import sweep_report
 
-    try:
-        parent = run_routing_sweep(cfg, progress=progress, resume=resume)
-    except KeyboardInterrupt as e:
-        _interrupted(e)
-    runs = sorted(d for d in parent.iterdir() if d.name.startswith("policy-") and (d / "manifest.json").is_file())
-    manifests = {d: _manifest(d) for d in runs}  # building a report leaves them as they are
-    if report:
-        from prefixstudy.report import build_report
-
-        for d, m in manifests.items():
-            if m.get("status") != "failed":  # a policy stopped before its points has nothing to report
-                build_report(d)
+    for name, path in sweep_report(parent, cells=report):
+        click.echo(f"{name}: {path}")
     click.echo(f"results: {parent}")
-    click.echo(f"routing: {routing_report(parent)}")
-    failed = sum(_failed_in(m) for m in manifests.values())
-    stopped = [m for m in manifests.values() if m.get("status") == "failed"]
+    exit_on_failed_cells(parent)
+
+
+def exit_on_failed_cells(parent: Path) -> None:
+    """Exit 1 when a cell of the sweep at ``parent`` has failed points or stopped, saying how many
+    and the one command that goes on with them."""
+    from prefixstudy.sweep.run import cell_dirs
+
+    manifests = [_manifest(d) for d in cell_dirs(parent)]
+    failed = sum(_failed_in(m) for m in manifests)
+    stopped = [m for m in manifests if m.get("status") == "failed"]
     if failed or stopped:
-        click.echo(f"{failed} point(s) failed" + (f", {len(stopped)} policy run(s) stopped" if stopped else "")
-                   + f" (see each policy's manifest.json); run them again with: prefixstudy run --resume {parent}",
+        click.echo(f"{failed} point(s) failed" + (f", {len(stopped)} cell run(s) stopped" if stopped else "")
+                   + f" (see each cell's manifest.json); run them again with: prefixstudy run --resume {parent}",
                    err=True)
         sys.exit(1)
 
@@ -198,12 +208,6 @@ def _bench_table(run_dir: Path) -> None:
 
     for line in bench_table(read_summary(Path(run_dir) / "summary.csv")):
         click.echo(line)
-
-
-def _is_routing_sweep(path: Path) -> bool:
-    from prefixstudy.routing_sweep import INDEX
-
-    return (Path(path) / INDEX).is_file()
 
 
 @click.command()
@@ -244,13 +248,15 @@ def _console(verbose: bool) -> None:
 
 
 def _run(cfg, resume: Path | None, config: Path | None, progress: bool) -> Path:
-    """run_study, with its two ways of stopping early turned into exit codes (1, 130 / 143)."""
-    from prefixstudy.study import StudyFailed, run_study
+    """The run or sweep (``sweep.run_sweep``), with its two ways of stopping early turned into exit
+    codes (1, 130 / 143)."""
+    from prefixstudy.study import StudyFailed
+    from prefixstudy.sweep.run import run_sweep
 
     try:
         if resume is not None:
-            return run_study(None, progress=progress, resume=resume, resume_config=config)
-        return run_study(cfg, progress=progress)
+            return run_sweep(None, progress=progress, resume=resume, resume_config=config)
+        return run_sweep(cfg, progress=progress)
     except StudyFailed as e:
         where = getattr(e, "run_dir", None)
         click.echo(f"error: {e}; finished points are saved"
@@ -285,13 +291,13 @@ def _failed_in(manifest: dict) -> int:
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Results root for the merged run.")
 def merge(runs, out):
     """Join runs of one study made apart (e.g. ON and OFF side by side, one GPU each) into one run;
-    capacity sweeps (folders with capacity.json) into one sweep, capacity by capacity."""
-    from prefixstudy.capacity import INDEX
+    capacity sweeps into one sweep, capacity by capacity."""
     from prefixstudy.results.merge import merge_capacity, merge_runs
+    from prefixstudy.sweep.folder import CAPACITY, axis_values, is_sweep, read_index
 
-    sweeps = [(Path(r) / INDEX).is_file() for r in runs]
+    sweeps = [is_sweep(r) and axis_values(read_index(r), CAPACITY) is not None for r in runs]
     if any(sweeps) and not all(sweeps):
-        raise UserError("merge: give either run folders or capacity sweep folders (with capacity.json), not both")
+        raise UserError("merge: give either run folders or capacity sweep folders, not both")
     if not all(sweeps):
         click.echo(f"results: {merge_runs(list(runs), out)}")
         return

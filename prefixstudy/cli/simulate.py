@@ -1,5 +1,7 @@
 """``prefixstudy simulate``: a study config replayed through vLLM's own scheduler in virtual time,
-priced by a step-cost model fitted on a calibration study; writes a real run's results layout."""
+priced by a step-cost model fitted on a calibration study; writes a real run's results layout.
+The flags make the config's engine the simulated one (``engine.kind sim``), which runs through the
+same sweep as a measured study."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, stepwi
     from prefixstudy.config import load_config
     from prefixstudy.configs import resolve_config
     from prefixstudy.engines.registry import capabilities
+    from prefixstudy.engines.sim import SimEngineConfig
 
     _console(verbose)
     cfg = load_config(resolve_config(config), _overrides(sets, rates=rates, modes=modes, out=out))
@@ -41,13 +44,18 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, stepwi
         calibration, gpu = calibration or Path(cfg.engine.calibration), gpu or cfg.engine.gpu
     elif calibration is None:
         raise UserError("--calibration: required (or a config with engine.kind sim and engine.calibration)")
-    from prefixstudy.sim.run import simulate as run_sim
-    from prefixstudy.preflight import need_vllm
     from prefixstudy.errors import StudyFailed
+    from prefixstudy.model.gpus import get_gpu
+    from prefixstudy.preflight import need_vllm
+    from prefixstudy.sweep.run import run_sweep
 
     need_vllm("prefixstudy simulate: the simulator replays vLLM's own scheduler, so it")  # before any results folder
+    if gpu is not None:
+        get_gpu(gpu)  # an unknown name is the flag's error
+    cfg.engine = SimEngineConfig.replacing(cfg.engine, calibration=str(calibration), gpu=gpu, jobs=jobs,
+                                           tensor_parallel_size=tp, stepwise=stepwise or None)
     try:
-        run_dir = run_sim(cfg, calibration, gpu, tp, out, jobs, stepwise=stepwise)
+        run_dir = run_sweep(cfg, progress=False)
     except StudyFailed as e:  # the measured run's policy stopped it (checks.fail_on_hit_rate_mismatch)
         click.echo(f"error: {e}; the points simulated are saved in {getattr(e, 'run_dir', '?')}", err=True)
         sys.exit(1)

@@ -23,8 +23,6 @@ def check_arms(cfg: StudyConfig, source: str, overrides: dict | None = None) -> 
     def fail(field: str, msg: str, *origin: str) -> None:
         raise UserError(f"{_source(source, overrides, field, *origin)}: field '{field}': {msg}")
 
-    if cfg.engine.prefix_caching is not None:
-        fail("engine.prefix_caching", "caching is set per arm (sweep.modes on / off, or arms[].prefix_caching)")
     seen: set[str] = set()
     for i, a in enumerate(cfg.arms):
         if a.name in BUILTIN_ARMS:
@@ -41,7 +39,7 @@ def check_arms(cfg: StudyConfig, source: str, overrides: dict | None = None) -> 
         fail("sweep.baseline", f"'{base}' is not one of the arms run (sweep.modes: {', '.join(cfg.sweep.modes)})",
              "sweep.modes")
     kind = cfg.engine.kind
-    fields = set(type(cfg.engine).model_fields) - {"prefix_caching"}
+    fields = set(type(cfg.engine).model_fields)
     for i, a in enumerate(cfg.arms):
         if "kind" in a.engine:
             fail(f"arms.{i}.engine.kind", f"the arms share the study's engine.kind ({kind}); an arm overlays its fields")

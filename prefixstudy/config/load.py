@@ -159,7 +159,7 @@ def _switch_kind(data: dict, path: Path | None, overrides: dict) -> None:
         return
     from prefixstudy.configs import shipped_config
 
-    fields = set(ENGINE_CONFIGS[kind].model_fields) - {"prefix_caching"}
+    fields = set(ENGINE_CONFIGS[kind].model_fields)
     stray = [k for k in engine if k not in fields and f"engine.{k}" not in overrides]
     if not stray:
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -55,6 +55,11 @@ class StudyConfig(BaseModel):
                           "behind one router; 1: one engine.")
     router: RouterConfig = Field(default_factory=RouterConfig, description="How a fleet of `replicas` routes "
                                  "requests (its section below).")
+    grid: dict[str, list[Any]] = Field(
+        default_factory=dict, description="Engine axes: a dotted config field (`engine.max_num_batched_tokens`, "
+        "`dataset.shared_fraction`) or a KV-cache size (`capacity.blocks`, `capacity.offload_gib`, ... as "
+        "`prefixstudy capacity`) and its values; each combination is its own run folder under one parent "
+        "(`sweep.json`); empty: one run.")
     label: str | None = Field(None, description="A name for the run (`--label`), written to config.yaml and the "
                               "bench export; None: none.")
     metadata: dict[str, str] = Field(default_factory=dict, description="key: value pairs (`--metadata`) carried in "
@@ -73,6 +78,18 @@ class StudyConfig(BaseModel):
             if not 0 < p <= 100:
                 raise ValueError(f"every percentile must be in (0, 100], got {p:g}")
         return sorted(set(v))
+
+    @field_validator("grid")
+    @classmethod
+    def _grid(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for k, values in v.items():
+            if not values:
+                raise ValueError(f"{k}: give at least one value")
+            if k.split(".")[0] in ("grid", "out"):
+                raise ValueError(f"{k}: not an axis (a grid's cells share its results folder)")
+            if len(set(map(repr, values))) != len(values):
+                raise ValueError(f"{k}: a value is given twice")
+        return v
 
     @field_validator("goodput")
     @classmethod

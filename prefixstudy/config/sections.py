@@ -37,6 +37,11 @@ class DatasetConfig(BaseModel):
     output_len: int = Field(143, gt=0, description="Tokens each request generates (max_tokens = min_tokens, "
                             "EOS ignored).")
     groups: int = Field(1, gt=0, description="Distinct prefixes (groups) the requests are spread over.")
+    shared_fraction: float | None = Field(
+        None, description="`fixed` only: the share of each prompt that is its group's common prefix, at a fixed "
+        "prompt length: a prompt stays `prefix_len + suffix_len` tokens long and splits into floor(fraction x "
+        "that) shared tokens and the rest unique per request (0.5: the first half is common). Swept as an axis: "
+        "`grid: {dataset.shared_fraction: [0, 0.5, 0.95]}`. None: `prefix_len` and `suffix_len` as given.")
     # numpy's generators take non-negative seeds.
     seed: int = Field(0, ge=0, description="Seed of the generated token ids and lengths; `--seed` sets it "
                       "and `arrivals.seed`.")
@@ -69,6 +74,11 @@ class DatasetConfig(BaseModel):
                 raise ValueError(f"'{section}' is read by kind {kind}, not {self.kind}")
         if self.path is None and self.prefix_len + self.suffix_len == 0:
             raise ValueError("prefix_len + suffix_len must be > 0")
+        if self.shared_fraction is not None:
+            if self.kind != "fixed":
+                raise ValueError(f"'shared_fraction' is read by kind fixed, not {self.kind}")
+            if not 0 <= self.shared_fraction <= 1:
+                raise ValueError(f"shared_fraction {self.shared_fraction}: must be in [0, 1]")
         if self.token_high is not None and self.token_low >= self.token_high:
             raise ValueError(f"token_low {self.token_low} must be < token_high {self.token_high}")
         return self
@@ -133,13 +143,6 @@ class SweepConfig(BaseModel):
                                   "alternates across a rate's repeats, so neither the arm nor its place in a "
                                   "pair owns the early or the late part of the run; false: one arm's whole "
                                   "sweep, then the next (one engine at a time).")
-    # Set by study.pending_configs when a run is resumed; never saved.
-    run_points: list[tuple[float, int]] | None = Field(None, exclude=True,
-                                                       description="Internal: the (rate, repeat) points still to "
-                                                       "run when a run is resumed; never saved, not for configs.")
-    done_points: set[tuple[str, float, int]] = Field(default_factory=set, exclude=True,
-                                                     description="Internal: (arm, rate, repeat) points a resumed "
-                                                     "interleaved run already has; never saved, not for configs.")
     max_concurrency: int | None = Field(None, gt=0, description="At most this many requests open at once (a "
                                         "request waits for a slot; its dispatch lag says how long); None: no limit.")
     slo: SloSearchConfig | None = Field(None, description="Search each arm's highest rate meeting these "
@@ -198,23 +201,10 @@ class SweepConfig(BaseModel):
         return sorted({*self.rates, *(self.slo.extent(self.rates) if self.slo is not None else ())})
 
     def points(self) -> list[tuple[float, int]]:
-        """(rate, repeat) in the order they run: the whole sweep, then again for the next repeat."""
-        if self.run_points is not None:
-            return list(self.run_points)
+        """(rate, repeat) in the order they run: the whole sweep, then again for the next repeat
+        (what a run still has to do is its plan, ``sweep.plan.RunPlan``)."""
         repeats = self.only_repeats if self.only_repeats is not None else range(self.repeats)
         return [(rate, k) for k in repeats for rate in self.rates]
-
-    def turns(self) -> list[tuple[str, float, int]]:
-        """(arm, rate, repeat) in the order an interleaved run takes them: the arms in order where the
-        rate's place in ``rates`` plus the repeat is even, reversed where odd.  Along a sweep that is
-        A B, B A, A B, ...; and each rate's repeats alternate which arm goes first, so that the order
-        within a pair can be told from the arm."""
-        place = {rate: i for i, rate in enumerate(self.rates)}  # fixed by the config: a resumed run keeps it
-        out = []
-        for rate, k in self.points():
-            arms = self.modes if (place.get(rate, 0) + k) % 2 == 0 else self.modes[::-1]
-            out += [(m, rate, k) for m in arms if (m, float(rate), k) not in self.done_points]
-        return out
 
 
 class CheckConfig(BaseModel):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 
 class EngineConfigBase(BaseModel):
@@ -32,11 +32,9 @@ class EngineConfigBase(BaseModel):
                                       "executor reserves that many on one node.")
     block_size: int | None = Field(None, gt=0, description="Prefix-cache block, in tokens; None: the backend's "
                                    "default (http: read from the server's /metrics).")
-    # Set on the engine config an arm's engine is built from (prefixstudy.arms.arm_engine); never
-    # written: a study's caching is its arms'.
-    prefix_caching: bool | None = Field(None, exclude=True,
-                                        description="Not for configs (refused here): caching is set per arm, "
-                                        "`sweep.modes` on / off or `arms[].prefix_caching`.")
+    # The arm's caching, set on the engine config an arm's engine is built from
+    # (prefixstudy.arms.arm_engine): resolved state, not a field a config can hold or a dump writes.
+    _prefix_caching: bool | None = PrivateAttr(None)
 
     @property
     def resident_share(self) -> float | None:
@@ -197,5 +195,5 @@ class EngineDefaults:
 def caching(engine, mode: str) -> bool:
     """Prefix caching of an engine built for ``mode``: the arm's when resolved, else by the
     built-in name (anything but ``off`` caches)."""
-    flag = getattr(engine, "prefix_caching", None)
+    flag = getattr(engine, "_prefix_caching", None)
     return flag if flag is not None else mode != "off"

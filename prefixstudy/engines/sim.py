@@ -34,6 +34,15 @@ class SimEngineConfig(VllmEngineConfig):
     gpu: str | None = Field(None, description="A GPU of prefixstudy/model/gpus.py to scale to; None: the "
                             "calibration's own.")
     jobs: int = Field(1, ge=1, description="Points simulated in this many processes at once.")
+    stepwise: bool = Field(False, description="Every step through vLLM's scheduler, no decode lane (slower; the "
+                           "same results).")
+
+    @classmethod
+    def replacing(cls, engine, **fields) -> "SimEngineConfig":
+        """The simulated engine of a study whose engine is ``engine``: the engine fields the simulator
+        shares with it kept (block size, TP, vLLM's scheduler arguments), ``fields`` set."""
+        data = {k: v for k, v in engine.model_dump(exclude_unset=True).items() if k in cls.model_fields}
+        return cls.model_validate({**data, **{k: v for k, v in fields.items() if v is not None}, "kind": "sim"})
 
 
 class SimEngine:

@@ -14,13 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prefixstudy.executors.base import (Executor, StudySink, engines_run_here, interleaved, point_line, ray_installed,
-                                        repeat_tag, resolve_executor, total_requests)
+                                        repeat_tag, resolve_executor)
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
 
 __all__ = ["Executor", "StudySink", "engines_run_here", "interleaved", "pick_executor", "point_line", "ray_installed",
-           "repeat_tag", "resolve_executor", "total_requests"]
+           "repeat_tag", "resolve_executor"]
 
 
 def pick_executor(cfg: "StudyConfig") -> Executor:

@@ -75,11 +75,6 @@ def interleaved(cfg: "StudyConfig") -> bool:
             and resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address) == "local")
 
 
-def total_requests(cfg: "StudyConfig") -> int:
-    per_mode = sum(cfg.sweep.requests_for(r) for r, _ in cfg.sweep.points())
-    return per_mode * len(cfg.sweep.modes)
-
-
 def repeat_tag(cfg: "StudyConfig", repeat: int) -> str:
     """" (repeat 2/3)" on a study with repeats, "" otherwise."""
     return f" (repeat {repeat + 1}/{cfg.sweep.repeats})" if cfg.sweep.repeats > 1 else ""

@@ -1,6 +1,6 @@
 """Executor ``local``: the engines in this process.  With more than one arm and
 ``sweep.interleave_arms`` every arm's engine stays up and the arms take turns point by point
-(``SweepConfig.turns``: A B, B A, ...), so that the arm is not confounded with the time or the
+(``RunPlan.turns``: A B, B A, ...), so that the arm is not confounded with the time or the
 order it ran in; otherwise one arm's whole sweep runs after another's."""
 
 from __future__ import annotations
@@ -10,46 +10,49 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from prefixstudy.executors.base import StudySink, interleaved, point_line, repeat_tag, total_requests
+from prefixstudy.executors.base import StudySink, interleaved, point_line, repeat_tag
 from prefixstudy.runner import ModeSession, run_until_signal
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
+    from prefixstudy.sweep.plan import RunPlan
 
 
 class LocalExecutor:
     name = "local"
 
-    def run(self, cfg: "StudyConfig", rows, sink: StudySink, progress: bool = True) -> None:
-        run_until_signal(self._run(cfg, rows, sink, progress))
+    def run(self, cfg: "StudyConfig", plan: "RunPlan", rows, sink: StudySink, progress: bool = True) -> None:
+        run_until_signal(self._run(cfg, plan, rows, sink, progress))
 
-    async def _run(self, cfg, rows, sink: StudySink, progress: bool) -> None:
-        bar = tqdm(total=total_requests(cfg), unit="req", disable=not progress, dynamic_ncols=True)
+    async def _run(self, cfg, plan: "RunPlan", rows, sink: StudySink, progress: bool) -> None:
+        bar = tqdm(total=plan.requests(cfg), unit="req", disable=not progress, dynamic_ncols=True)
         try:
             if interleaved(cfg):
-                await self._turns(cfg, rows, sink, bar)
+                await self._turns(cfg, plan, rows, sink, bar)
                 return
             for mode in cfg.sweep.modes:
                 bar.set_description(f"starting engine (cache {mode.upper()})")
                 async with ModeSession(cfg, mode, rows, progress=bar.update) as session:
-                    for rate, repeat in cfg.sweep.points():
+                    for rate, repeat in plan.points:
                         await self._point(cfg, session, rate, repeat, sink, bar)
         finally:
             bar.close()
 
-    async def _turns(self, cfg, rows, sink: StudySink, bar) -> None:
+    async def _turns(self, cfg, plan: "RunPlan", rows, sink: StudySink, bar) -> None:
         async with contextlib.AsyncExitStack() as stack:
             sessions = {}
             for mode in cfg.sweep.modes:  # every engine up before the first point is measured
                 bar.set_description(f"starting engine (cache {mode.upper()})")
                 sessions[mode] = await stack.enter_async_context(ModeSession(cfg, mode, rows, progress=bar.update))
             take_round = getattr(sink, "take_round", None)  # an SLO search's rounds, on the engines kept up
-            while cfg is not None:
-                for mode, rate, repeat in cfg.sweep.turns():
+            work = (cfg, plan)
+            while work is not None:
+                cfg, plan = work
+                for mode, rate, repeat in plan.turns(cfg):
                     await self._point(cfg, sessions[mode], rate, repeat, sink, bar)
-                cfg = take_round(list(sessions)) if take_round else None
-                if cfg is not None:
-                    bar.total += total_requests(cfg)
+                work = take_round(list(sessions)) if take_round else None
+                if work is not None:
+                    bar.total += work[1].requests(work[0])
                     bar.refresh()
 
     @staticmethod

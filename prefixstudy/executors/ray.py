@@ -20,13 +20,14 @@ from tqdm import tqdm
 
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import StudyFailed, UserError, first_line
-from prefixstudy.executors.base import StudySink, point_line, repeat_tag, total_requests
+from prefixstudy.executors.base import StudySink, point_line, repeat_tag
 from prefixstudy.executors.ray_actor import EngineActor, _gpus_in_process, actor_env
 from prefixstudy.executors.ray_cluster import NAMESPACE, alive_node_ids, alive_nodes, connect, ray_failure
 from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, plan_parallel,
                                             summarize_actor_error)
 from prefixstudy.runner import run_until_signal
 from prefixstudy.schema import PointResult
+from prefixstudy.sweep.plan import RunPlan
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ class _ModeRunner:
             ex.all_up.set()
         await ex.all_up.wait()
         dead = False
-        for rate, repeat in ex.cfg.sweep.points():
+        for rate, repeat in ex.plan.points:
             if dead:  # only now, so a failure at the last point costs no engine start
                 await self._replace_actor()
                 dead = False
@@ -214,10 +215,10 @@ class RayExecutor:
 
     name = "ray"
 
-    def run(self, cfg: StudyConfig, rows, sink: StudySink, progress: bool = True) -> None:
+    def run(self, cfg: StudyConfig, plan: RunPlan, rows, sink: StudySink, progress: bool = True) -> None:
         import ray
 
-        self.cfg, self.sink = cfg, sink
+        self.cfg, self.plan, self.sink = cfg, plan, sink
         self.actors: list = []
         self.pgs: list = []
         from ray.exceptions import RayError
@@ -305,7 +306,7 @@ class RayExecutor:
         self.rows_ref = ray.put(rows)
         self.start_lock, self.all_up, self.engines_up = asyncio.Lock(), asyncio.Event(), 0
         self.runners = [_ModeRunner(self, m) for m in self.cfg.sweep.modes]
-        self.bar = tqdm(total=total_requests(self.cfg), unit="req", disable=not progress, dynamic_ncols=True)
+        self.bar = tqdm(total=self.plan.requests(self.cfg), unit="req", disable=not progress, dynamic_ncols=True)
         t0 = time.monotonic()
         try:
             if self.parallel:

@@ -305,3 +305,44 @@ def prefill_share(points: pd.DataFrame) -> Figure:
     ax.set_title("Prefill share: mean prefill / mean E2E, and b * prompt tokens / busy time")
     legend(ax, [sat_handle()])
     return fig
+
+
+# ----------------------------------------------------------------- gain against hit rate
+
+def gain_vs_hit_rate(table: pd.DataFrame) -> Figure:
+    """The compared arm's gain over the baseline against its measured hit rate, one curve per rate:
+    mean E2E (left, 95 % interval band) and output throughput (right, t interval bars over repeats).
+    ``table``: metrics.hit_rate_axis.gain_by_hit_rate's rows.  A gain where either arm saturated
+    gets an X (a bound); a cell whose hit rate was off the workload's is drawn hollow."""
+    fig = new_figure(11.0, 4.8)
+    axes = fig.subplots(1, 2)
+    rates = sorted(table["rate"].unique())
+    colors = matplotlib.colormaps["viridis"](np.linspace(0.0, 0.85, max(len(rates), 1)))
+    for ax, col in zip(axes, ("gain_mean_e2e", "gain_throughput"), strict=True):
+        for rate, c in zip(rates, colors, strict=False):
+            g = table[table["rate"] == rate].sort_values("hit_rate")
+            x, y = g["hit_rate"].to_numpy(float), 100 * g[col].to_numpy(float)
+            lo, hi = 100 * g[f"{col}_lo"].to_numpy(float), 100 * g[f"{col}_hi"].to_numpy(float)
+            label = f"{rate_str(float(g['arrival_rate'].mean()))} req/s"
+            if col == "gain_mean_e2e":
+                ax.fill_between(x, lo, hi, color=c, alpha=0.2)
+            else:
+                ax.errorbar(x, y, yerr=[y - lo, hi - y], ls="none", color=c, capsize=3)
+            ax.plot(x, y, color=c, label=label)
+            ok, bound = g["hit_rate_ok"].to_numpy(bool), g["gain_is_bound"].to_numpy(bool)
+            ax.plot(x[ok & ~bound], y[ok & ~bound], ls="none", marker=DOT, color=c, ms=5)
+            ax.plot(x[~ok], y[~ok], ls="none", marker=DOT, mfc="white", color=c, ms=7)
+            ax.plot(x[bound], y[bound], ls="none", marker=SAT_MARKER, color=c, ms=SAT_SIZE, markeredgecolor="black")
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xlabel("measured hit rate (cached / prompt tokens)")
+        ax.set_xlim(-0.02, 1.0)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("mean E2E gain (baseline - arm) / baseline (%)")
+    axes[0].set_title("Latency: what caching saves")
+    axes[1].set_ylabel("throughput gain (arm - baseline) / baseline (%)")
+    axes[1].set_title("Throughput: output tokens per second")
+    legend(axes[0], [Line2D([], [], ls="none", marker=SAT_MARKER, color="white", markeredgecolor="black",
+                            ms=SAT_SIZE, label="either arm saturated (a bound)"),
+                     Line2D([], [], ls="none", marker=DOT, mfc="white", color="black",
+                            label="hit rate off the workload's")], loc="upper left")
+    return fig

@@ -1,10 +1,9 @@
 """Join runs of one study made apart (caching ON and OFF side by side, one GPU or one machine
 each) into one run folder, as if one run had made them; and capacity sweeps made apart
-(``capacity.json`` parents) into one capacity sweep, capacity by capacity."""
+(parents with a capacity axis) into one capacity sweep, capacity by capacity."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -38,7 +37,8 @@ def merge_runs(run_dirs: list[Path], out: Path, run_dir: Path | None = None) -> 
         raise UserError("merge: two runs hold the same point (mode, rate and repeat); merge runs of different "
                         "modes or repeats")
     data = dict(runs[0].config)
-    data["sweep"] = {**data.get("sweep", {}), "modes": sorted(modes, key=lambda m: ("on", "off", m).index(m)), "only_repeats": None}
+    data["sweep"] = {**data.get("sweep", {}), "modes": sorted(modes, key=lambda m: ("on", "off", m).index(m)),
+                     "only_repeats": None}
     cfg = parse_config(data, str(runs[0].path / CONFIG))
     manifest = dict(runs[0].manifest)
     manifest.update(
@@ -69,26 +69,34 @@ def _at(df, key: tuple[str, float, int]):
 def merge_capacity(parents: list[Path], out: Path) -> Path:
     """Join capacity sweeps made apart (e.g. ON on one GPU, OFF on another; or some capacities
     on one machine, the rest on another) into one sweep folder under ``out``: each capacity's runs
-    are merged as ``merge_runs`` does, a capacity only one sweep ran is copied.  Only the runs a
-    sweep's ``capacity.json`` lists count: a capacity cut off mid-run is left out.  A sweep of
+    are merged as ``merge_runs`` does, a capacity only one sweep ran is copied.  Only the cells a
+    sweep's index lists as finished count: a capacity cut off mid-run is left out.  A sweep of
     several routing policies joins capacity by capacity and policy by policy."""
-    from prefixstudy.capacity import INDEX
+    from prefixstudy.sweep.folder import CAPACITY, POLICY, axis_values, read_index, write_index
 
-    indexes = [json.loads((p / INDEX).read_text()) for p in parents]
-    units = {ix["unit"] for ix in indexes}
-    if len(units) > 1:
-        raise UserError(f"merge: capacity sweeps in different units ({', '.join(sorted(units))})")
+    indexes = [read_index(p) for p in parents]
+    axes = [axis_values(ix, CAPACITY) for ix in indexes]
+    if any(a is None for a in axes):
+        raise UserError(f"merge: {parents[axes.index(None)]} is no capacity sweep")
+    names = {a[0] for a in axes}
+    if len(names) > 1:
+        raise UserError(f"merge: capacity sweeps in different units ({', '.join(sorted(n[len(CAPACITY):] for n in names))})")
+    axis = names.pop()
     by_value: dict[tuple[float, str], list[tuple[Path, dict]]] = {}  # per capacity and routing policy
-    for p, ix in zip(parents, indexes):
-        for r in ix["runs"]:
-            by_value.setdefault((float(r["capacity"]), r.get("policy", "")), []).append((p / r["dir"], r))
+    for p, ix in zip(parents, indexes, strict=True):
+        for r in ix["cells"]:
+            if r.get("status", "complete").startswith("complete"):  # a cell cut off mid-run is left out
+                by_value.setdefault((float(r["values"][axis]), r["values"].get(POLICY, "")), []).append((p / r["dir"], r))
     if not by_value:
         raise UserError("merge: the capacity sweeps hold no finished capacity")
     first = by_value[next(iter(by_value))][0][0]
     dest = new_run_dir(load_config(first / CONFIG), out)
     preflight_out(dest)
-    index: dict = {"unit": units.pop(), "values": sorted({v for v, _ in by_value}), "runs": [],
+    index: dict = {"axes": {axis: sorted({v for v, _ in by_value})}, "cells": [],
                    "merged_from": [str(p) for p in parents]}
+    policies = sorted({p for _, p in by_value if p})
+    if policies:
+        index["axes"][POLICY] = policies
     for v in sorted(by_value):
         runs = by_value[v]
         target = dest / runs[0][0].name
@@ -96,6 +104,6 @@ def merge_capacity(parents: list[Path], out: Path) -> Path:
             merge_runs([d for d, _ in runs], out, run_dir=target)
         else:
             shutil.copytree(runs[0][0], target)
-        index["runs"].append({**runs[0][1], "dir": target.name})
-    (dest / INDEX).write_text(json.dumps(index, indent=1))
+        index["cells"].append({**runs[0][1], "dir": target.name})
+    write_index(dest, index)
     return dest

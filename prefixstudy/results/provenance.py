@@ -52,6 +52,9 @@ MANIFEST_KEYS: dict[str, Key] = {
     "config_sha256": Key("string", "sha256 of the resolved config at the run's start: `--resume` refuses a "
                          "config.yaml that no longer matches it", optional=True),
     "resumed_at": Key("array", "UTC stamps (ISO 8601) of each `--resume`", optional=True),
+    "plans": Key("array", "what each attempt set out to run (`sweep.plan.RunPlan`): its `points` as [rate, "
+                 "repeat] in order, and the [arm, rate, repeat] it `kept` from before; the config stays what "
+                 "was asked", optional=True),
     "machines": Key("array", "the machine the driver ran on at the run's start and at each `--resume`: `at`, "
                     "`host`, `boot_id` (the kernel's, new at every boot: two leases of one host name differ "
                     "here), `device` and `device_uuid` (the GPU torch sees; empty on the CPU); with the Ray "

@@ -7,6 +7,14 @@ terms as the report's), stored as JSON with its R² and residuals::
 
 A term the fit leaves at 0 is left out of ``coef_ms``; without a context term the decode coefficient
 carries the average KV read (``sim.hardware.transfer`` relies on that).
+
+A calibration that ran vLLM's async scheduling (its default engine: step N+1 is scheduled and
+launched on the host while step N runs on the GPU) has two parts.  ``c0_ms``/``coef_ms`` are fitted
+on the steps' GPU spans (``timing`` "gpu-span"), ``host`` on the host stamps the same records keep
+(``host_step_ms``: with async scheduling a host record runs from the previous one's end to this
+step's output, so it is the host's period, its waits for the GPU included); a step then costs
+max(GPU part, host part), the slower of the two overlapped pipelines.  Which model a calibration
+gets is read from what it recorded (``async_recorded``), never assumed.
 It reads iterations.parquet in both layouts: the engine-timed one (``timing`` "engine": step_ms is
 busy time measured in the engine core) and the old one (``timing`` "frontend" or no such column:
 step_ms is the gap between StatLogger records, so a step after an idle stretch carries the idle
@@ -47,9 +55,26 @@ class CostModel:
     # (``source``), the simulated ones (``target``), each term's scale factor (``scale``, 1 where
     # nothing changed) and what the transfer extrapolates (``extrapolations``).
     transfer: dict = field(default_factory=dict)
+    # The host part of an async-scheduling calibration (``c0_ms``, ``coef_ms``, ``r2``, ``n_steps``);
+    # empty for one that ran one step at a time.  The roofline transfer scales it as the GPU part
+    # (``sim.hardware.transfer``): the host records it is fitted on hold the waits for the GPU.
+    host: dict = field(default_factory=dict)
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether the engine priced schedules step N+1 while step N runs (vLLM's async scheduling)."""
+        return bool(self.host)
+
+    def gpu_ms(self, f) -> float:
+        return self.c0_ms + sum(c * getattr(f, t) for t, c in self.coef_ms.items())
+
+    def host_ms(self, f) -> float:
+        return self.host["c0_ms"] + sum(c * getattr(f, t) for t, c in self.host["coef_ms"].items())
 
     def __call__(self, f) -> float:
-        return self.c0_ms + sum(c * getattr(f, t) for t, c in self.coef_ms.items())
+        if self.host:
+            return max(self.gpu_ms(f), self.host_ms(f))
+        return self.gpu_ms(f)
 
     def predict(self, df: pd.DataFrame) -> np.ndarray:
         out = np.full(len(df), self.c0_ms)
@@ -58,7 +83,10 @@ class CostModel:
         return out
 
     def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+        d = asdict(self)
+        if not self.host:  # one step at a time: the file as it always was
+            del d["host"]
+        Path(path).write_text(json.dumps(d, indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> "CostModel":
@@ -87,23 +115,52 @@ def load_steps(study_dir: Path) -> pd.DataFrame:
 busy_steps = engine_fit.busy_steps
 
 
-def fit(df: pd.DataFrame, source: str = "") -> CostModel:
+def async_recorded(study_dir: Path, df: pd.DataFrame) -> bool:
+    """Whether a calibration study ran vLLM's async scheduling, from what it recorded: its config's
+    ``engine.async_scheduling`` where set, else its step records' timing: "engine-async" and
+    "gpu-span" (recorded only by an in-process GPU engine, where vLLM's default is async scheduling
+    on) say async, "engine" says one step at a time."""
+    from prefixstudy.config import load_config
+
+    setting = getattr(load_config(Path(study_dir) / "config.yaml").engine, "async_scheduling", None)
+    if setting is not None:
+        return bool(setting)
+    return bool(df["timing"].isin(("engine-async", "gpu-span")).any())
+
+
+def _fit_part(X: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, float], engine_fit.StepFit]:
+    f = engine_fit.fit_arrays(X, y)
+    return float(f.coef[0]), {t: float(c) for t, c in zip(TERMS, f.coef[1:], strict=True) if c > 0}, f
+
+
+def fit(df: pd.DataFrame, source: str = "", async_scheduling: bool = False) -> CostModel:
     """The study's step-cost fit (``metrics.engine_fit``) as a ``CostModel``.  No outlier is
     dropped: with frontend timing a late record's long gap is paid back by the next one's short
-    gap, and dropping the long ones alone would bias the sum."""
+    gap, and dropping the long ones alone would bias the sum.  ``async_scheduling``: the study ran
+    vLLM's async scheduling; the GPU part is fitted on the GPU spans, the host part on the host
+    stamps of the same steps."""
+    if async_scheduling and (set(df["timing"]) != {"gpu-span"} or "host_step_ms" not in df
+                             or df["host_step_ms"].isna().any()):
+        raise UserError(f"--calibration {source}: it ran vLLM's async scheduling, but its steps are not all timed "
+                        f"on the GPU with host stamps beside them (timing {','.join(sorted(set(df['timing'])))}); "
+                        f"no per-step cost to fit")
     steps = busy_steps(df)
     X, y = engine_fit.design(steps), steps["step_ms"].to_numpy(dtype=float)
     cols = engine_fit.identified(X) if len(steps) else []
     if len(steps) < len(cols) + 2 or not len(steps):
         raise UserError(f"--calibration {source}: only {len(steps)} busy steps, too few to fit a step cost")
-    f = engine_fit.fit_arrays(X, y)
+    c0, coef, f = _fit_part(X, y)
     timing = ",".join(sorted(set(steps["timing"])))
-    coef = {t: float(c) for t, c in zip(TERMS, f.coef[1:], strict=True) if c > 0}
-    return CostModel(float(f.coef[0]), coef, f.r2, f.n, f.residual_ms, source, timing)
+    host = {}
+    if async_scheduling:
+        h0, hcoef, hf = _fit_part(X, steps["host_step_ms"].to_numpy(dtype=float))
+        host = {"c0_ms": h0, "coef_ms": hcoef, "r2": hf.r2, "n_steps": hf.n}
+    return CostModel(c0, coef, f.r2, f.n, f.residual_ms, source, timing, host=host)
 
 
 def fit_study(study_dir: Path) -> CostModel:
-    return fit(load_steps(study_dir), source=str(study_dir))
+    df = load_steps(study_dir)
+    return fit(df, source=str(study_dir), async_scheduling=async_recorded(study_dir, df))
 
 
 def step_error(model: CostModel, df: pd.DataFrame) -> dict[str, float]:

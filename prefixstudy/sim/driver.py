@@ -6,6 +6,13 @@ finished its prompt), ``update_from_output()``.  A request is added when the clo
 arrival.  What the schedule looks like (batching, chunked prefill, prefix hits, preemption, LRU
 eviction) is vLLM's own decision; only the cost of a step is ours.
 
+With vLLM's async scheduling (an ``AsyncScheduler``: the default engine) the loop is vLLM's
+two-deep batch queue instead: step N+1 is scheduled and launched on the host while step N runs on
+the GPU, and step N's output is applied after that.  In virtual time, step N+1 is scheduled at the
+moment step N starts (so a request that arrives while N runs waits for N+2), runs from N's end for
+its price (the cost model's max(GPU part, host part)), and its tokens reach the client when it ends;
+step N's output reaches the scheduler only after N+1 is scheduled, one step later than without.
+
 Hands on, per request, a ``SimTrace`` (virtual stamps) and, per step, one row in the
 iteration layout (``step_start_s``, ``t_s``, ``step_ms``, ``prefill_tokens``, ...).
 """
@@ -19,6 +26,16 @@ from dataclasses import dataclass
 from prefixstudy.sim.lane import DecodeLane
 from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepCost, StepFeatures
 from prefixstudy.sim.vllm_setup import make_request, runner_output
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A scheduled step whose output the scheduler has not seen yet (async scheduling)."""
+
+    so: object  # vLLM's SchedulerOutput
+    sampled: set[str]
+    end_s: float  # when it ends on the GPU: its tokens reach the client then
+
 
 @dataclass(frozen=True)
 class SimRequest:
@@ -44,6 +61,9 @@ class Simulator:
         # The decode lane (``sim.lane``) keeps steadily decoding requests out of vLLM's per-request
         # loops; ``stepwise`` keeps every step on vLLM's own scheduler, to check it against.
         self.lane = None if stepwise else DecodeLane.for_scheduler(scheduler)
+        # vLLM's async scheduling, as the scheduler was built (the lane declines such a scheduler)
+        self.pipelined = bool(getattr(scheduler.scheduler_config, "async_scheduling", False))
+        self.in_flight: InFlight | None = None
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.sched.reset_prefix_cache())
@@ -70,6 +90,7 @@ class Simulator:
                                                     r.arrival_s, self.hasher))
                 i += 1
             if self.clock_s > deadline_s:
+                self.in_flight = None  # its tokens are past the deadline: the runner has cancelled
                 if lane is not None:
                     lane.give_back_all(traces)
                 self._abort([r.request_id for r in pending[:i]])
@@ -109,6 +130,8 @@ class Simulator:
 
     def step(self, traces: dict[str, SimTrace], record: bool) -> list[str]:
         """One engine step; returns the requests it finished."""
+        if self.pipelined:
+            return self.step_pipelined(traces, record)
         start_s = self.clock_s
         lane = self.lane
         if lane is None:
@@ -124,21 +147,58 @@ class Simulator:
             feats = lane.held_features(feats)
         step_ms = float(self.cost_ms(feats)) if feats.prefill_tokens + feats.decode_tokens else 0.0
         self.clock_s = start_s + step_ms / 1e3
-        req_ids = list(so.num_scheduled_tokens)
-        sampled = [[SAMPLED_TOKEN_ID] if r in sampled_ids else [] for r in req_ids]
-        self.sched.update_from_output(so, runner_output(req_ids, sampled))
+        done = self._apply(InFlight(so, sampled_ids, self.clock_s), traces)
         self.num_steps += 1
-        for rid, cached in new_ids.items():
-            tr = traces.get(rid)
-            if tr is not None and math.isnan(tr.scheduled_s):
-                tr.scheduled_s, tr.num_cached_tokens = start_s, cached
-        for rid in sampled_ids:
-            if rid in traces:
-                traces[rid].token_times.append(self.clock_s)
+        self._stamp_scheduled(new_ids, traces, start_s)
         if record:
             self.steps.append(self.step_row(start_s, step_ms, feats))
         if lane is not None:
             lane.after_step(self.clock_s)
+        return done
+
+    def step_pipelined(self, traces: dict[str, SimTrace], record: bool) -> list[str]:
+        """vLLM's async engine loop, one turn: schedule the next step now (the host's clock: the
+        in-flight step has just started on the GPU), price it, queue it behind the in-flight one,
+        then wait for the in-flight step to end and apply its output.  With nothing in flight (the
+        first step after an idle spell) the next turn schedules again at once, as vLLM does with
+        its queue not yet full.  Returns the requests the applied step finished."""
+        so = self.sched.schedule()
+        feats, sampled_ids, new_ids = self.features(so)
+        busy = feats.prefill_tokens + feats.decode_tokens
+        step_ms = float(self.cost_ms(feats)) if busy else 0.0
+        prev = self.in_flight
+        start_s = prev.end_s if prev is not None else self.clock_s
+        self._stamp_scheduled(new_ids, traces, self.clock_s)
+        self.num_steps += 1
+        if record and busy:
+            self.steps.append(self.step_row(start_s, step_ms, feats))
+        new = InFlight(so, sampled_ids, start_s + step_ms / 1e3)
+        done: list[str] = []
+        if prev is not None:
+            self.clock_s = prev.end_s
+            done = self._apply(prev, traces)
+        if busy:
+            self.in_flight = new
+        else:  # nothing to run: its (empty) output is there at once
+            self.in_flight = None
+            done += self._apply(new, traces)
+        return done
+
+    @staticmethod
+    def _stamp_scheduled(new_ids: dict[str, int], traces: dict[str, SimTrace], at_s: float) -> None:
+        for rid, cached in new_ids.items():
+            tr = traces.get(rid)
+            if tr is not None and math.isnan(tr.scheduled_s):
+                tr.scheduled_s, tr.num_cached_tokens = at_s, cached
+
+    def _apply(self, step: InFlight, traces: dict[str, SimTrace]) -> list[str]:
+        """Hand the scheduler a step's output; its tokens reach the client as the step ends."""
+        req_ids = list(step.so.num_scheduled_tokens)
+        sampled = [[SAMPLED_TOKEN_ID] if r in step.sampled else [] for r in req_ids]
+        self.sched.update_from_output(step.so, runner_output(req_ids, sampled))
+        for rid in step.sampled:
+            if rid in traces:
+                traces[rid].token_times.append(step.end_s)
         return [r for r in req_ids if r not in self.sched.requests]
 
     def features(self, so) -> tuple[StepFeatures, set[str], dict[str, int]]:

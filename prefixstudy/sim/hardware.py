@@ -19,8 +19,11 @@ bf16; P = the decoder layers' projection weights, V·h = lm_head, L layers, hidd
 ``transfer`` keeps each term's measured efficiency (measured / roofline on the source) and applies
 it to the target's roofline, so each coefficient is multiplied by ``roofline(target) /
 roofline(source)``; the part of ``c0`` the roofline does not explain (CPU scheduling, sampling,
-kernel launches) is carried over unchanged.  ``extrapolations`` names what the calibration's data
-cannot check about such a transfer.
+kernel launches) is carried over unchanged.  The host part of an async-scheduling calibration
+(``CostModel.host``) is carried the same way: its host records are the engine loop's period, the
+waits for the GPU included, so its terms scale with the GPU's, and what its fixed cost holds beyond
+the source's roofline stays.  ``extrapolations`` names what the calibration's data cannot check about
+such a transfer.
 """
 
 from __future__ import annotations
@@ -106,9 +109,14 @@ def transfer(model: CostModel, src: Deployment, dst: Deployment, mean_context_to
     r_src, r_dst = roofline_terms(src, ctx), roofline_terms(dst, ctx)
     overhead_ms = model.c0_ms - r_src["c0"]
     scale = {"c0": r_dst["c0"] / r_src["c0"], **{t: r_dst[t] / r_src[t] for t in model.coef_ms}}
+    host = model.host
+    if host:
+        scale |= {t: r_dst[t] / r_src[t] for t in host["coef_ms"]}
+        host = {**host, "c0_ms": host["c0_ms"] - r_src["c0"] + r_dst["c0"],
+                "coef_ms": {t: c * scale[t] for t, c in host["coef_ms"].items()}}
     note = (f"transferred from {src.arch.name} on {src.gpu.name} TP {src.tp} to {dst.arch.name} on "
             f"{dst.gpu.name} TP {dst.tp}: c0 = {overhead_ms:.3f} ms overhead + {r_dst['c0']:.3f} ms roofline; "
             f"terms x roofline ratio")
     return replace(model, c0_ms=overhead_ms + r_dst["c0"], coef_ms={t: c * scale[t] for t, c in model.coef_ms.items()},
-                   note=note, transfer={**model.transfer, "scale": scale, "c0_overhead_ms": overhead_ms,
+                   host=host, note=note, transfer={**model.transfer, "scale": scale, "c0_overhead_ms": overhead_ms,
                                         "mean_context_tokens": ctx})

@@ -17,7 +17,7 @@ from typing import Iterator
 
 from prefixstudy.config import StudyConfig
 from prefixstudy.schema import PointResult
-from prefixstudy.sim.study import RowFacts, SimSession, SimTarget, scheduler_spec, sweep_points
+from prefixstudy.sim.study import RowFacts, SimSession, SimTarget, scheduler_spec
 
 _WORKER: dict = {}
 
@@ -57,10 +57,10 @@ def start(cfg: StudyConfig, jobs: int) -> ProcessPoolExecutor:
     return pool
 
 
-def run_points(pool: ProcessPoolExecutor, cfg: StudyConfig, target: SimTarget) -> Iterator[PointResult]:
+def run_points(pool: ProcessPoolExecutor, cfg: StudyConfig, plan, target: SimTarget) -> Iterator[PointResult]:
     """Every mode x rate of ``cfg``, yielded in the sweep's order (ON first, then by rate); the
     highest rates, the longest points, are started first."""
-    points = [(m, r, k) for m in cfg.sweep.modes for r, k in sweep_points(cfg)]
+    points = [(m, r, k) for m in cfg.sweep.modes for r, k in plan.points]
     with pool:
         futures = {p: pool.submit(_point, target, *p) for p in sorted(points, key=lambda p: -p[1])}
         for p in points:

@@ -24,8 +24,7 @@ from prefixstudy.results.provenance import base_manifest, package_version
 from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
 from prefixstudy.sim.cost import CostModel, fit_study
 from prefixstudy.sim.hardware import extrapolations, priced, same_model, transfer
-from prefixstudy.sim.study import (DEFAULT_BLOCK_SIZE, SimTarget, block_count, model_dir_or_error, sessions,
-                                   sweep_points)
+from prefixstudy.sim.study import DEFAULT_BLOCK_SIZE, SimTarget, block_count, model_dir_or_error, sessions
 from prefixstudy.preflight import check_simulated
 from prefixstudy.study_run import Study, run_pending
 from prefixstudy.workloads import describe, load_rows
@@ -179,15 +178,15 @@ class SimExecutor:
     def __init__(self, target: SimTarget, pool):
         self.target, self.pool = target, pool
 
-    def run(self, cfg: StudyConfig, rows, study, progress: bool = False) -> None:
+    def run(self, cfg: StudyConfig, plan, rows, study, progress: bool = False) -> None:
         wall0 = time.perf_counter()
         if self.pool is not None:
             from prefixstudy.sim.pool import run_points
 
-            results = run_points(self.pool, cfg, self.target)
+            results = run_points(self.pool, cfg, plan, self.target)
         else:
             results = (session.run_point(rate, repeat) for session in sessions(cfg, rows, self.target)
-                       for rate, repeat in sweep_points(cfg))
+                       for rate, repeat in plan.points)
         for res in results:
             study.point_done(res)
         study.writer.manifest["sim"]["wall_s"] = time.perf_counter() - wall0

@@ -78,7 +78,8 @@ def scheduler_spec(cfg: StudyConfig, target: SimTarget, mode: str) -> SchedulerS
     return SchedulerSpec(model_dir=cfg.model, prefix_caching=cfg.arm(mode).prefix_caching, num_gpu_blocks=target.num_gpu_blocks,
                          block_size=target.block_size, max_num_batched_tokens=lim["max_num_batched_tokens"],
                          max_num_seqs=lim["max_num_seqs"], max_model_len=lim["max_model_len"],
-                         enable_chunked_prefill=lim["enable_chunked_prefill"], tensor_parallel_size=target.tp)
+                         enable_chunked_prefill=lim["enable_chunked_prefill"], tensor_parallel_size=target.tp,
+                         async_scheduling=target.cost.pipelined)
 
 
 @dataclass(frozen=True)
@@ -194,11 +195,6 @@ def _iterations(mode: str, rate: float, steps: list[dict], t0: float) -> pd.Data
     df.insert(0, "mode", mode)
     df.insert(1, "rate", rate)
     return typed_iterations(df)
-
-
-def sweep_points(cfg: StudyConfig) -> list[tuple[float, int]]:
-    """(rate, repeat) of the sweep, in the order the runner runs them."""
-    return cfg.sweep.points()
 
 
 def sessions(cfg: StudyConfig, rows: list[DatasetRow], target: SimTarget) -> list[SimSession]:

@@ -35,6 +35,9 @@ class SchedulerSpec:
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
     tensor_parallel_size: int = 1
+    # vLLM's async scheduling: its AsyncScheduler schedules step N+1 before step N's output is
+    # applied (placeholders for the tokens in flight); the driver then pipelines (``sim.driver``).
+    async_scheduling: bool = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,8 +79,7 @@ def vllm_config(spec: SchedulerSpec):
     vc.cache_config.block_size = spec.block_size
     vc.cache_config.num_gpu_blocks = spec.num_gpu_blocks
     vc.cache_config.enable_prefix_caching = spec.prefix_caching
-    # One step's output is applied before the next schedule(): the fabricated outputs need that.
-    vc.scheduler_config.async_scheduling = False
+    vc.scheduler_config.async_scheduling = spec.async_scheduling
     return vc
 
 
@@ -104,17 +106,20 @@ def build_scheduler(spec: SchedulerSpec, arch: Arch, vc=None):
     else:
         vc.cache_config.num_gpu_blocks = spec.num_gpu_blocks
         vc.cache_config.enable_prefix_caching = spec.prefix_caching
+        vc.scheduler_config.async_scheduling = spec.async_scheduling
     kvc = kv_cache_config(spec, arch)
     if hasattr(ku, "resolve_kv_cache_block_sizes"):
         sched_bs, hash_bs = ku.resolve_kv_cache_block_sizes(kvc, vc)
     else:
         sched_bs = hash_bs = spec.block_size
     set_if_field(kvc, "hash_block_size", hash_bs)
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
+    cls = AsyncScheduler if spec.async_scheduling else Scheduler
     sched = call_with_supported(
-        Scheduler, vllm_config=vc, kv_cache_config=kvc, structured_output_manager=StructuredOutputManager(vc),
+        cls, vllm_config=vc, kv_cache_config=kvc, structured_output_manager=StructuredOutputManager(vc),
         include_finished_set=False, log_stats=False, block_size=sched_bs, hash_block_size=hash_bs)
     hasher = None
     if spec.prefix_caching:

@@ -2,16 +2,25 @@
 
 A prompt is a shared prefix of its group (P tokens) plus a unique suffix (S tokens); prompts are
 never built by joining text, so the shared prefix is exact at token level.
+
+With ``dataset.shared_fraction`` f the prompt length L = P + S stays fixed and only the split moves:
+``shared_split`` gives floor(f·L) shared tokens (f read as the decimal it is written as, so 0.29 of
+100 is 29, not 28) and the rest unique.  A prefix cache serves whole blocks and never a prompt's last
+token, so once the prefix is cached each request hits floor(min(shared, L - 1) / B)·B tokens of
+its L, block size B: ``expected_hit_rate``.  The runner primes every group's prefix
+(``sweep.prime_prefixes``, on by default) before a point's measured requests, so that is every
+measured request's hit rate and the point's.
 """
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from prefixstudy.errors import UserError
-from prefixstudy.workloads.base import DatasetRow, synthetic_count, token_high
+from prefixstudy.workloads.base import DatasetRow, block_floor, synthetic_count, token_high
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
@@ -22,8 +31,26 @@ def rows(cfg: "StudyConfig", vocab: int) -> tuple[list[DatasetRow], str]:
     d = cfg.dataset
     n = synthetic_count(cfg)
     high = token_high(d, vocab)
-    return make_dataset(n, d.prefix_len, d.suffix_len, d.output_len, d.groups, d.seed, d.token_low, high), \
+    prefix_len, suffix_len = d.prefix_len, d.suffix_len
+    if d.shared_fraction is not None:
+        prefix_len, suffix_len = shared_split(prefix_len + suffix_len, d.shared_fraction)
+    return make_dataset(n, prefix_len, suffix_len, d.output_len, d.groups, d.seed, d.token_low, high), \
         "dataset (generated)"
+
+
+def shared_split(prompt_len: int, fraction: float) -> tuple[int, int]:
+    """(shared, unique) tokens of a ``prompt_len``-token prompt whose ``fraction`` is shared:
+    floor(fraction x prompt_len), the fraction taken as the decimal it prints as."""
+    if not 0 <= fraction <= 1:
+        raise UserError(f"field 'dataset.shared_fraction': {fraction} is not in [0, 1]")
+    shared = int(Fraction(str(float(fraction))) * prompt_len)
+    return shared, prompt_len - shared
+
+
+def expected_hit_rate(prompt_len: int, shared: int, block: int) -> float:
+    """The share of a prompt a warm prefix cache serves: whole blocks of the shared prefix, never
+    the prompt's last token, floor(min(shared, prompt_len - 1) / block)·block / prompt_len."""
+    return block_floor(min(shared, prompt_len - 1), block) / prompt_len
 
 
 def make_dataset(

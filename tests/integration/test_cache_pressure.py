@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 import prefixstudy
-from prefixstudy.capacity import capacity_table, run_capacity_sweep
+from prefixstudy.capacity import capacity_table
 from prefixstudy.config import load_config
 from prefixstudy.metrics.breakdown import breakdown
+from tests.sweeps import capacity_sweep
 from tests.tiny import TINY_ENGINE
 
 pytestmark = pytest.mark.engine
@@ -51,7 +52,7 @@ def pressure(tmp_path_factory):
     c = cfg(tmp_path, **{"dataset.kind": "groups", "dataset.groups": 6, "dataset.prefix_len": 256,
                          "dataset.suffix_len": 16, "dataset.output_len": 8, "sweep.num_requests": 12,
                          "engine.max_model_len": 512})
-    return run_capacity_sweep(c, "blocks", [16, 12], tmp_path / "sweep", progress=False)
+    return capacity_sweep(c, "blocks", [16, 12], tmp_path / "sweep")
 
 
 def test_hit_rate_collapses_when_groups_times_prefix_exceed_the_blocks_set(pressure):

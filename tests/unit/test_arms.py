@@ -191,8 +191,10 @@ def test_the_report_shows_every_arm_and_keeps_each_arm_s_colour(three_arms):
 
 def test_arm_engine_copies_when_there_is_no_overlay():
     cfg = cfg_with()
-    e = arm_engine(cfg.engine, cfg.arm("on"))
-    assert e is not cfg.engine and e.prefix_caching is True and cfg.engine.prefix_caching is None
+    e = arm_engine(cfg.engine, cfg.arm("off"))
+    # The arm's caching travels with the engine config, whatever the mode is called, and is no field.
+    assert e is not cfg.engine and caching(e, "any") is False and caching(e.model_copy(deep=True), "any") is False
+    assert "prefix_caching" not in e.model_dump() and caching(cfg.engine, "any") is True
 
 
 def test_export_writes_one_file_per_arm_told_apart_by_name(three_arms, tmp_path):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from prefixstudy.capacity import (capacity_config, capacity_table, collapse_lines, parse_capacity,
-                                  reuse_footprint_blocks, run_capacity_sweep, working_set_blocks)
+                                  reuse_footprint_blocks, working_set_blocks)
 from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.breakdown import breakdown
@@ -16,6 +16,7 @@ from prefixstudy.results import load
 from prefixstudy.study import run_study
 from prefixstudy.workloads import load_rows
 from prefixstudy.workloads.base import group_prefixes
+from tests.sweeps import capacity_sweep
 
 GROUPS = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "arrivals.process": "constant",
           "dataset.kind": "groups", "dataset.groups": 6, "dataset.prefix_len": 32, "dataset.suffix_len": 4,
@@ -69,18 +70,20 @@ def test_reuse_footprint_counts_what_churns_the_cache_between_two_uses():
 def test_a_refused_sweep_leaves_no_folder(tmp_path, override, unit, message):
     cfg = load_config(None, {**GROUPS, **override, "out": str(tmp_path / "res")})
     with pytest.raises(UserError) as e:
-        run_capacity_sweep(cfg, unit, [14, 12], progress=False)
+        capacity_sweep(cfg, unit, [14, 12])
     assert str(e.value) == message
     assert not (tmp_path / "res").exists()
 
 
 @pytest.mark.slow
 def test_sweep_writes_one_run_per_capacity_and_a_table(tmp_path):
-    parent = run_capacity_sweep(load_config(None, {**GROUPS, "out": str(tmp_path)}), "blocks", [14, 12],
-                                tmp_path / "sweep", progress=False)
-    assert json.loads((parent / "capacity.json").read_text())["runs"] == [
-        {"capacity": 14, "dir": "blocks-14", "working_set_blocks": 12, "reuse_footprint_blocks": 12},
-        {"capacity": 12, "dir": "blocks-12", "working_set_blocks": 12, "reuse_footprint_blocks": 12}]
+    parent = capacity_sweep(load_config(None, {**GROUPS, "out": str(tmp_path)}), "blocks", [14, 12],
+                            tmp_path / "sweep")
+    assert json.loads((parent / "sweep.json").read_text()) == {"axes": {"capacity.blocks": [14, 12]}, "cells": [
+        {"values": {"capacity.blocks": 14}, "dir": "blocks-14", "status": "complete", "working_set_blocks": 12,
+         "reuse_footprint_blocks": 12},
+        {"values": {"capacity.blocks": 12}, "dir": "blocks-12", "status": "complete", "working_set_blocks": 12,
+         "reuse_footprint_blocks": 12}]}
     t = capacity_table(parent)
     on = t[t["mode"] == "on"]
     assert on["num_blocks"].tolist() == [14, 12]
@@ -114,7 +117,7 @@ def test_a_sweep_of_arms_named_neither_on_nor_off_reads_the_arm_against_its_base
     cfg = load_config(None, {**GROUPS, "out": str(tmp_path), "arms": [{"name": "cold", "prefix_caching": False},
                                                                       {"name": "warm"}],
                              "sweep.modes": ["cold", "warm"], "sweep.baseline": "cold"})
-    parent = run_capacity_sweep(cfg, "blocks", [14, 12], tmp_path / "sweep", progress=False)
+    parent = capacity_sweep(cfg, "blocks", [14, 12], tmp_path / "sweep")
     assert sweep_arms(parent) == ("warm", "cold")
     t = capacity_table(parent)
     warm = t[t["mode"] == "warm"]
@@ -129,10 +132,11 @@ def test_a_sweep_of_arms_named_neither_on_nor_off_reads_the_arm_against_its_base
 def test_a_fleet_routed_by_two_policies_runs_each_policy_at_each_capacity(tmp_path):
     cfg = load_config(None, {**GROUPS, "out": str(tmp_path), "replicas": 2,
                              "router.policies": ["round_robin", "prefix_affinity"]})
-    parent = run_capacity_sweep(cfg, "blocks", [14], tmp_path / "sweep", progress=False)
-    runs = json.loads((parent / "capacity.json").read_text())["runs"]
-    assert [(r["capacity"], r["policy"], r["dir"]) for r in runs] == [
-        (14, "round_robin", "blocks-14-round_robin"), (14, "prefix_affinity", "blocks-14-prefix_affinity")]
+    parent = capacity_sweep(cfg, "blocks", [14], tmp_path / "sweep")
+    runs = json.loads((parent / "sweep.json").read_text())["cells"]
+    assert [(r["values"], r["dir"]) for r in runs] == [
+        ({"capacity.blocks": 14, "router.policy": "round_robin"}, "blocks-14-policy-round_robin"),
+        ({"capacity.blocks": 14, "router.policy": "prefix_affinity"}, "blocks-14-policy-prefix_affinity")]
     assert [load(parent / r["dir"]).config["router"]["policies"] for r in runs] == [["round_robin"],
                                                                                    ["prefix_affinity"]]
     t = capacity_table(parent)
@@ -201,14 +205,18 @@ def test_sweeps_made_apart_merge_capacity_by_capacity(tmp_path):
     from prefixstudy.results.merge import merge_capacity
 
     def sweep(name, modes, values):
-        return run_capacity_sweep(load_config(None, {**GROUPS, "sweep.modes": modes, "out": str(tmp_path)}),
-                                  "blocks", values, tmp_path / name, progress=False)
+        return capacity_sweep(load_config(None, {**GROUPS, "sweep.modes": modes, "out": str(tmp_path)}),
+                              "blocks", values, tmp_path / name)
 
     on, off14, off12 = sweep("on", ["on"], [14, 12]), sweep("off14", ["off"], [14]), sweep("off12", ["off"], [12])
-    (off12 / "blocks-99").mkdir()  # cut off before its run finished: not in capacity.json
+    index = json.loads((off12 / "sweep.json").read_text())  # a capacity cut off before its run finished
+    index["cells"].append({"values": {"capacity.blocks": 99}, "dir": "blocks-99", "status": "interrupted"})
+    (off12 / "sweep.json").write_text(json.dumps(index))
+    (off12 / "blocks-99").mkdir()
     merged = merge_capacity([on, off14, off12], tmp_path / "m")
-    index = json.loads((merged / "capacity.json").read_text())
-    assert index["values"] == [12, 14] and [r["dir"] for r in index["runs"]] == ["blocks-12", "blocks-14"]
+    index = json.loads((merged / "sweep.json").read_text())
+    assert index["axes"] == {"capacity.blocks": [12, 14]} and [r["dir"] for r in index["cells"]] == ["blocks-12",
+                                                                                                   "blocks-14"]
     t = capacity_table(merged)
     assert t[["capacity", "mode"]].values.tolist() == [[12, "on"], [12, "off"], [14, "on"], [14, "off"]]
     assert t[t["mode"] == "on"]["hit_rate_measured"].tolist() == pytest.approx([16 / 432, 32 / 36])
@@ -218,7 +226,7 @@ def test_sweeps_made_apart_merge_capacity_by_capacity(tmp_path):
 
     write_capacity_report(merged)
     assert sorted(p.name for p in merged.glob("capacity.*")) == [
-        "capacity.csv", "capacity.json", "capacity.md", "capacity.png", "capacity.svg"]
+        "capacity.csv", "capacity.md", "capacity.png", "capacity.svg"]
     md = (merged / "capacity.md").read_text()
     assert md.splitlines()[0].startswith("| capacity | num_blocks | working_set_ratio | reuse_footprint_ratio | mode |")
     assert "- 50 req/s: the hit rate collapses between blocks cached between two uses ÷ capacity 0.92" in md
@@ -229,6 +237,6 @@ def test_merge_refuses_sweeps_in_different_units(tmp_path):
 
     for name, unit in (("a", "blocks"), ("b", "bytes")):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "capacity.json").write_text(json.dumps({"unit": unit, "values": [], "runs": []}))
+        (tmp_path / name / "sweep.json").write_text(json.dumps({"axes": {f"capacity.{unit}": []}, "cells": []}))
     with pytest.raises(UserError, match="different units"):
         merge_capacity([tmp_path / "a", tmp_path / "b"], tmp_path / "m")

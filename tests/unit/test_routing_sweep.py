@@ -11,7 +11,8 @@ import pytest
 
 import prefixstudy.study as study_mod
 from prefixstudy.config import load_config
-from prefixstudy.routing_sweep import policy_config, read_sweep, routing_report, run_routing_sweep
+from prefixstudy.routing_sweep import policy_config, read_sweep, routing_report
+from prefixstudy.sweep.run import run_sweep
 
 BASE = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "replicas": 2,
         "dataset.kind": "groups", "dataset.groups": 3, "dataset.prefix_len": 64, "dataset.suffix_len": 8,
@@ -43,7 +44,7 @@ def test_a_sweep_stopped_before_its_second_policy_resumes_from_its_parent(tmp_pa
     monkeypatch.setattr(study_mod, "run_study", stop_at_affinity)
     cfg = load_config(None, {**BASE, "out": str(tmp_path)})
     with pytest.raises(KeyboardInterrupt) as e:
-        run_routing_sweep(cfg, progress=False)
+        run_sweep(cfg, progress=False)
     parent = e.value.run_dir
     rr = parent / "policy-round_robin"
     assert points(rr) == [("off", 50.0, 0, "ok"), ("on", 50.0, 0, "ok")]
@@ -52,13 +53,15 @@ def test_a_sweep_stopped_before_its_second_policy_resumes_from_its_parent(tmp_pa
     before = pd.read_csv(rr / "summary.csv")
 
     monkeypatch.setattr(study_mod, "run_study", real)
-    assert run_routing_sweep(None, progress=False, resume=parent) == parent
+    assert run_sweep(None, progress=False, resume=parent) == parent
     assert points(rr) == [("off", 50.0, 0, "ok"), ("on", 50.0, 0, "ok")]
     pd.testing.assert_frame_equal(pd.read_csv(rr / "summary.csv"), before)  # kept, not re-run
     assert points(parent / "policy-prefix_affinity") == [("on", 50.0, 0, "ok")]
-    assert json.loads((parent / "routing.json").read_text())["runs"] == [
-        {"policy": "round_robin", "dir": "policy-round_robin"},
-        {"policy": "prefix_affinity", "dir": "policy-prefix_affinity"}]
+    assert json.loads((parent / "sweep.json").read_text()) == {
+        "axes": {"router.policy": ["round_robin", "prefix_affinity"]},
+        "cells": [{"values": {"router.policy": "round_robin"}, "dir": "policy-round_robin", "status": "complete"},
+                  {"values": {"router.policy": "prefix_affinity"}, "dir": "policy-prefix_affinity",
+                   "status": "complete"}]}
     routing_report(parent)
     table = pd.read_csv(parent / "routing.csv")
     assert sorted(zip(table["policy"], table["mode"], strict=True)) == [
@@ -79,11 +82,11 @@ def test_a_fleet_that_does_not_start_is_one_line_per_policy_and_its_reason_stays
         raise RuntimeError("CUDA driver error: invalid argument\nmore")
 
     monkeypatch.setattr(EchoEngine, "start", start)
-    parent = run_routing_sweep(load_config(None, {**BASE, "out": str(tmp_path)}), progress=False)
+    parent = run_sweep(load_config(None, {**BASE, "out": str(tmp_path)}), progress=False)
     reason = ("cache ON: the engine did not start (replica 0: RuntimeError: CUDA driver error: invalid argument); "
               "-v shows the engine's own log")  # in-process replicas: their log is on the console
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert [m.split(":")[0:2] for m in errors] == [["error", " policy round_robin"], ["error", " policy prefix_affinity"]]
+    assert [m.split(":")[0:2] for m in errors] == [["error", " policy-round_robin"], ["error", " policy-prefix_affinity"]]
     assert all(reason in m for m in errors)
     for policy in ("round_robin", "prefix_affinity"):
         manifest = json.loads((parent / f"policy-{policy}" / "manifest.json").read_text())
@@ -92,7 +95,7 @@ def test_a_fleet_that_does_not_start_is_one_line_per_policy_and_its_reason_stays
     assert routing_report(parent).read_text() == (
         "# Routing\n\nNo policy finished a point: see each policy's manifest.json (`error`).\n")
     monkeypatch.undo()  # the fleets start now: one --resume runs both policies, and the reason is gone
-    run_routing_sweep(None, progress=False, resume=parent)
+    run_sweep(None, progress=False, resume=parent)
     for policy, modes in (("round_robin", ["off", "on"]), ("prefix_affinity", ["on"])):
         manifest = json.loads((parent / f"policy-{policy}" / "manifest.json").read_text())
         assert manifest["status"] == "complete" and "error" not in manifest

@@ -105,11 +105,12 @@ def test_arms_csv_and_the_report_carry_the_engine_s_split(tiered):
 # ----------------------------------------------------------------- capacity: the tier's size as an axis
 
 def test_capacity_sweeps_the_tier_beside_the_gpu_cache(tmp_path):
-    from prefixstudy.capacity import capacity_table, run_capacity_sweep
+    from prefixstudy.capacity import capacity_table
+    from tests.sweeps import capacity_sweep
 
     cfg = load_config(None, {**ECHO, "out": str(tmp_path), "sweep.rates": [5],
                              "arms": [{"name": "on-tier", "engine": {}}]})
-    t = capacity_table(run_capacity_sweep(cfg, "tier_blocks", [0, 6, 64], progress=False))
+    t = capacity_table(capacity_sweep(cfg, "tier_blocks", [0, 6, 64]))
     t = t.set_index(["capacity", "mode"])
     # ON is the GPU cache alone at every tier size; the arm gets the tier: none, too small, enough.
     assert [t.loc[(c, "on"), "hit_rate_measured"] for c in (0, 6, 64)] == [272 / 640] * 3

@@ -153,8 +153,9 @@ CASES = {
         lambda t: run_cfg(t, {"replicas": 2, "router": {"policies": ["prefix_affinity"], "off_policies": ["round_robin"]}}),
         "c.yaml: field 'router': Value error, off_policies names round_robin, which is not one of policies"),
     "resume-sweep-without-config": (
-        lambda t: ["run", "--resume", raw(t, "sweep/routing.json", '{"runs": []}').parent],
-        "no routing.json and config.yaml here (not a routing sweep folder)"),
+        lambda t: ["run", "--resume", raw(t, "sweep/sweep.json", '{"axes": {}, "cells": []}').parent],
+        "sweep: no config.yaml beside its sweep index, so there is no recorded config to resume with; resume each "
+        "cell's run folder instead"),
     "router-policies-one-replica": (
         lambda t: run_cfg(t, {"router": {"policies": ["round_robin", "prefix_affinity"]}}),
         "field 'router.policies': comparing policies needs replicas > 1"),
@@ -422,9 +423,9 @@ CASES = {
                             "field 'dataset.sessions.turns': a session has at least 1 turn"),
     "jsonl-parent-not-earlier": (lambda t: run_cfg(t, {"dataset": {"path": str(raw(t, "d.jsonl", json.dumps(
         {**GOOD_ROW, "parent": 0}) + "\n"))}}), "d.jsonl:1: field 'parent': 0 is not an earlier row"),
-    "merge-run-with-capacity-sweep": (lambda t: ["merge", recorded_run(t), raw(t, "sweep/capacity.json", json.dumps(
-        {"unit": "blocks", "values": [], "runs": []})).parent, "--out", t / "res"],
-        "merge: give either run folders or capacity sweep folders (with capacity.json), not both"),
+    "merge-run-with-capacity-sweep": (lambda t: ["merge", recorded_run(t), raw(t, "sweep/sweep.json", json.dumps(
+        {"axes": {"capacity.blocks": []}, "cells": []})).parent, "--out", t / "res"],
+        "merge: give either run folders or capacity sweep folders, not both"),
     "capacity-bad-unit": (lambda t: ["capacity", config(t), "--capacity", "pages=1", "--out", t / "res"],
                           "--capacity 'pages=1': expected UNIT=V1,V2,... with UNIT one of blocks, bytes, share, "
                           "offload_gib, tier_blocks"),

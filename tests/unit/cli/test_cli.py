@@ -139,8 +139,8 @@ def test_capacity_sweep_and_breakdown_commands_on_the_echo_backend(tmp_path):
     assert ("50 req/s: the hit rate collapses between blocks cached between two uses ÷ capacity 0.92 (hit rate 0.889"
             in r.stdout)
     parent = Path(r.stdout.strip().splitlines()[-1].removeprefix("results: "))
-    assert sorted(p.name for p in parent.iterdir()) == ["blocks-12", "blocks-14", "capacity.csv", "capacity.json",
-                                                        "capacity.md", "capacity.png", "capacity.svg"]
+    assert sorted(p.name for p in parent.iterdir()) == ["blocks-12", "blocks-14", "capacity.csv", "capacity.md",
+                                                        "capacity.png", "capacity.svg", "config.yaml", "sweep.json"]
     b = cli("breakdown", parent / "blocks-14", "--by", "group")
     assert b.stdout.count("| on | 50 |") == 6 and b.stdout.count("| off | 50 |") == 6
 

@@ -14,7 +14,7 @@ from prefixstudy.configs import resolve_config, shipped_config, shipped_configs,
 from prefixstudy.errors import UserError
 from tests import forkcli
 
-SHIPPED = ["default", "h200-cache-pressure", "h200-multiturn", "h200-offload", "h200-replicas", "h200-tp1",
+SHIPPED = ["cpu-shared-fraction", "default", "h200-cache-pressure", "h200-multiturn", "h200-offload", "h200-replicas", "h200-tp1",
            "h200-tp1-sync", "h200-tp2", "seed-a100x8-tp8", "seed-h200x8-tp4-parallel", "seed-h200x8-tp8", "try-echo"]
 
 
@@ -47,7 +47,8 @@ def test_resolve_config(tmp_path, monkeypatch):
     (tmp_path / "h200-tp1").write_text("study: mine\n")  # an existing file wins over a shipped name
     assert resolve_config("h200-tp1") == Path("h200-tp1")
     assert resolve_config("sub/nope.yaml") == Path("sub/nope.yaml")  # a path: the reader says "not found"
-    with pytest.raises(UserError, match=r"^'nope' is not a config file nor a shipped config; shipped: default, "):
+    with pytest.raises(UserError, match=r"^'nope' is not a config file nor a shipped config; shipped: "
+                                        r"cpu-shared-fraction, default, "):
         resolve_config("nope")
 
 

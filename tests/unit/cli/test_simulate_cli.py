@@ -40,3 +40,12 @@ def test_an_unknown_gpu(tmp_path):
 def test_the_calibration_is_required(tmp_path):
     r = cli("simulate", "h200-tp1", "--out", tmp_path / "out")
     one_line_exit_2(r, "--calibration: required (or a config with engine.kind sim and engine.calibration)")
+
+
+def test_a_default_engine_calibration_without_gpu_spans(tmp_path):
+    """h200-tp1-async ran vLLM's default engine with host stamps only: no step's own cost to fit."""
+    r = cli("simulate", "h200-tp1", "--calibration", "experiments/results/h200-tp1-async", "--out", tmp_path / "out")
+    one_line_exit_2(r, "--calibration experiments/results/h200-tp1-async: it ran vLLM's async scheduling, but its "
+                       "steps are not all timed on the GPU with host stamps beside them (timing engine-async); "
+                       "no per-step cost to fit")
+    assert not (tmp_path / "out").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from ray.exceptions import OutOfMemoryError, RayError
 
+from prefixstudy.sweep.plan import RunPlan
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import StudyFailed
 from prefixstudy.executors import ray as ray_executor
@@ -32,5 +33,5 @@ def test_a_ray_error_of_its_own_is_one_line(monkeypatch, error, line):
     monkeypatch.setattr(ray_executor.RayExecutor, "_run", fails)
     cfg = StudyConfig.model_validate({"engine": {"kind": "echo"}})
     with pytest.raises(StudyFailed) as e:
-        ray_executor.RayExecutor().run(cfg, [], Sink(), progress=False)
+        ray_executor.RayExecutor().run(cfg, RunPlan.whole(cfg), [], Sink(), progress=False)
     assert str(e.value) == line

@@ -30,17 +30,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[3]
 RESULTS = REPO / "experiments/results"
 # Every committed study folder, the runs of every committed capacity sweep, and each policy's run of
 # every committed routing sweep (h200-smoke-after-layout holds runs of an older layout, before
 # repeats: its own README section says what they show).
 # The simulated seed studies keep only their tables in git (their records rebuild by one command).
-RUNS = sorted([p.parent.name for p in RESULTS.glob("*/summary.csv") if (p.parent / "requests.parquet").exists()] +
-              [str(p.parent.relative_to(RESULTS)) for p in RESULTS.glob("*/*/*/summary.csv")
-               if (p.parent.parent / "capacity.json").is_file()] +
-              [str(p.parent.relative_to(RESULTS)) for p in RESULTS.glob("*/policy-*/summary.csv")
-               if (p.parent.parent / "routing.json").is_file()])
+RUNS = sorted(str(p.relative_to(RESULTS)) for p in load_script("experiments/resummarize.py").runs())
 
 
 @pytest.mark.slow

@@ -174,6 +174,8 @@ SAYS = {
     "cpu-replicas-says": ["Affinity served 0.801, 0.763, 0.689 of prompt tokens from cache at 1.77, 3.64, 8.72 req/s",
                           "It routed 37 to 59 of a point's 96 requests",
                           "OFF at 8 req/s saturated in 1 repeat of 2 (a bound, ≥ 2219 ms)"],
+    "h200-tp1-hit-rate-throughput": ["16 req/s: ON 2,208 against OFF 2,193 output tok/s (+0.7 %)",
+                                     "56 req/s: ON 7,464 against OFF 2,620 output tok/s (+184.9 %)"],
     "cpu-default-says": ["ON sustains ≥ 11.5 req/s (the highest rate run) and OFF 3.6 req/s [3.6, 3.9]"],
 }
 

@@ -125,9 +125,10 @@ ECHO = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "arri
 
 def test_routing_report_of_an_echo_fleet_sweep_writes_the_html_and_the_replica_summary(tmp_path):
     from prefixstudy.config import load_config
-    from prefixstudy.routing_sweep import routing_report, run_routing_sweep
+    from prefixstudy.routing_sweep import routing_report
+    from prefixstudy.sweep.run import run_sweep
 
-    parent = run_routing_sweep(load_config(None, {**ECHO, "out": str(tmp_path / "s")}), tmp_path / "s", progress=False)
+    parent = run_sweep(load_config(None, {**ECHO, "out": str(tmp_path / "s")}), run_dir=tmp_path / "s", progress=False)
     assert routing_report(parent) == parent / "routing.md"
     s = pd.read_csv(parent / "replicas_summary.csv")
     assert list(s.columns) == ["policy", "mode", "rate", "replica", "n_repeats", "n_routed", "n_ok", "n_failed",

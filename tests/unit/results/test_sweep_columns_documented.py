@@ -12,11 +12,12 @@ import pandas as pd
 import pytest
 
 from tests.scripts import load_script
+from tests.sweeps import capacity_sweep
 
-from prefixstudy.capacity import run_capacity_sweep
 from prefixstudy.config import load_config
 from prefixstudy.report.capacity import write_capacity_report
-from prefixstudy.routing_sweep import routing_report, run_routing_sweep
+from prefixstudy.routing_sweep import routing_report
+from prefixstudy.sweep.run import run_sweep
 
 # Two sweeps, five engine sessions: seconds, so the file runs in `make test`, not `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -42,10 +43,9 @@ def _hook():
 @pytest.fixture(scope="module")
 def parents(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("sweeps")
-    cap = run_capacity_sweep(load_config(None, {**CAPACITY, "out": str(out)}), "blocks", [14, 12], out / "capacity",
-                             progress=False)
+    cap = capacity_sweep(load_config(None, {**CAPACITY, "out": str(out)}), "blocks", [14, 12], out / "capacity")
     write_capacity_report(cap)
-    rt = run_routing_sweep(load_config(None, {**ROUTING, "out": str(out)}), out / "routing", progress=False)
+    rt = run_sweep(load_config(None, {**ROUTING, "out": str(out)}), run_dir=out / "routing", progress=False)
     routing_report(rt)
     return {"capacity.csv": cap, "routing.csv": rt, "replicas.csv": rt, "replicas_summary.csv": rt}
 

@@ -44,8 +44,8 @@ def test_a_resumed_run_takes_turns_over_what_is_left_and_skips_what_each_arm_has
                                        {"mode": "off", "rate": 50.0, "repeat": 0, "status": "ok"},
                                        {"mode": "off", "rate": 100.0, "repeat": 0, "status": "ok"}],
                             "dir": None})()
-    (sub,) = Study(cfg, writer).pending_configs()
-    assert sub.sweep.turns() == [("on", 100.0, 0), ("off", 50.0, 1), ("on", 50.0, 1), ("on", 100.0, 1),
+    ((sub, plan),) = Study(cfg, writer).pending()
+    assert plan.turns(sub) == [("on", 100.0, 0), ("off", 50.0, 1), ("on", 50.0, 1), ("on", 100.0, 1),
                                  ("off", 100.0, 1)]
 
 

@@ -140,7 +140,7 @@ def test_a_round_that_records_no_point_stops_the_run_instead_of_asking_again(tmp
     class RunsNothing:
         name = "local"
 
-        def run(self, cfg, rows, sink, progress=True):
+        def run(self, cfg, plan, rows, sink, progress=True):
             pass
 
     monkeypatch.setattr(study_module, "pick_executor", lambda cfg: RunsNothing())

@@ -21,13 +21,15 @@ def tiny_vllm_config():
 
 @pytest.fixture
 def make_sim(tiny_vllm_config):
-    """make_sim(mode, num_gpu_blocks, cost_ms) -> Simulator on the tiny Llama, 16-token blocks."""
+    """make_sim(mode, num_gpu_blocks, cost_ms, async_scheduling) -> Simulator on the tiny Llama, 16-token
+    blocks; with ``async_scheduling`` vLLM's AsyncScheduler, which the driver pipelines."""
     from prefixstudy.model.arch import load_arch
     from prefixstudy.sim.driver import Simulator
     from prefixstudy.sim.vllm_setup import SchedulerSpec, build_scheduler
 
-    def make(mode: str = "on", num_gpu_blocks: int = 64, cost_ms=None):
-        spec = SchedulerSpec(model_dir=TINY, prefix_caching=mode == "on", num_gpu_blocks=num_gpu_blocks, block_size=16)
+    def make(mode: str = "on", num_gpu_blocks: int = 64, cost_ms=None, async_scheduling: bool = False):
+        spec = SchedulerSpec(model_dir=TINY, prefix_caching=mode == "on", num_gpu_blocks=num_gpu_blocks, block_size=16,
+                             async_scheduling=async_scheduling)
         sched, hasher = build_scheduler(spec, load_arch(TINY), tiny_vllm_config)
         return Simulator(sched, hasher, cost_ms or unit_cost_ms)
 

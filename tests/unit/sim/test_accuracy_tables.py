@@ -43,3 +43,70 @@ def test_the_tables_are_what_accuracy_csv_gives(accuracy, tmp_path):
     accuracy.write(pd.read_csv(ACC / "accuracy.csv"), tmp_path)
     for name in ("accuracy.md", "summary.md"):
         assert (tmp_path / name).read_text() == (ACC / name).read_text(), name
+
+
+@pytest.fixture(scope="module")
+def accuracy_async():
+    return load_script("experiments/sim/accuracy_async.py")
+
+
+def test_the_default_engine_table_covers_every_calibration_study_and_point(accuracy_async, monkeypatch):
+    """async.csv holds every committed default-engine study with GPU-span steps, each of its points and
+    repeats under both held-out checks and its other runs; with one row gone, or a measured value
+    changed, the check says so."""
+    monkeypatch.chdir(REPO)
+    df = pd.read_csv(ACC / "async.csv")
+    assert accuracy_async.calibrations() == ["h200-tp1", "h200-tp1-fixed-order"]
+    assert accuracy_async.coverage_problems(df) == []
+    dropped = df.drop(index=df.index[(df["check"] == "held-out repeat") & (df["study"] == "h200-tp1")][0])
+    assert [p.split(":")[0] for p in accuracy_async.coverage_problems(dropped)] == ["held-out repeat h200-tp1"]
+    changed = df.copy()
+    changed.loc[changed.index[0], "mean_e2e_ms_meas"] *= 1.01
+    r = changed.iloc[0]
+    assert accuracy_async.coverage_problems(changed) == [
+        f"{r['check']} {r['study']} {r['mode']} {r['rate']:g} r{r['repeat']}: measured E2E is not summary.csv's"]
+
+
+def test_the_default_engine_tables_are_what_async_csv_gives(accuracy_async, tmp_path):
+    accuracy_async.write(pd.read_csv(ACC / "async.csv"), tmp_path)
+    for name in ("async.md", "async-summary.md"):
+        assert (tmp_path / name).read_text() == (ACC / name).read_text(), name
+
+
+def test_the_default_engine_numbers_in_docs_are_async_csv_s(accuracy_async):
+    """docs/simulator.md's sentences on the default engine quote async.csv's per-point table."""
+    pp = accuracy_async.per_point(pd.read_csv(ACC / "async.csv"))
+    text = " ".join((REPO / "docs/simulator.md").read_text().split())
+
+    def span(rows, col, fmt):
+        return fmt(rows[col].min() * 100), fmt(rows[col].max() * 100)
+
+    off16 = pp[(pp["mode"] == "off") & (pp["rate"] == 16)]
+    assert len(off16) == 6 and (off16["mean_e2e_ms_err"].abs() > 0.05).all()
+    assert "(+%s to +%s %%)" % span(off16, "mean_e2e_ms_err", "{:.1f}".format) in text
+    assert "%s–%s %% long" % span(off16, "cost_busy_err", "{:.1f}".format) in text
+    on80 = pp[(pp["mode"] == "on") & (pp["rate"] == 80) & (pp["study"] == "h200-tp1-fixed-order")]
+    assert "(+%s to +%s %%)" % span(on80, "mean_e2e_ms_err", "{:.1f}".format) in text
+    assert "%s–%s %% long" % span(on80, "cost_busy_err", "{:.1f}".format) in text
+    u = pp[pp["saturated_meas_share"] <= 0.5].assign(ok=lambda d: d["mean_e2e_ms_err"].abs() <= 0.05)
+    counts = u.groupby(["check", "study"])["ok"].agg(["sum", "size"])
+    assert tuple(counts.loc[("held-out point", "h200-tp1")]) == (4, 6)
+    assert tuple(counts.loc[("held-out repeat", "h200-tp1")]) == (5, 6)
+    assert tuple(counts.loc[("held-out point", "h200-tp1-fixed-order")]) == (6, 8)
+    assert tuple(counts.loc[("held-out repeat", "h200-tp1-fixed-order")]) == (6, 8)
+    assert ("Within 5 %** at 4 of 6 unsaturated points of h200-tp1 with the point held out (5 of 6 with the repeat "
+            "held out), and at 6 of 8 of h200-tp1-fixed-order either way") in text
+
+
+def test_the_other_workload_sentence_is_async_csv_s(accuracy_async):
+    pp = accuracy_async.per_point(pd.read_csv(ACC / "async.csv"))
+    w = pp[pp["check"] == "another workload"]
+    u, s = w[w["saturated_meas_share"] <= 0.5], w[w["saturated_meas_share"] > 0.5]
+    worst = u.loc[u["mean_e2e_ms_err"].abs().idxmax()]
+    assert (len(u), int((u["mean_e2e_ms_err"].abs() <= 0.05).sum()), len(s), int((s["saturated_sim_share"] > 0.5).sum())) \
+        == (31, 31, 9, 9)
+    assert (round(worst["mean_e2e_ms_err"] * 100, 1), worst["study"], worst["mode"], worst["rate"]) \
+        == (-4.1, "h200-multiturn", "on", 2)
+    text = " ".join((REPO / "docs/simulator.md").read_text().split())
+    assert ("within 5 % at all 31 unsaturated points of the six cache-pressure sweeps and h200-multiturn (worst −4.1 %, "
+            "ON at 2 sessions/s on h200-multiturn), predicts all 9 saturated points saturated") in text

@@ -28,3 +28,14 @@ def test_the_quoted_fit_is_the_manifest_one(study, steps):
 def test_the_sync_fit_is_the_one_the_page_was_checked_against():
     assert _fit_words("h200-tp1-sync") == ("6.234 + 0.0207·prefill_tokens + 0.0712·decode_tokens + "
                                            "2.018·prefill_requests")
+
+
+def test_the_quoted_host_part_is_the_async_fit_of_h200_tp1():
+    from prefixstudy.sim.cost import fit_study
+
+    h = fit_study(REPO / "experiments/results/h200-tp1").host
+    c = h["coef_ms"]
+    words = (f"{h['c0_ms']:.3f} + {c['prefill_tokens']:.4f}·prefill_tokens + {c['decode_tokens']:.4f}·decode_tokens + "
+             f"{c['num_prefill_reqs']:.3f}·prefill_requests (R² {h['r2']:.3f}")
+    assert words == "4.531 + 0.0217·prefill_tokens + 0.0616·decode_tokens + 0.315·prefill_requests (R² 0.943"
+    assert words in " ".join((REPO / "docs/simulator.md").read_text().split())

@@ -1,0 +1,154 @@
+"""vLLM's default engine (async scheduling) in virtual time: the two-part step price, the fit of
+both parts, which calibrations get it, and the pipelined schedule, on numbers worked out by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from prefixstudy.errors import UserError
+from prefixstudy.sim.cost import CostModel, async_recorded, fit
+from prefixstudy.sim.driver import SimRequest
+from prefixstudy.sim.step import StepFeatures
+
+from tests.unit.sim.conftest import unit_cost_ms
+
+REPO = Path(__file__).resolve().parents[3]
+DECODE = StepFeatures(prefill_tokens=0, decode_tokens=1, context_tokens=100, num_reqs=1)
+
+
+def test_a_step_costs_the_slower_of_the_gpu_and_the_host():
+    assert CostModel(5.0, {}, host={"c0_ms": 3.0, "coef_ms": {}})(DECODE) == 5.0  # GPU-bound
+    assert CostModel(5.0, {}, host={"c0_ms": 7.0, "coef_ms": {}})(DECODE) == 7.0  # host-bound
+    assert CostModel(5.0, {})(DECODE) == 5.0  # one step at a time: no host part, the fit alone
+    both = CostModel(1.0, {"decode_tokens": 0.1}, host={"c0_ms": 1.0, "coef_ms": {"decode_tokens": 0.05}})
+    assert both(DECODE) == pytest.approx(1.1) and both.pipelined and not CostModel(5.0, {}).pipelined
+
+
+def gpu_span_steps():
+    """GPU span 2 + 0.01 prefill + 0.05 decode; host record 3 + 0.02 decode."""
+    df = pd.DataFrame([(100, 0), (0, 4), (50, 2), (0, 8), (1000, 1), (0, 1), (0, 30)],
+                      columns=["prefill_tokens", "decode_tokens"])
+    df["context_tokens"] = 0
+    df["step_ms"] = 2 + 0.01 * df.prefill_tokens + 0.05 * df.decode_tokens
+    df["host_step_ms"] = 3 + 0.02 * df.decode_tokens
+    df["mode"], df["rate"], df["repeat"], df["timing"] = "on", 1.0, 0, "gpu-span"
+    return df
+
+
+def test_the_async_fit_prices_the_gpu_on_the_spans_and_the_host_on_the_host_stamps():
+    m = fit(gpu_span_steps(), async_scheduling=True)
+    assert m.c0_ms == pytest.approx(2.0) and m.coef_ms == pytest.approx({"prefill_tokens": 0.01, "decode_tokens": 0.05})
+    assert m.host["c0_ms"] == pytest.approx(3.0) and m.host["coef_ms"] == pytest.approx({"decode_tokens": 0.02})
+    assert (m.host["n_steps"], m.timing) == (7, "gpu-span")
+    # a 1000-token prefill is the GPU's (12 ms against 3), eight decodes the host's (3.16 against 2.4)
+    assert m(StepFeatures(1000, 0, 0, 1)) == pytest.approx(12.0)
+    assert m(StepFeatures(0, 8, 0, 8)) == pytest.approx(3.16)
+    assert fit(gpu_span_steps()).host == {}  # the same steps, fitted as one step at a time
+
+
+def test_an_async_calibration_without_gpu_spans_is_refused():
+    df = gpu_span_steps().assign(timing="engine")
+    with pytest.raises(UserError, match=r"--calibration x: it ran vLLM's async scheduling, but its steps are not all "
+                                        r"timed on the GPU with host stamps beside them \(timing engine\); "
+                                        r"no per-step cost to fit"):
+        fit(df, source="x", async_scheduling=True)
+
+
+def test_the_host_part_survives_a_save_and_a_sync_model_saves_as_before(tmp_path):
+    m = fit(gpu_span_steps(), async_scheduling=True)
+    m.save(tmp_path / "a.json")
+    assert CostModel.load(tmp_path / "a.json").host == m.host
+    CostModel(2.0, {"decode_tokens": 0.05}).save(tmp_path / "s.json")
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert "host" not in saved and not CostModel.load(tmp_path / "s.json").pipelined
+
+
+@pytest.mark.parametrize(("setting", "timing", "expected"), [
+    ("null", "gpu-span", True),  # vLLM's default on an in-process GPU engine, the only one timed on the GPU
+    ("null", "engine-async", True), ("null", "engine", False),
+    ("false", "gpu-span", False),  # async scheduling turned off, steps still timed on the GPU
+    ("true", "engine", True)])
+def test_which_engine_a_calibration_ran_is_read_from_its_config_and_timing(tmp_path, setting, timing, expected):
+    text = (REPO / "experiments/results/h200-tp1/config.yaml").read_text()
+    assert "  async_scheduling: null\n" in text
+    (tmp_path / "config.yaml").write_text(text.replace("  async_scheduling: null\n", f"  async_scheduling: {setting}\n"))
+    assert async_recorded(tmp_path, pd.DataFrame({"timing": [timing] * 3})) is expected
+
+
+def test_the_committed_default_engine_study_is_async_and_the_sync_one_is_not():
+    from prefixstudy.sim.cost import fit_study
+
+    assert fit_study(REPO / "experiments/results/h200-tp1").pipelined
+    assert not fit_study(REPO / "experiments/results/h200-tp1-sync").pipelined
+
+
+def test_pipelined_alone_a_request_runs_as_one_step_at_a_time(make_sim):
+    """Step 2 (a decode) is scheduled before step 1's token is known, on a placeholder; the
+    scheduler skips a fourth step, sure that the third reached max_tokens.  Back to back on the GPU,
+    the tokens come when each step ends: as without async scheduling (test_driver)."""
+    sim = make_sim("on", async_scheduling=True)
+    assert sim.pipelined and sim.lane is None
+    tr = sim.run([SimRequest("a", list(range(100, 200)), 3, 0.0)])["a"]
+    assert tr.token_times == pytest.approx([0.002, 0.0031, 0.0042]) and tr.scheduled_s == 0.0
+    assert [s["step_ms"] for s in sim.steps] == pytest.approx([2.0, 1.1, 1.1])
+    assert [s["step_start_s"] for s in sim.steps] == pytest.approx([0.0, 0.002, 0.0031])
+    assert sim.in_flight is None and not sim.unfinished()
+
+
+def test_an_arrival_during_a_step_joins_one_step_later_than_without_async(make_sim):
+    """b arrives at 1 ms, while step 1 (a's 100-token prompt, 0-2 ms) runs.  One step at a time, step 2
+    (2-3.6 ms) takes b's 50-token prompt and a's decode: 1 + 0.5 + 0.1 ms.  Pipelined, step 2 was
+    scheduled at 0 ms, when step 1 started, without b: a's decode alone (2-3.1 ms); b is scheduled at
+    2 ms, as step 1's output comes back, into step 3 (3.1-4.7 ms): one step more to b's first token.
+    Step 4 is b's decode alone: a's last token is in flight in step 3, so the scheduler skips a."""
+    reqs = [SimRequest("a", list(range(100, 200)), 3, 0.0), SimRequest("b", list(range(300, 350)), 2, 0.001)]
+    sync = make_sim("on").run(reqs)["b"]
+    assert sync.scheduled_s == pytest.approx(0.002) and sync.token_times[0] == pytest.approx(0.0036)
+    sim = make_sim("on", async_scheduling=True)
+    b = sim.run(reqs)["b"]
+    assert b.scheduled_s == pytest.approx(0.002) and b.token_times == pytest.approx([0.0047, 0.0058])
+    assert [(s["prefill_tokens"], s["decode_tokens"]) for s in sim.steps] == [(100, 0), (0, 1), (50, 1), (0, 1)]
+    assert [s["t_s"] for s in sim.steps] == pytest.approx([0.002, 0.0031, 0.0047, 0.0058])
+
+
+def test_pipelined_steps_cost_the_host_part_where_it_is_the_slower(make_sim):
+    """GPU part the unit cost, host part 1.5 ms a step: the prompt step is the GPU's (2 ms), each
+    decode step the host's (1.5 ms, not 1.1)."""
+    cost = CostModel(1.0, {"prefill_tokens": 0.01, "decode_tokens": 0.1}, host={"c0_ms": 1.5, "coef_ms": {}})
+    assert cost(StepFeatures(100, 0, 100, 1)) == unit_cost_ms(StepFeatures(100, 0, 100, 1)) == 2.0
+    sim = make_sim("on", cost_ms=cost, async_scheduling=True)
+    tr = sim.run([SimRequest("a", list(range(100, 200)), 3, 0.0)])["a"]
+    assert tr.token_times == pytest.approx([0.002, 0.0035, 0.005])
+
+
+def test_the_deadline_drops_the_step_in_flight(make_sim):
+    """Steps end at 2, 3.1 and 4.2 ms; the clock passes the 4 ms deadline when step 3's output comes
+    back, with step 4 in flight: it is dropped, the request aborted, the 4.2 ms token cut."""
+    sim = make_sim("on", async_scheduling=True)
+    tr = sim.run([SimRequest("a", list(range(100, 200)), 50, 0.0)], deadline_s=0.004)["a"]
+    assert tr.token_times == pytest.approx([0.002, 0.0031])
+    assert sim.in_flight is None and not sim.unfinished() and len(sim.steps) == 4
+
+
+def test_the_roofline_transfer_scales_the_host_part_as_the_gpu_part():
+    """Mistral-7B on one H200 to TP 2: each term of both parts by the same roofline ratio, each part's
+    fixed cost less the source's roofline c0 plus the target's."""
+    from prefixstudy.model.arch import load_arch
+    from prefixstudy.model.gpus import get_gpu
+    from prefixstudy.model.roofline import Deployment
+    from prefixstudy.sim.hardware import roofline_terms, transfer
+
+    arch, h200 = load_arch(REPO / "prefixstudy/configs/models/mistral-7b-v0.3"), get_gpu("H200-SXM")
+    src, dst = Deployment(arch, h200, 1), Deployment(arch, h200, 2)
+    m = CostModel(4.0, {"prefill_tokens": 0.02}, host={"c0_ms": 5.0, "coef_ms": {"decode_tokens": 0.06}})
+    t = transfer(m, src, dst, 1000.0)
+    r1, r2 = roofline_terms(src, 1000.0), roofline_terms(dst, 1000.0)
+    assert t.c0_ms == pytest.approx(4.0 - r1["c0"] + r2["c0"])
+    assert t.host["c0_ms"] == pytest.approx(5.0 - r1["c0"] + r2["c0"])
+    assert t.coef_ms == pytest.approx({"prefill_tokens": 0.02 * r2["prefill_tokens"] / r1["prefill_tokens"]})
+    assert t.host["coef_ms"] == pytest.approx({"decode_tokens": 0.06 * r2["decode_tokens"] / r1["decode_tokens"]})
+    assert transfer(CostModel(4.0, {"prefill_tokens": 0.02}), src, dst, 1000.0).host == {}

@@ -1238,7 +1238,8 @@ RENDER = {"h200-offload": offload_table, "tier-cost": lambda _: tier_cost_table(
           "h200-tp1-hit-rate-throughput": lambda _: hit_rate_throughput_block(),
           "cpu-default-says": lambda _: cpu_default_says_block(),
           "tp8-model": lambda _: tp8_table(), "tp8-says": lambda _: tp8_says_block()}
-TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp1-hit-rate-throughput", "h200-tp1-sync", "h200-tp1-sync-steps", "h200-tp1-sync-says",
+TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp1-hit-rate-throughput",
+                                  "h200-tp1-sync", "h200-tp1-sync-steps", "h200-tp1-sync-says",
                                   "h200-tp1-async-split", "h200-tp1-async-gpu", "h200-tp1-async-effect",
                                   "h200-tp2-fit", "h200-tp2", "h200-tp2-says", "h200-tp1-ray-checks", "h200-tp1-ray",
                                   "h200-tp1-ray-says", "h200-cache-pressure", "h200-cache-pressure-says",

@@ -125,11 +125,12 @@ class ColdStart:
             raise ColdStartFailed(why, meta)
         if status == UNVERIFIED and not self.warned:
             self.warned = True
-            log.warning("warning: cache %s: the cold-start probe cannot see this engine's cache hits (a probe sent "
-                        "twice hit %s cached tokens the second time: cached tokens not reported, or blocks larger "
-                        "than %d tokens); its %s is not verified", self.mode.upper(),
-                        meta["probe_warm_cached_tokens"], engine.block_size or 16,
-                        "reset" if self.isolation == "reset" else "cache salt")
+            seen = meta["probe_warm_cached_tokens"]
+            log.warning("warning: cache %s: the cold-start probe cannot see this engine's cache hits (sent twice, "
+                        "its second send %s: cached tokens not reported, or blocks larger than %d tokens); its %s "
+                        "is not verified", self.mode.upper(),
+                        "reported no cached tokens" if seen is None else f"hit {seen} cached tokens",
+                        engine.block_size or 16, "reset" if self.isolation == "reset" else "cache salt")
         return meta, prompt, after
 
     async def _isolate(self, engine, new_salt: str) -> bool | None:
@@ -137,6 +138,8 @@ class ColdStart:
         if self.isolation == "salt":
             engine.set_cache_salt(new_salt)
             return True
+        if getattr(engine, "cache_salt", ""):  # a kept engine (engines.pool) salted by an earlier study
+            engine.set_cache_salt("")
         return await engine.reset_prefix_cache()
 
     @staticmethod

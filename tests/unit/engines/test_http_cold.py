@@ -116,6 +116,6 @@ def test_a_server_that_reports_no_cached_tokens_leaves_the_probe_unverified_said
     assert [(p["status"], p["cold_probe"], p["probe_warm_cached_tokens"], p["probe_cold_cached_tokens"])
             for p in on_pts] == [("ok", "unverified", None, None)] * 2
     said = [r.getMessage() for r in caplog.records if "cold-start probe" in r.getMessage()]
-    assert said == ["warning: cache ON: the cold-start probe cannot see this engine's cache hits (a probe sent "
-                    "twice hit None cached tokens the second time: cached tokens not reported, or blocks larger "
-                    "than 16 tokens); its reset is not verified"]
+    assert said == ["warning: cache ON: the cold-start probe cannot see this engine's cache hits (sent twice, its "
+                    "second send reported no cached tokens: cached tokens not reported, or blocks larger than 16 "
+                    "tokens); its reset is not verified"]

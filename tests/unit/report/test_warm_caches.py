@@ -1,5 +1,6 @@
-"""Peer files (`prefixstudy report --peer`) that show warm-cache contamination are flagged: a point
-whose prefix-cache hit rate is above the dataset's bound had a cache warm from before it ran."""
+"""Warm caches are flagged in what a user reads: peer files (`prefixstudy report --peer`) with a point
+whose prefix-cache hit rate is above the dataset's bound (its cache was warm before it ran), and
+studies whose cold starts the probe (runner.cold) could not prove, in their report and in `compare`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import math
 import pandas as pd
 
 from prefixstudy.report.bench_import import peer_points, warm_peers
+from prefixstudy.engines.echo import EchoEngine
 from prefixstudy.report.build import build_report
+from prefixstudy.report.compare import build_compare
+from prefixstudy.report.data import cold_start_notes
+from prefixstudy.results import load
 from prefixstudy.study import run_study
 from tests.unit.runner.test_runner import cfg_with
 
@@ -63,3 +68,38 @@ def test_the_report_flags_a_contaminated_peer(tmp_path, caplog):
             "with a hit rate are above)")
     assert line in (run / "report.md").read_text()
     assert [r.getMessage() for r in caplog.records if "contamination" in r.getMessage()] == [f"warning: {line}"]
+
+
+def test_cold_starts_the_probe_could_not_prove_are_noted():
+    def manifest(*probes):
+        return {"points": [{"cold_probe": p} for p in probes]}
+
+    assert cold_start_notes(manifest("cold", "caching off", "cold")) == []
+    assert cold_start_notes({"points": [{"mode": "on"}]}) == []  # a run made before the probe
+    assert cold_start_notes(manifest("cold", "warm", "unverified", "unverified", "not reset", "caching off")) == [
+        "Cold starts: 1 of 5 points of arms with a cache failed: their prefix cache still held the probe after the "
+        "reset or new salt (`--resume` runs them again).",
+        "Cold starts: 2 of 5 points of arms with a cache could not be proven cold: the probe saw no cache hits on "
+        "this engine (cached tokens not reported?).",
+        "Cold starts: 1 of 5 points of arms with a cache ran without a reset (the server has no reset endpoint) and "
+        "may have started warm; `sweep.cache_isolation: salt` isolates them."]
+
+
+def test_compare_flags_the_study_whose_reset_did_not_take(tmp_path, monkeypatch):
+    sweep = {"sweep.rates": [25, 50, 100]}
+    good = run_study(cfg_with(out=str(tmp_path / "good"), **sweep), progress=False)
+
+    async def second_reset_does_nothing(self):
+        self.resets = getattr(self, "resets", 0) + 1
+        if self.resets != 2:
+            self.cache.clear()
+
+    monkeypatch.setattr(EchoEngine, "reset_prefix_cache", second_reset_does_nothing)
+    bad = run_study(cfg_with(out=str(tmp_path / "bad"), study="bad", **sweep), progress=False)
+    monkeypatch.undo()
+    assert [(p["mode"], p["rate"], p["status"]) for p in load(bad).manifest["points"] if p["status"] != "ok"] == [
+        ("on", 50.0, "failed")]
+    text = (build_compare([good, bad], tmp_path / "cmp", n_boot=20).parent / "report.md").read_text()
+    flag = ("Cold starts: 1 of 3 points of arms with a cache failed: their prefix cache still held the probe after "
+            "the reset or new salt (`--resume` runs them again).")
+    assert text.count(flag) == 1 and text.count("Cold starts:") == 1

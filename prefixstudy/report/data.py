@@ -173,7 +173,9 @@ def cold_start_notes(manifest: dict) -> list[str]:
                          ("unverified", "could not be proven cold: the probe saw no cache hits on this engine "
                                         "(cached tokens not reported?)"),
                          ("not reset", "ran without a reset (the server has no reset endpoint) and may have "
-                                       "started warm; `sweep.cache_isolation: salt` isolates them")):
+                                       "started warm; `sweep.cache_isolation: salt` isolates them"),
+                         ("probe failed", "could not be probed: the probe request failed (`probe_error` in the "
+                                          "manifest)")):
         k = probed.count(status)
         if k:
             out.append(f"Cold starts: {k} of {n} points of arms with a cache {text}.")

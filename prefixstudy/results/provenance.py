@@ -135,7 +135,9 @@ POINT_KEYS: dict[str, Key] = {
                       optional=True),
     "cold_probe": Key("string", "what the cold-start probe found (docs/cache-isolation.md): `cold` (verified), "
                       "`warm` (the point failed), `unverified` (the engine's hits cannot be seen), `not reset` "
-                      "(the server has no reset endpoint) or `caching off`", optional=True),
+                      "(the server has no reset endpoint), `probe failed` (a probe request failed: "
+                      "`probe_error`) or `caching off`", optional=True),
+    "probe_error": Key("string", "`probe failed`: the probe request's error", optional=True),
     "probe_prompt_tokens": Key("integer", "tokens of the probe's prompt: fresh whole blocks and one more",
                                optional=True),
     "probe_warm_cached_tokens": Key("integer | null", "tokens the probe's second send hit before the isolation "

@@ -11,6 +11,9 @@ sent for one output token:
 * once after it: it must hit 0 tokens.  A probe that still hits is a reset (or salt) that did not
   take: the point fails with the numbers, and ``--resume`` runs it again.
 
+A probe request that fails (a server answering errors) checks nothing: the point runs, its
+``cold_probe`` says ``probe failed`` with the error, and its own requests show what fails.
+
 The probe is no measured request: it is sent before the primes and warm-ups, outside every timing,
 counter scrape and step record of the point.  ``verdict`` is the check itself, pure."""
 
@@ -33,15 +36,20 @@ PROBE_SEED = 20_011
 
 # cold_probe, per point: what the probe found.
 COLD, UNVERIFIED, NOT_RESET, CACHING_OFF, WARM = "cold", "unverified", "not reset", "caching off", "warm"
+PROBE_FAILED = "probe failed"
 
 
 class ColdStartFailed(Exception):
-    """The point cannot run: its cache was not cold (or the probe itself failed).  ``meta``: the
-    probe's keys for the point's manifest entry."""
+    """The point cannot run: its cache was not cold.  ``meta``: the probe's keys for the point's
+    manifest entry."""
 
     def __init__(self, why: str, meta: dict):
         super().__init__(why)
         self.meta = meta
+
+
+class ProbeFailed(Exception):
+    """A probe request failed (an error, a timeout): the cache is not checked, the point runs."""
 
 
 def probe_prompt(rng: np.random.Generator, block_size: int, max_model_len: int, lo: int, hi: int,
@@ -109,11 +117,14 @@ class ColdStart:
         try:
             await self._send(send, prompt, rid("probe"))
             warm = [_count(t) for t in await self._send(send, prompt, rid("probe"))]
-            took = await self._isolate(engine, new_salt)
+        except ProbeFailed as e:  # the point still gets its isolation, and runs: its requests tell what fails
+            await self._isolate(engine, new_salt)
+            return {**meta, "cold_probe": PROBE_FAILED, "probe_error": str(e)}, [], []
+        took = await self._isolate(engine, new_salt)
+        try:
             after = await self._send(send, prompt, rid("probe"))
-        except ColdStartFailed as e:
-            e.meta = {**meta, **e.meta}
-            raise
+        except ProbeFailed as e:
+            return {**meta, "cold_probe": PROBE_FAILED, "probe_error": str(e)}, [], []
         cold = [_count(t) for t in after]
         meta["probe_warm_cached_tokens"] = min((w for w in warm if w is not None), default=None)
         meta["probe_cold_cached_tokens"] = max((c for c in cold if c is not None), default=None)
@@ -146,11 +157,11 @@ class ColdStart:
     async def _send(send, prompt: list[int], request_id: str) -> list[RequestTrace]:
         try:
             traces = await send(prompt, request_id)
-        except Exception as e:  # noqa: BLE001 - the probe's failure is the point's, in one line
-            raise ColdStartFailed(f"cold-start probe failed ({type(e).__name__}: {e})"[:500], {}) from e
+        except Exception as e:  # noqa: BLE001 - any failure of the probe is recorded in one line
+            raise ProbeFailed(f"{type(e).__name__}: {e}"[:500]) from e
         bad = next((t.error for t in traces if t.error), "")
         if bad:
-            raise ColdStartFailed(f"cold-start probe failed ({bad})"[:500], {})
+            raise ProbeFailed(bad[:500])
         return traces
 
 

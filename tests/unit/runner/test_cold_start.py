@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from prefixstudy.engines import RequestTrace
 from prefixstudy.engines.echo import EchoEngine
 from prefixstudy.results import load
 from prefixstudy.runner.cold import PROBE_SEED, probe_prompt, verdict
@@ -93,6 +94,27 @@ def test_a_salt_the_engine_ignores_fails_the_point(tmp_path, monkeypatch):
     res = _run(tmp_path, **{"sweep.cache_isolation": "salt", "sweep.rates": [50], "sweep.repeats": 1})
     on = [p for p in res.manifest["points"] if p["mode"] == "on"]
     assert [(p["status"], p["error"], p["cold_probe"]) for p in on] == [("failed", NOT_SALTED, "warm")]
+
+
+def test_a_failed_probe_checks_nothing_and_the_point_runs_isolated(tmp_path, monkeypatch):
+    async def refused(self, prompt_token_ids, request_id):
+        return [RequestTrace(0.0, error="HTTP 500: out of cheese")]
+
+    resets, reset = [], EchoEngine.reset_prefix_cache
+
+    async def counted(self):
+        resets.append(self.mode)
+        await reset(self)
+
+    monkeypatch.setattr(EchoEngine, "probe", refused)
+    monkeypatch.setattr(EchoEngine, "reset_prefix_cache", counted)
+    res = _run(tmp_path, **{"sweep.rates": [50], "sweep.repeats": 2})
+    on = [p for p in res.manifest["points"] if p["mode"] == "on"]
+    assert [(p["status"], p["cold_probe"], p["probe_error"], "probe_warm_cached_tokens" in p) for p in on] == \
+        [("ok", "probe failed", "HTTP 500: out of cheese", False)] * 2
+    assert sorted(resets) == ["off", "off", "on", "on"]  # each point still reset
+    m = res.measured
+    assert m[m["mode"] == "on"]["num_cached_tokens"].tolist() == [32] * 12 and bool(res.summary["hit_rate_ok"].all())
 
 
 @pytest.mark.parametrize("warm, cold, expected", [

@@ -185,9 +185,10 @@ class HttpEngine(EngineDefaults):
         except Exception:  # noqa: BLE001 - metrics are best effort: unreadable metrics are None
             return None
 
-    async def reset_prefix_cache(self) -> None:
+    async def reset_prefix_cache(self) -> bool:
+        """True once reset; False where the server has no reset endpoint (warned the first time)."""
         if not self.reset_supported:
-            return
+            return False
         url = f"{self.base}{self.config.reset_path}"
         # Requests of the previous point may still be finishing; the server refuses until idle (vLLM:
         # {"success": false}; SGLang: HTTP 400), so ask again until the deadline.
@@ -197,13 +198,14 @@ class HttpEngine(EngineDefaults):
             async with await self._idempotent("post", url) as r:
                 if r.status in (404, 405):
                     self.reset_supported = False
-                    log.warning("warning: %s has no %s (start it with %s); the prefix cache is NOT reset between "
+                    salt = ", or isolate the points with sweep.cache_isolation: salt" if self.profile.cache_salt else ""
+                    log.warning("warning: %s has no %s (start it with %s%s); the prefix cache is NOT reset between "
                                 "points, so a point can hit what an earlier one cached",
-                                self.base, self.config.reset_path, self.profile.reset_flag)
-                    return
+                                self.base, self.config.reset_path, self.profile.reset_flag, salt)
+                    return False
                 body = await r.text()
             if r.status == 200 and '"success":false' not in body.replace(" ", ""):
-                return
+                return True
             if busy is not None and r.status != busy:
                 raise RuntimeError(f"{url} answered HTTP {r.status} to a prefix-cache reset: {_first_line(body)}")
             if time.monotonic() >= deadline:
@@ -247,9 +249,10 @@ class HttpEngine(EngineDefaults):
 
     # ------------------------------------------------------------------ requests
     def _payload(self, prompt_token_ids: list[int], output_len: int) -> dict[str, Any]:
+        salt = {"cache_salt": self.cache_salt} if self.cache_salt else {}  # vLLM's per-request salt
         return {"model": self.model_name, "prompt": prompt_token_ids, "max_tokens": output_len,
                 "min_tokens": output_len, "ignore_eos": True, "temperature": 0.0, "stream": True,
-                "stream_options": {"include_usage": True}, **self.profile.payload}
+                "stream_options": {"include_usage": True}, **self.profile.payload, **salt}
 
     async def generate(self, prompt_token_ids: list[int], output_len: int, request_id: str,
                        trace: RequestTrace) -> RequestTrace:
@@ -315,6 +318,7 @@ class HttpEngine(EngineDefaults):
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         if cached is None:
             self._no_cached_field += 1
+            trace.cached_tokens_reported = False
         trace.num_cached_tokens = int(cached or 0)
         # A server that sends several tokens an event without token_ids: the count is the server's,
         # the last ones taken as arriving with the last event (E2E and TPOT hold; the gaps between

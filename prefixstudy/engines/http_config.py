@@ -23,6 +23,7 @@ class ServerProfile(NamedTuple):
     # in the stream, so tokens it sends several to an event (a loaded server) are counted where they
     # arrived, not taken from usage at the end.
     payload: dict[str, Any] = {}
+    cache_salt: bool = False  # takes vLLM's per-request `cache_salt` field (sweep.cache_isolation salt)
 
 
 # SGLang's, from its sources (not run against a real SGLang here): /flush_cache answers 400 while
@@ -30,7 +31,7 @@ class ServerProfile(NamedTuple):
 PROFILES = {
     # reset_external: the KV connector's cache too (a CPU tier), else a point starts on the last one's.
     "vllm": ServerProfile("/reset_prefix_cache?reset_external=true", None, None, "--enable-prompt-tokens-details",
-                          "VLLM_SERVER_DEV_MODE=1", {"return_token_ids": True}),
+                          "VLLM_SERVER_DEV_MODE=1", {"return_token_ids": True}, cache_salt=True),
     "sglang": ServerProfile("/flush_cache", 400, 1, "--enable-cache-report", "a release with /flush_cache"),
 }
 
@@ -62,6 +63,11 @@ class HttpEngineConfig(EngineConfigBase):
     @property
     def admission_limit(self) -> int | None:
         return self.max_num_seqs
+
+    def salt_refusal(self) -> str:
+        if PROFILES[self.server].cache_salt:
+            return ""
+        return f"engine.server {self.server} takes no per-request cache salt (vLLM's `cache_salt`); use reset"
 
     @field_validator("targets", mode="before")
     @classmethod

@@ -175,8 +175,11 @@ class VllmServerEngine(EngineDefaults):
         log.info("server %s up in %.1f s at %s (block size %s)", self.mode, self.startup_s, url, self.block_size)
 
     # ------------------------------------------------------------------ the HTTP engine does the rest
-    async def reset_prefix_cache(self) -> None:
-        await self.http.reset_prefix_cache()
+    async def reset_prefix_cache(self) -> bool:
+        return await self.http.reset_prefix_cache()
+
+    def set_cache_salt(self, salt: str) -> None:
+        self.http.set_cache_salt(salt)
 
     def begin_iterations(self) -> None:
         self.http.begin_iterations()

@@ -25,7 +25,8 @@ class EngineConfigBase(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: str = Field(description="The backend: `vllm` (in process), `echo` (a stand-in), `http` (a running "
-                      "server), `vllm-server` (`vllm serve` launched per arm) or `sim` (the simulator).")
+                      "server), `vllm-server` (`vllm serve` launched per arm), `sglang-server` (SGLang's server "
+                      "launched per arm) or `sim` (the simulator).")
     max_model_len: int = Field(2048, gt=0, description="Longest prompt + output, in tokens, the engine takes; "
                                "every dataset row is checked against it before a run.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine spans (tensor parallel); the Ray "

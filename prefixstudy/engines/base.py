@@ -40,8 +40,9 @@ class EngineConfigBase(BaseModel):
     @property
     def resident_share(self) -> float | None:
         """The share of its device one engine of this config holds while it is up (vLLM's
-        ``gpu_memory_utilization``); None: none, or not ours to know.  Interleaved arms keep every
-        arm's engine up at once, and the plan check refuses shares that cannot fit together."""
+        ``gpu_memory_utilization``); None: none, or not ours to know; 1.0: the whole device (an engine
+        that sizes itself by the memory free when it starts).  Interleaved arms keep every arm's engine
+        up at once, and the plan check refuses shares that cannot fit together."""
         return None
 
     @property

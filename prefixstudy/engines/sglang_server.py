@@ -57,9 +57,10 @@ class SglangServerEngineConfig(EngineConfigBase):
                                    "With `load_format: dummy` a folder with the config.json is enough.")
     tokenizer_path: str | None = Field(None, description="A folder with the model's tokenizer.json "
                                        "(`--tokenizer-path`); None: the model's folder, which then needs one.")
-    mem_fraction_static: float = Field(0.4, gt=0, lt=1, description="`--mem-fraction-static`: the share of GPU "
-                                       "memory for weights and KV cache; ON and OFF stay up together when the arms "
-                                       "are interleaved, so two shares must fit on one GPU.")
+    mem_fraction_static: float = Field(0.42, gt=0, lt=1, description="`--mem-fraction-static`: the share of the "
+                                       "GPU memory free at the server's start that it keeps for weights and KV cache "
+                                       "(its log's `KV Cache is allocated. #tokens` says what that left). One "
+                                       "server at a time per GPU (`sweep.interleave_arms: false`).")
     attention_backend: str = Field("triton", description="`--attention-backend` (triton needs no kernel beyond "
                                    "SGLang's own wheel set).")
     sampling_backend: str = Field("pytorch", description="`--sampling-backend` (pytorch: no FlashInfer sampler).")
@@ -77,7 +78,9 @@ class SglangServerEngineConfig(EngineConfigBase):
 
     @property
     def resident_share(self) -> float | None:
-        return self.mem_fraction_static
+        # SGLang's static memory is mem_fraction_static of the memory free when the server starts
+        # (its profile_max_num_token): a second server beside a first would get a smaller KV cache.
+        return 1.0
 
     @property
     def admission_limit(self) -> int | None:

@@ -18,7 +18,7 @@ from prefixstudy.config import load_config
 from prefixstudy.engines.base import RequestTrace
 from prefixstudy.engines.sglang_server import SERVER_MODULE_ENV, SglangServerEngine, server_command
 from prefixstudy.errors import StudyFailed, UserError
-from prefixstudy.preflight import check_engine_config
+from prefixstudy.preflight import check_engine_config, check_plan
 
 REPO = Path(__file__).resolve().parents[3]
 PREFIX = list(range(1000, 1056))  # 56 shared tokens
@@ -41,7 +41,7 @@ def test_the_command_line_of_on_and_off(tok):
     on = server_command(cfg.model, cfg.arm_engine("on"), "on", 30000)
     assert on == [sys.executable, "-m", "sglang.launch_server", "--model-path", "/m", "--host", "127.0.0.1",
                   "--port", "30000", "--enable-cache-report", "--enable-metrics", "--context-length", "4096",
-                  "--mem-fraction-static", "0.4", "--attention-backend", "triton", "--sampling-backend", "pytorch",
+                  "--mem-fraction-static", "0.42", "--attention-backend", "triton", "--sampling-backend", "pytorch",
                   "--tp-size", "1", "--load-format", "dummy", "--tokenizer-path", str(tok),
                   "--max-running-requests", "256", "--chunked-prefill-size", "8192"]
     off = server_command(cfg.model, cfg.arm_engine("off"), "off", 30000)
@@ -84,15 +84,28 @@ def test_refusals_name_the_field_in_one_line(tok, monkeypatch):
         "needs a CUDA GPU)")
 
 
+def test_arms_up_at_once_are_refused_because_sglang_sizes_itself_by_the_free_memory(tok):
+    cfg = _cfg(tokenizer_path=str(tok))
+    with pytest.raises(UserError) as e:
+        check_plan(cfg)
+    assert str(e.value) == ("field 'sweep.interleave_arms': engine.kind sglang-server sizes each engine by the memory "
+                            "free when it starts, so 2 arms up at once on one device would not get the same KV cache; "
+                            "set sweep.interleave_arms: false (one arm's engine at a time)")
+    check_plan(load_config(None, {"engine": {"kind": "sglang-server"}, "executor": "local",
+                                  "sweep.interleave_arms": False}))
+    check_plan(load_config(None, {"engine": {"kind": "sglang-server"}, "executor": "local", "sweep.modes": ["on"]}))
+
+
 def test_the_cli_refuses_with_exit_code_2_and_one_line(tok, tmp_path):
     """Before any results folder exists (a dry run checks the config, not what the server needs)."""
     env = {k: v for k, v in os.environ.items() if k != SERVER_MODULE_ENV}
     r = subprocess.run([sys.executable, "-m", "prefixstudy", "run", "--set", "engine.kind=sglang-server",
-                        "--set", f"engine.tokenizer_path={tok}", "--executor", "local", "--out", str(tmp_path / "res")],
+                        "--set", f"engine.tokenizer_path={tok}", "--set", "sweep.interleave_arms=false", "--executor", "local", "--out", str(tmp_path / "res")],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1].endswith("(pip install sglang; it needs a CUDA GPU)")
-    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "res").exists()
+    assert r.stderr.strip() == ("error: field 'engine.kind': sglang-server launches SGLang, which is not installed "
+                                "here (pip install sglang; it needs a CUDA GPU)")
+    assert not (tmp_path / "res").exists()
 
 
 def _argv(base: str) -> list[str]:
@@ -167,7 +180,8 @@ def test_a_study_launches_a_server_per_arm_and_reads_its_cache(tok, monkeypatch,
     cfg = load_config(None, {"engine": {"kind": "sglang-server", "tokenizer_path": str(tok), "max_running_requests": 8},
                              "executor": "local", "out": str(tmp_path / "res"), "dataset.prefix_len": 56,
                              "dataset.suffix_len": 8, "dataset.output_len": 4, "dataset.groups": 2,
-                             "sweep.rates": [20], "sweep.num_requests": 8, "sweep.warmup_requests": 1})
+                             "sweep.rates": [20], "sweep.num_requests": 8, "sweep.warmup_requests": 1,
+                             "sweep.interleave_arms": False})
     res = load(run_study(cfg, progress=False))
     r = res.measured
     assert (r["error"] == "").all() and len(r) == 16
@@ -183,3 +197,23 @@ def test_a_study_launches_a_server_per_arm_and_reads_its_cache(tok, monkeypatch,
     pts = {p["mode"]: p for p in res.manifest["points"]}
     assert pts["off"]["cached_tokens_reported"] is True and pts["on"]["block_size"] == 1
     assert res.manifest["engine"] == "sglang-server"
+
+
+def test_h200_sglang_replays_h200_tp1_s_workload_and_schedule():
+    """The shipped SGLang study differs from the vLLM headline only in its engine (and in running
+    one arm's server at a time): the same model, dataset, rates, repeats and seeds, so every point's
+    arrival schedule is the same draw, and `prefixstudy compare` puts the four arms side by side."""
+    from prefixstudy.config import flat_config
+    from prefixstudy.configs import shipped_config
+
+    sgl, vllm = (load_config(shipped_config(n)) for n in ("h200-sglang", "h200-tp1"))
+    a, b = flat_config(sgl.model_dump(mode="json")), flat_config(vllm.model_dump(mode="json"))
+    differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    assert [k for k in differ if not k.startswith("engine.")] == ["executor", "study", "sweep.interleave_arms"]
+    e, v = sgl.engine, vllm.engine
+    assert (e.max_model_len, e.tensor_parallel_size, e.load_format) == (v.max_model_len, v.tensor_parallel_size,
+                                                                        v.load_format) == (4096, 1, "dummy")
+    # The same admission limit and prefill chunk as vLLM's engine.
+    assert (e.max_running_requests, e.server_args) == (v.max_num_seqs, ["--chunked-prefill-size",
+                                                                        str(v.max_num_batched_tokens)])
+    check_plan(sgl)  # one server at a time: the plan is accepted

@@ -74,7 +74,7 @@ class SglangServerEngineConfig(EngineConfigBase):
     port: int | None = Field(None, gt=0, lt=65536, description="The server's port; None: a free one per arm. A "
                              "fixed port serves one arm (`--modes`).")
     startup_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for a server's GET /health to "
-                                     "answer 200 (an H200 takes 65-140 s).")
+                                     "answer 200 (CUDA graphs and Triton kernels are built at start).")
 
     @property
     def resident_share(self) -> float | None:

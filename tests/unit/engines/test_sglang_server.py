@@ -100,7 +100,8 @@ def test_the_cli_refuses_with_exit_code_2_and_one_line(tok, tmp_path):
     """Before any results folder exists (a dry run checks the config, not what the server needs)."""
     env = {k: v for k, v in os.environ.items() if k != SERVER_MODULE_ENV}
     r = subprocess.run([sys.executable, "-m", "prefixstudy", "run", "--set", "engine.kind=sglang-server",
-                        "--set", f"engine.tokenizer_path={tok}", "--set", "sweep.interleave_arms=false", "--executor", "local", "--out", str(tmp_path / "res")],
+                        "--set", f"engine.tokenizer_path={tok}", "--set", "sweep.interleave_arms=false",
+                        "--executor", "local", "--out", str(tmp_path / "res")],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip() == ("error: field 'engine.kind': sglang-server launches SGLang, which is not installed "

@@ -66,6 +66,10 @@ def check_simulated(cfg: StudyConfig) -> None:
 def check_resident(cfg: StudyConfig) -> None:
     """Interleaved arms keep every arm's engine up at once: their memory shares must fit together."""
     share = cfg.engine.resident_share
+    if interleaved(cfg) and share == 1.0:
+        raise UserError(f"field 'sweep.interleave_arms': engine.kind {cfg.engine.kind} sizes each engine by the "
+                        f"memory free when it starts, so {len(cfg.sweep.modes)} arms up at once on one device would "
+                        "not get the same KV cache; set sweep.interleave_arms: false (one arm's engine at a time)")
     if interleaved(cfg) and share is not None and share * len(cfg.sweep.modes) > MAX_RESIDENT:
         raise UserError(f"field 'engine.gpu_memory_utilization': {len(cfg.sweep.modes)} arms x {share:g} do not fit "
                         f"on one device at once (sweep.interleave_arms keeps every arm's engine up); use at most "

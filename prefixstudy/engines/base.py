@@ -26,7 +26,8 @@ class EngineConfigBase(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: str = Field(description="The backend: `vllm` (in process), `echo` (a stand-in), `http` (a running "
-                      "server), `vllm-server` (`vllm serve` launched per arm) or `sim` (the simulator).")
+                      "server), `vllm-server` (`vllm serve` launched per arm), `sglang-server` (SGLang's server "
+                      "launched per arm) or `sim` (the simulator).")
     max_model_len: int = Field(2048, gt=0, description="Longest prompt + output, in tokens, the engine takes; "
                                "every dataset row is checked against it before a run.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine spans (tensor parallel); the Ray "
@@ -40,8 +41,9 @@ class EngineConfigBase(BaseModel):
     @property
     def resident_share(self) -> float | None:
         """The share of its device one engine of this config holds while it is up (vLLM's
-        ``gpu_memory_utilization``); None: none, or not ours to know.  Interleaved arms keep every
-        arm's engine up at once, and the plan check refuses shares that cannot fit together."""
+        ``gpu_memory_utilization``); None: none, or not ours to know; 1.0: the whole device (an engine
+        that sizes itself by the memory free when it starts).  Interleaved arms keep every arm's engine
+        up at once, and the plan check refuses shares that cannot fit together."""
         return None
 
     @property

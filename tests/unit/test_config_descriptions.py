@@ -32,7 +32,7 @@ def test_the_walk_reaches_every_config_model():
     assert {c.__name__ for c in config_classes().values()} <= names
     assert {"StudyConfig", "DatasetConfig", "ArrivalConfig", "SweepConfig", "CheckConfig", "RayConfig", "RouterConfig",
             "ArmConfig", "OffloadConfig", "MixConfig", "SessionsConfig", "TraceConfig", "LengthDist"} <= names
-    assert len(names) == 18  # the 13 above and the five engine kinds
+    assert len(names) == 19  # the 13 above and the six engine kinds
 
 
 def test_every_config_field_has_a_description():

@@ -29,6 +29,7 @@ EXPECTED = {
     "http": Capabilities(local_by_default=True, cache_salt=True),
     "vllm-server": Capabilities(needs_vllm=True, cpu_tier=True, capacity_units=("offload_gib",), gpus_in_process=True,
                                 cache_salt=True),
+    "sglang-server": Capabilities(gpus_in_process=True),
     "sim": Capabilities(virtual_time=True, needs_vllm=True, arm_overlays=False),
 }
 
@@ -70,7 +71,8 @@ def test_fleet_is_no_kind_and_is_refused_at_config_time_in_one_line():
     with pytest.raises(UserError) as e:
         load_config(None, {"engine.kind": "fleet"})
     assert str(e.value) == ("--set engine.kind: field 'engine.kind': 'fleet' is no backend (one of: vllm, echo, "
-                            "http, vllm-server, sim); several engines of one behind a router are `replicas` > 1")
+                            "http, vllm-server, sglang-server, sim); several engines of one behind a router are "
+                            "`replicas` > 1")
 
 
 def _declare(monkeypatch, kind: str, **can) -> None:
@@ -136,9 +138,9 @@ def test_a_cpu_tier_and_arm_overlays_follow_the_declaration(monkeypatch):
     _declare(monkeypatch, "echo", arm_overlays=False)
     with pytest.raises(UserError, match=r"^--set arms: field 'arms.0': engine.kind echo runs the study's engine "
                                         r"for every arm; an overlay needs a backend that starts one per arm "
-                                        r"\(vllm, http, vllm-server\)$"):
+                                        r"\(vllm, http, vllm-server, sglang-server\)$"):
         load_config(None, overlay)
-    assert kinds_that("arm_overlays") == ["vllm", "http", "vllm-server"]
+    assert kinds_that("arm_overlays") == ["vllm", "http", "vllm-server", "sglang-server"]
 
 
 def test_needing_vllm_follows_the_declaration(monkeypatch):

@@ -45,9 +45,11 @@ class SentRequest:
     output_len: int = 0
 
 
-def block_hashes(tokens: Sequence[int], block: int) -> list[int]:
-    """Chained hashes of the whole blocks of ``tokens`` (a block's hash names everything before it)."""
-    out, h = [], 0
+def block_hashes(tokens: Sequence[int], block: int, salt: str = "") -> list[int]:
+    """Chained hashes of the whole blocks of ``tokens`` (a block's hash names everything before it).
+    A ``salt`` enters the first block's hash, so the chain, as vLLM's per-request ``cache_salt``:
+    prompts under different salts share no block."""
+    out, h = [], hash(("cache_salt", salt)) if salt else 0
     for end in range(block, len(tokens) + 1, block):
         h = hash((h, tuple(tokens[end - block:end])))
         out.append(h)
@@ -148,28 +150,29 @@ class BlockCache:
         self.last_tier_hit = 0
         self._unique = 0  # stands in for generated tokens whose ids are unknown
 
-    def lookup(self, prompt: Sequence[int]) -> int:
+    def lookup(self, prompt: Sequence[int], salt: str = "") -> int:
         """Whole cached blocks at the start of ``prompt`` (tokens), the last prompt token excluded."""
         hit = 0
-        for h in block_hashes(prompt[:max(0, len(prompt) - 1)], self.block):
+        for h in block_hashes(prompt[:max(0, len(prompt) - 1)], self.block, salt):
             if not self.slots_of.get(h):
                 break
             hit += 1
         return hit * self.block
 
-    def run(self, prompt: Sequence[int], output: Sequence[int] | None = None, output_len: int = 0) -> int:
-        hit, slots = self.start(prompt, output, output_len)
+    def run(self, prompt: Sequence[int], output: Sequence[int] | None = None, output_len: int = 0,
+            salt: str = "") -> int:
+        hit, slots = self.start(prompt, output, output_len, salt)
         self.finish(slots)
         return hit
 
     def start(self, prompt: Sequence[int], output: Sequence[int] | None = None,
-              output_len: int = 0) -> tuple[int, list[int]]:
+              output_len: int = 0, salt: str = "") -> tuple[int, list[int]]:
         if output is None:
             self._unique += 1
             output = [-self._unique] * max(1, output_len)  # negative ids: no real block matches them
-        hit = self.lookup(prompt)
+        hit = self.lookup(prompt, salt)
         tokens = list(prompt) + list(output[:-1])
-        hashes = block_hashes(tokens, self.block)
+        hashes = block_hashes(tokens, self.block, salt)
         n_blocks = -(-len(tokens) // self.block)
         slots = [self._take(hashes[i]) for i in range(hit // self.block)]
         for i in range(hit // self.block, n_blocks):

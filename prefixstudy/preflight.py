@@ -32,12 +32,27 @@ def check_plan(cfg: StudyConfig) -> None:
         raise UserError(f"field 'replicas': engine.kind {cfg.engine.kind} measures the servers it is given; "
                         f"replicas > 1 needs an in-process backend ({', '.join(kinds_that('replicas'))})")
     check_resident(cfg)
+    check_isolation(cfg)
     sw = cfg.sweep
     for rate in sw.rate_extent():
         need = 1.25 * sw.requests_for(rate) / rate
         if sw.max_point_duration_s < need:
             raise UserError(f"field 'sweep.max_point_duration_s': {sw.max_point_duration_s:g} s is too short for "
                             f"{sw.requests_for(rate)} requests at {rate:g} req/s; use at least {need:.0f} s")
+
+
+def check_isolation(cfg: StudyConfig) -> None:
+    """``sweep.cache_isolation: salt`` needs requests that take vLLM's cache salt, on one engine."""
+    if cfg.sweep.cache_isolation != "salt":
+        return
+    kind, why = cfg.engine.kind, cfg.engine.salt_refusal()
+    if not capabilities(kind).cache_salt:
+        why = (f"engine.kind {kind} takes no per-request cache salt (salt needs one of: "
+               f"{', '.join(kinds_that('cache_salt'))})")
+    elif cfg.replicas > 1:
+        why = "a fleet (replicas > 1) resets each replica's own cache; salt is for one engine or server, use reset"
+    if why:
+        raise UserError(f"field 'sweep.cache_isolation': {why}")
 
 
 def check_simulated(cfg: StudyConfig) -> None:
@@ -51,6 +66,10 @@ def check_simulated(cfg: StudyConfig) -> None:
 def check_resident(cfg: StudyConfig) -> None:
     """Interleaved arms keep every arm's engine up at once: their memory shares must fit together."""
     share = cfg.engine.resident_share
+    if interleaved(cfg) and share == 1.0:
+        raise UserError(f"field 'sweep.interleave_arms': engine.kind {cfg.engine.kind} sizes each engine by the "
+                        f"memory free when it starts, so {len(cfg.sweep.modes)} arms up at once on one device would "
+                        "not get the same KV cache; set sweep.interleave_arms: false (one arm's engine at a time)")
     if interleaved(cfg) and share is not None and share * len(cfg.sweep.modes) > MAX_RESIDENT:
         raise UserError(f"field 'engine.gpu_memory_utilization': {len(cfg.sweep.modes)} arms x {share:g} do not fit "
                         f"on one device at once (sweep.interleave_arms keeps every arm's engine up); use at most "

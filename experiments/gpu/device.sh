@@ -3,6 +3,9 @@
 # each step writes everything it produces under $OUT before it ends.
 #   part NN              copy one bundle part (carried as .gpu/part-NN) to /tmp/b
 #   unpack               join the parts and extract vLLM 0.26.0 + Ray 2.60.0 into /tmp/site
+#   sglang               extract the SGLang 0.5.17 bundle (../shared/gpu/build-sglang-bundle.sh; its lean
+#                        part carried as .gpu/sgl-part-00, its model folder as .gpu/sgl-model) into
+#                        /tmp/sgl-site and /tmp/sgl-model; then SITE=/tmp/sgl-site runs the steps on it
 #   study CONFIG [ARGS]  prefixstudy run CONFIG (a shipped name, e.g. h200-tp1, or a path) into /tmp/results, results copied to $OUT
 #   capsplit TAG CONFIG UNIT=V1,V2 [ARGS]
 #                        prefixstudy capacity, ON on GPU 0 and OFF on GPU 1 (as split); locally,
@@ -15,7 +18,10 @@
 # RESULTS=DIR writes `study` runs there (default /tmp/results); STEP_TRACE=NAME writes the engine
 # core's step trace (engines.vllm_steps) to $OUT/NAME-on and $OUT/NAME-off.
 set -uo pipefail
-export PYTHONPATH=${CODE:+$CODE:}/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+# SITE: the unpacked bundle on the path (/tmp/site: vLLM and Ray; /tmp/sgl-site: SGLang, whose pins differ).
+export PYTHONPATH=${CODE:+$CODE:}${SITE:-/tmp/site}:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+# SGLang offline: no hub lookups, FA3 from sgl_kernel rather than a kernel fetched from the hub.
+[ "${SITE:-}" = /tmp/sgl-site ] && export HF_HUB_OFFLINE=1 SGLANG_USE_SGL_FA3_KERNEL=1 CUDA_HOME=/usr/local/cuda
 # `python -m` puts the working directory (this tree's prefixstudy) before PYTHONPATH unless told not to.
 [ -n "${CODE:-}" ] && export PYTHONSAFEPATH=1
 [ -n "${STEP_TRACE:-}" ] && export PREFIXSTUDY_STEP_TRACE=${OUT:-/tmp/out}/$STEP_TRACE
@@ -44,6 +50,11 @@ case "$1" in
     cat /tmp/b/bundle.part.* > /tmp/x.tar.xz &&
       python3 -c "import tarfile; tarfile.open('/tmp/x.tar.xz').extractall('/tmp/site')" &&
       python3 -c "import vllm, ray, torch; print('vllm', vllm.__version__, 'ray', ray.__version__, 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name(0))" ;;
+  sglang)
+    cat .gpu/sgl-part-*/bundle.part.* > /tmp/sgl.tar.xz &&
+      python3 -c "import tarfile; tarfile.open('/tmp/sgl.tar.xz').extractall('/tmp/sgl-site')" &&
+      cp -r .gpu/sgl-model /tmp/sgl-model &&
+      PYTHONPATH=/tmp/sgl-site python3 -c "import sglang, torch; print('sglang', sglang.__version__, 'gpus', torch.cuda.device_count())" ;;
   study) shift; cfg=$1; shift
     ps run "$cfg" --out "$RESULTS" --no-report --quiet "$@" 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/study.log"
     collect ;;
@@ -79,5 +90,5 @@ case "$1" in
     run=$(ls -d "$RESULTS"/*/*/ | sort | tail -1)
     ps run --resume "$run" --no-report --quiet 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/resume.log"
     collect ;;
-  *) echo "usage: device.sh part NN | unpack | study CONFIG [ARGS] | split CONFIG [ARGS] | swap CONFIG MODE REPEATS [ARGS] | capsplit TAG CONFIG UNIT=V1,.. [ARGS] | resume" >&2; exit 2 ;;
+  *) echo "usage: device.sh part NN | unpack | sglang | study CONFIG [ARGS] | split CONFIG [ARGS] | swap CONFIG MODE REPEATS [ARGS] | capsplit TAG CONFIG UNIT=V1,.. [ARGS] | resume" >&2; exit 2 ;;
 esac

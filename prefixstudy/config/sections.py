@@ -127,6 +127,10 @@ class SweepConfig(BaseModel):
                                   "requests); 0: `num_requests` alone.")
     warmup_requests: int = Field(2, ge=0, description="Requests sent one at a time before each point's measured "
                                  "ones, with fresh suffixes; recorded with `warmup` true and counted nowhere.")
+    cache_isolation: Literal["reset", "salt"] = Field(
+        "reset", description="How each point starts cold: `reset` empties the prefix cache before it; `salt` "
+        "gives each point and repeat its own vLLM `cache_salt` (no reset: for servers without a reset "
+        "endpoint). Either way a probe checks the cache was cold (docs/cache-isolation.md).")
     prime_prefixes: bool = Field(True, description="After each point's cache reset, send each group's prefix once, "
                                  "so ON's first measured request of a group can hit.")
     max_point_duration_s: float = Field(900.0, gt=0, description="Seconds a point may run; then its open "

@@ -13,6 +13,7 @@ config class with a ``kind`` (``EngineConfigBase``), named with what it can do i
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -25,7 +26,8 @@ class EngineConfigBase(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: str = Field(description="The backend: `vllm` (in process), `echo` (a stand-in), `http` (a running "
-                      "server), `vllm-server` (`vllm serve` launched per arm) or `sim` (the simulator).")
+                      "server), `vllm-server` (`vllm serve` launched per arm), `sglang-server` (SGLang's server "
+                      "launched per arm) or `sim` (the simulator).")
     max_model_len: int = Field(2048, gt=0, description="Longest prompt + output, in tokens, the engine takes; "
                                "every dataset row is checked against it before a run.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine spans (tensor parallel); the Ray "
@@ -39,8 +41,9 @@ class EngineConfigBase(BaseModel):
     @property
     def resident_share(self) -> float | None:
         """The share of its device one engine of this config holds while it is up (vLLM's
-        ``gpu_memory_utilization``); None: none, or not ours to know.  Interleaved arms keep every
-        arm's engine up at once, and the plan check refuses shares that cannot fit together."""
+        ``gpu_memory_utilization``); None: none, or not ours to know; 1.0: the whole device (an engine
+        that sizes itself by the memory free when it starts).  Interleaved arms keep every arm's engine
+        up at once, and the plan check refuses shares that cannot fit together."""
         return None
 
     @property
@@ -48,6 +51,11 @@ class EngineConfigBase(BaseModel):
         """Requests one engine runs at once at most (vLLM's ``max_num_seqs``); None: none, or not
         known.  The saturation check's "ran full" rule reads it (metrics.saturation)."""
         return None
+
+    def salt_refusal(self) -> str:
+        """Why this config's requests cannot take a cache salt although its backend can ("": they
+        can); preflight refuses ``sweep.cache_isolation: salt`` with it."""
+        return ""
 
     def set_capacity(self, unit: str, value: float) -> None:
         """Size the KV cache to ``value`` ``unit``s: a unit of the backend's ``capacity_units``
@@ -75,6 +83,9 @@ class RequestTrace:
     # Tokens the server counted (usage.completion_tokens) beyond the ones it streamed: their arrival
     # times are unknown, so the per-token gaps (ITL) are not measured for this request.
     unstreamed_tokens: int = 0
+    # False: the backend's answer carried no cached-token count (a server started without its flag),
+    # so ``num_cached_tokens`` 0 says nothing about the cache.
+    cached_tokens_reported: bool = True
 
 
 @dataclass
@@ -142,7 +153,9 @@ class Engine(Protocol):
 
     async def start(self) -> None: ...
 
-    async def reset_prefix_cache(self) -> None: ...
+    async def reset_prefix_cache(self) -> bool | None:
+        """Empty the prefix cache (a CPU tier too).  False: the engine has no reset (a server
+        without its endpoint; it warns); True or None: reset."""
 
     def begin_iterations(self) -> None:
         """Forget earlier iteration samples and record from now on."""
@@ -156,6 +169,16 @@ class Engine(Protocol):
 
     async def begin_point(self) -> None:
         """Right before a point's measured requests."""
+
+    def set_cache_salt(self, salt: str) -> None:
+        """Salt every request from now on (vLLM's per-request ``cache_salt``): prompts under another
+        salt share no cached block.  Asked only of backends whose registry entry declares
+        ``cache_salt``."""
+
+    async def probe(self, prompt_token_ids: list[int], request_id: str) -> list[RequestTrace]:
+        """Send ``prompt_token_ids`` for one output token to every prefix cache the engine has
+        (a fleet: each replica, bypassing its router); one trace each.  The runner's cold-start
+        probe (runner.cold), never a measured request."""
 
     async def end_point(self) -> dict[str, Any]:
         """Right after them (before ``end_iterations``): keys for the point's metadata."""
@@ -176,6 +199,17 @@ class EngineDefaults:
 
     step_timing: str = "engine"  # the `timing` of its iteration rows (engines.step_log.TIMING_METHODS)
     tier_blocks: int = 0  # blocks of a CPU tier under its cache, known once started; 0: none (or not known)
+    cache_salt: str = ""  # the salt of every request (set_cache_salt); "": none
+
+    def set_cache_salt(self, salt: str) -> None:
+        """Kept for ``generate`` to send; a backend whose requests take a salt reads ``cache_salt``."""
+        self.cache_salt = salt
+
+    async def probe(self, prompt_token_ids: list[int], request_id: str) -> list[RequestTrace]:
+        """One engine, one cache: the prompt sent once, as any request."""
+        trace = RequestTrace(time.monotonic())
+        await self.generate(prompt_token_ids, 1, request_id, trace)
+        return [trace]
 
     async def begin_point(self) -> None:
         """Nothing to do before the measured requests (HTTP scrapes the server's counters here)."""

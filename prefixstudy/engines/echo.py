@@ -3,7 +3,8 @@
 It keeps a real prefix cache of block hashes (``cachesim.BlockCache``: whole blocks only, never
 the last prompt token, generated tokens cached too, and with ``num_blocks`` set a pool of that
 many blocks evicted least recently used, as vLLM's; with ``tier_blocks`` a CPU tier of that many
-blocks under it, as vLLM's OffloadingConnector keeps one), so the runner's accounting, hit-rate
+blocks under it, as vLLM's OffloadingConnector keeps one; a cache salt isolating requests as vLLM's
+``cache_salt``), so the runner's accounting, hit-rate
 checks and results can be tested exactly without vLLM; with zero costs it answers at once, which is what
 ``benchmarks/dispatch.py`` measures the arrival loop against.  It is not a performance model: see ``prefixstudy.model``.
 """
@@ -103,7 +104,7 @@ class EchoEngine(EngineDefaults, IterationRecorder):
     def cached_tokens(self, prompt: list[int], output: list[int] | None = None) -> int:
         """Look the prompt's whole blocks up, then cache the request's blocks (ON only; without an
         output, the prompt's alone)."""
-        return self.cache.run(prompt, output, 1) if self.caching else 0
+        return self.cache.run(prompt, output, 1, self.cache_salt) if self.caching else 0
 
     async def generate(self, prompt_token_ids: list[int], output_len: int, request_id: str,
                        trace: RequestTrace) -> RequestTrace:
@@ -118,7 +119,8 @@ class EchoEngine(EngineDefaults, IterationRecorder):
         trace.scheduled_ts = time.monotonic()
         output = self.output_ids(prompt_token_ids, output_len)
         # Blocks are held while the request runs (pinned, as in vLLM), freed when it ends.
-        cached, held = self.cache.start(prompt_token_ids, output, 1) if self.caching else (0, [])
+        # A cache salt (set_cache_salt) enters the blocks' hashes, as vLLM's cache_salt does.
+        cached, held = self.cache.start(prompt_token_ids, output, 1, self.cache_salt) if self.caching else (0, [])
         from_tier = self.cache.last_tier_hit if self.caching else 0
         if self._by_tier is not None:
             self._by_tier[0] += cached - from_tier

@@ -147,14 +147,17 @@ class FleetEngine(EngineDefaults):
         self.router = Router(self.n, self.policy, self.block_size, rc.prefix_blocks, rc.load_bound)
         self.startup_s = time.monotonic() - t0
 
-    async def reset_prefix_cache(self) -> None:
-        """A new point: replace replicas lost in the last one, empty every cache, reset the router."""
+    async def _replace_lost(self) -> None:
         for i, r in enumerate(self.replicas):
             if r is None or r.is_dead():
                 if r is not None:
                     r.shutdown()
                 self.generations[i] += 1
                 await self._start(i)
+
+    async def reset_prefix_cache(self) -> None:
+        """A new point: replace replicas lost in the last one, empty every cache, reset the router."""
+        await self._replace_lost()
         await asyncio.gather(*(r.reset_prefix_cache() for r in self.replicas))
         self.router.reset()
         self.lost, self.routed = {}, [0] * self.n
@@ -215,6 +218,21 @@ class FleetEngine(EngineDefaults):
             raise
         finally:
             self.router.done(i)
+
+    async def probe(self, prompt_token_ids: list[int], request_id: str) -> list[RequestTrace]:
+        """The probe goes to every replica, past the router: each replica's cache is checked (a
+        replica lost in the last point is replaced first, as a reset would)."""
+        await self._replace_lost()
+
+        async def one(i: int, r) -> RequestTrace:
+            trace = RequestTrace(time.monotonic(), replica=i)
+            return await r.generate(prompt_token_ids, 1, f"{request_id}-replica{i}", trace)
+
+        return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(self.replicas))))
+
+    def set_cache_salt(self, salt: str) -> None:
+        raise NotImplementedError("a fleet resets each replica's cache; cache_isolation salt is refused for it "
+                                  "(preflight.check_isolation)")
 
     def is_dead(self) -> bool:
         """Only a fleet with no replica left is dead (the executor then restarts it whole)."""

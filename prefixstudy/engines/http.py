@@ -95,6 +95,8 @@ class HttpEngine(EngineDefaults):
         self.dead = False
         self._before: dict[str, float] = {}
         self._no_cached_field = 0  # requests this point whose usage had no cached_tokens
+        self._null_details = 0  # of those, nulls from a server that leaves them null when nothing was cached
+        self._requests = 0  # requests this point whose usage was read
         self._unstreamed = 0  # requests this point whose usage counted more tokens than streamed
         self.alive = None  # callable: False once a server this engine launched has exited (vllm-server)
 
@@ -185,9 +187,10 @@ class HttpEngine(EngineDefaults):
         except Exception:  # noqa: BLE001 - metrics are best effort: unreadable metrics are None
             return None
 
-    async def reset_prefix_cache(self) -> None:
+    async def reset_prefix_cache(self) -> bool:
+        """True once reset; False where the server has no reset endpoint (warned the first time)."""
         if not self.reset_supported:
-            return
+            return False
         url = f"{self.base}{self.config.reset_path}"
         # Requests of the previous point may still be finishing; the server refuses until idle (vLLM:
         # {"success": false}; SGLang: HTTP 400), so ask again until the deadline.
@@ -197,13 +200,14 @@ class HttpEngine(EngineDefaults):
             async with await self._idempotent("post", url) as r:
                 if r.status in (404, 405):
                     self.reset_supported = False
-                    log.warning("warning: %s has no %s (start it with %s); the prefix cache is NOT reset between "
+                    salt = ", or isolate the points with sweep.cache_isolation: salt" if self.profile.cache_salt else ""
+                    log.warning("warning: %s has no %s (start it with %s%s); the prefix cache is NOT reset between "
                                 "points, so a point can hit what an earlier one cached",
-                                self.base, self.config.reset_path, self.profile.reset_flag)
-                    return
+                                self.base, self.config.reset_path, self.profile.reset_flag, salt)
+                    return False
                 body = await r.text()
             if r.status == 200 and '"success":false' not in body.replace(" ", ""):
-                return
+                return True
             if busy is not None and r.status != busy:
                 raise RuntimeError(f"{url} answered HTTP {r.status} to a prefix-cache reset: {_first_line(body)}")
             if time.monotonic() >= deadline:
@@ -220,7 +224,7 @@ class HttpEngine(EngineDefaults):
 
     async def begin_point(self) -> None:
         """Scrape the counters just before the measured requests."""
-        self._no_cached_field = self._unstreamed = 0
+        self._no_cached_field = self._null_details = self._unstreamed = self._requests = 0
         text = await self._metrics_text()
         self._before = server_metrics.counters(text, self.config.server) if text else {}
 
@@ -232,6 +236,7 @@ class HttpEngine(EngineDefaults):
         # None, not NaN, where the server has no such metric: the manifest is strict JSON.
         out: dict[str, Any] = {k: (None if math.isnan(v) else v) for k, v in deltas.items()}
         out["server_metrics"] = bool(self._before and after)
+        self._no_cached_field -= self._null_details if self._nulls_mean_uncached(out) else 0
         out["cached_tokens_reported"] = self._no_cached_field == 0
         out["prefix_cache_reset"] = self.reset_supported
         out["requests_with_unstreamed_tokens"] = self._unstreamed
@@ -245,11 +250,24 @@ class HttpEngine(EngineDefaults):
                         self.base, self._no_cached_field, self.profile.cached_tokens_flag)
         return out
 
+    def _nulls_mean_uncached(self, deltas: dict[str, Any]) -> bool:
+        """Whether this point's null cached-token details were 0 cached tokens: the server leaves
+        them null when nothing was cached, and either some request reported a count (reporting is
+        on) or the server's own counter cached nothing either.  Nulls everywhere while the
+        counter shows hits: the server reports none (started without its cache-report flag)."""
+        if not self.profile.null_when_uncached or not self._null_details:
+            return False
+        if self._null_details < self._requests:
+            return True
+        hits = deltas.get("server_prefix_hits")
+        return hits is not None and hits == 0
+
     # ------------------------------------------------------------------ requests
     def _payload(self, prompt_token_ids: list[int], output_len: int) -> dict[str, Any]:
+        salt = {"cache_salt": self.cache_salt} if self.cache_salt else {}  # vLLM's per-request salt
         return {"model": self.model_name, "prompt": prompt_token_ids, "max_tokens": output_len,
                 "min_tokens": output_len, "ignore_eos": True, "temperature": 0.0, "stream": True,
-                "stream_options": {"include_usage": True}, **self.profile.payload}
+                "stream_options": {"include_usage": True}, **self.profile.payload, **salt}
 
     async def generate(self, prompt_token_ids: list[int], output_len: int, request_id: str,
                        trace: RequestTrace) -> RequestTrace:
@@ -313,8 +331,13 @@ class HttpEngine(EngineDefaults):
     def _take_usage(self, usage: dict, trace: RequestTrace) -> None:
         details = usage.get("prompt_tokens_details") or {}
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        self._requests += 1
         if cached is None:
             self._no_cached_field += 1
+            self._null_details += self.profile.null_when_uncached
+            # A null from a server that leaves it null when nothing was cached is 0 cached tokens;
+            # the warm probe (runner.cold) tells whether such a server reports them at all.
+            trace.cached_tokens_reported = self.profile.null_when_uncached
         trace.num_cached_tokens = int(cached or 0)
         # A server that sends several tokens an event without token_ids: the count is the server's,
         # the last ones taken as arriving with the last event (E2E and TPOT hold; the gaps between

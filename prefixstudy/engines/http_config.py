@@ -23,15 +23,21 @@ class ServerProfile(NamedTuple):
     # in the stream, so tokens it sends several to an event (a loaded server) are counted where they
     # arrived, not taken from usage at the end.
     payload: dict[str, Any] = {}
+    cache_salt: bool = False  # takes vLLM's per-request `cache_salt` field (sweep.cache_isolation salt)
+    # It leaves usage.prompt_tokens_details null when nothing was cached (SGLang: "keeps JSON slim"), so
+    # a null is 0 cached tokens; whether the server reports them at all is then read from its counters.
+    null_when_uncached: bool = False
 
 
-# SGLang's, from its sources (not run against a real SGLang here): /flush_cache answers 400 while
-# requests run; its radix cache matches single tokens (page size 1) unless --page-size says otherwise.
+# SGLang's, from its sources (0.5.17's ran on an H200 through the sglang-server backend): /flush_cache
+# answers 400 while requests run; its radix cache matches single tokens (page size 1) unless
+# --page-size says otherwise.
 PROFILES = {
     # reset_external: the KV connector's cache too (a CPU tier), else a point starts on the last one's.
     "vllm": ServerProfile("/reset_prefix_cache?reset_external=true", None, None, "--enable-prompt-tokens-details",
-                          "VLLM_SERVER_DEV_MODE=1", {"return_token_ids": True}),
-    "sglang": ServerProfile("/flush_cache", 400, 1, "--enable-cache-report", "a release with /flush_cache"),
+                          "VLLM_SERVER_DEV_MODE=1", {"return_token_ids": True}, cache_salt=True),
+    "sglang": ServerProfile("/flush_cache", 400, 1, "--enable-cache-report", "a release with /flush_cache",
+                            null_when_uncached=True),
 }
 
 
@@ -62,6 +68,11 @@ class HttpEngineConfig(EngineConfigBase):
     @property
     def admission_limit(self) -> int | None:
         return self.max_num_seqs
+
+    def salt_refusal(self) -> str:
+        if PROFILES[self.server].cache_salt:
+            return ""
+        return f"engine.server {self.server} takes no per-request cache salt (vLLM's `cache_salt`); use reset"
 
     @field_validator("targets", mode="before")
     @classmethod

@@ -38,6 +38,9 @@ class Capabilities:
     # Under Ray on GPUs the actor holds the engine's GPUs itself and the engine's own process
     # inherits them (executors.ray_plan.gpu_placement); else its Ray workers take them.
     gpus_in_process: bool = False
+    # Its requests take vLLM's per-request `cache_salt` (`sweep.cache_isolation: salt`): each point
+    # and repeat then gets its own salt, for servers with no reset endpoint.
+    cache_salt: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,14 +53,18 @@ class Backend:
 
 BACKENDS: dict[str, Backend] = {
     "vllm": Backend("prefixstudy.engines.vllm", "VllmEngine", "VllmEngineConfig", Capabilities(
-        needs_vllm=True, replicas=True, cpu_tier=True, capacity_units=("blocks", "bytes", "share", "offload_gib"))),
+        needs_vllm=True, replicas=True, cpu_tier=True, capacity_units=("blocks", "bytes", "share", "offload_gib"),
+        cache_salt=True)),
     "echo": Backend("prefixstudy.engines.echo", "EchoEngine", "EchoEngineConfig", Capabilities(
-        replicas=True, capacity_units=("blocks", "tier_blocks"), local_by_default=True)),
+        replicas=True, capacity_units=("blocks", "tier_blocks"), local_by_default=True, cache_salt=True)),
     "http": Backend("prefixstudy.engines.http", "HttpEngine", "HttpEngineConfig", Capabilities(
-        local_by_default=True)),
+        local_by_default=True, cache_salt=True)),
     "vllm-server": Backend("prefixstudy.engines.vllm_server", "VllmServerEngine", "VllmServerEngineConfig",
                            Capabilities(needs_vllm=True, cpu_tier=True, capacity_units=("offload_gib",),
-                                        gpus_in_process=True)),
+                                        gpus_in_process=True, cache_salt=True)),
+    # One SGLang server per arm, each needing the GPU it runs on: under Ray the actor holds it.
+    "sglang-server": Backend("prefixstudy.engines.sglang_server", "SglangServerEngine", "SglangServerEngineConfig",
+                             Capabilities(gpus_in_process=True)),
     "sim": Backend("prefixstudy.engines.sim", "SimEngine", "SimEngineConfig", Capabilities(
         virtual_time=True, needs_vllm=True, arm_overlays=False)),
 }

@@ -366,10 +366,11 @@ class VllmEngine(EngineDefaults):
 
         params = SamplingParams(max_tokens=output_len, min_tokens=output_len, ignore_eos=True,
                                 detokenize=False, output_kind=RequestOutputKind.DELTA, temperature=0.0)
-        last = None
+        prompt, last = TokensPrompt(prompt_token_ids=prompt_token_ids), None
+        if self.cache_salt:  # sweep.cache_isolation salt: vLLM hashes it into the first block
+            prompt["cache_salt"] = self.cache_salt
         # A cancelled request (cut at its deadline) is aborted inside the engine by AsyncLLM.generate.
-        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params,
-                                           request_id=request_id):
+        async for out in self.llm.generate(prompt, params, request_id=request_id):
             now = time.monotonic()
             ids = list(out.outputs[0].token_ids) if out.outputs else []
             trace.token_times.extend([now] * len(ids))

@@ -146,6 +146,7 @@ class RemoteReplica:
         for f in ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts"):
             setattr(trace, f, getattr(rt, f) + shift)
         trace.num_cached_tokens, trace.output_token_ids, trace.error = rt.num_cached_tokens, rt.output_token_ids, rt.error
+        trace.cached_tokens_reported = rt.cached_tokens_reported
         if rt.error and not self.dead:
             try:  # an engine that died inside a living actor loses the replica, not just the request
                 self.dead = await self.handle.is_dead.remote()

@@ -75,9 +75,43 @@ def _caching_flag(r: dict) -> bool | None:
     return None
 
 
+def _hit_rate(r: dict) -> float:
+    """The prefix-cache hit rate a result file records (share of prompt tokens), NaN where none:
+    ``prefix_cache_hits`` / ``prefix_cache_queries`` (the server's counters over the run),
+    ``total_cached_tokens`` / ``total_input_tokens`` (per-request usage), or ``prefix_cache_hit_rate``."""
+    for num, den in (("prefix_cache_hits", "prefix_cache_queries"), ("total_cached_tokens", "total_input_tokens")):
+        a, b = r.get(num), r.get(den)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0:
+            return float(a) / float(b)
+    v = r.get("prefix_cache_hit_rate")
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def warm_peers(peers: pd.DataFrame, bound: float, tolerance: float) -> list[str]:
+    """Peer files whose cache was warm before they ran, one sentence each: a point whose hit rate
+    is above what the dataset allows (``bound``: the study's infinite-cache hit rate on the same
+    workload; 0 for a file with caching off) by more than ``tolerance``.  Its cache held prompts of
+    an earlier run (a sweep against one server without resets, a seed replayed), so its latency is
+    a warm cache's, not the point's."""
+    out = []
+    for label, file_points in peers.groupby("label", sort=False):
+        g = file_points[file_points["hit_rate"].notna()]
+        limit = 0.0 if g["prefix_caching"].eq(False).all() and len(g) else bound
+        over = g[g["hit_rate"] > limit + tolerance]
+        if over.empty:
+            continue
+        first = over.iloc[0]
+        which = "its first point" if first.name == g.index[0] else "a point"
+        out.append(f"peer {label}: {which}, at {first['rate']:g} req/s, hit {first['hit_rate']:.3f} of its prompt "
+                   f"tokens in the prefix cache, above the dataset's bound {limit:.3f}: its cache was warm before "
+                   f"it ran (warm-cache contamination; {len(over)} of {len(g)} points with a hit rate are above)")
+    return out
+
+
 def peer_points(paths, label: str | None = None) -> pd.DataFrame:
-    """Peer files, folders or globs -> label, rate, rate_is_achieved, prefix_caching, and
-    mean/median/p90/p99 of ttft, e2e and tpot (ms).
+    """Peer files, folders or globs -> label, rate, rate_is_achieved, prefix_caching, hit_rate (a
+    share of prompt tokens, NaN where the file has none: ``_hit_rate``), and mean/median/p90/p99 of
+    ttft, e2e and tpot (ms).
 
     A result at ``request_rate: "inf"`` is placed at its achieved request_throughput.  The label
     is ``label``, else the file's own, else the file name; with a caching flag (ON/OFF) that the
@@ -98,7 +132,8 @@ def peer_points(paths, label: str | None = None) -> pd.DataFrame:
             lab = str(label or r.get("label") or path.stem)
             if flag is not None and not lab.upper().endswith((" ON", " OFF", "-ON", "-OFF")):
                 lab = f"{lab} {'ON' if flag else 'OFF'}"
-            row = {"label": lab, "rate": float(x), "rate_is_achieved": achieved, "prefix_caching": flag}
+            row = {"label": lab, "rate": float(x), "rate_is_achieved": achieved, "prefix_caching": flag,
+                   "hit_rate": _hit_rate(r)}
             for ours, theirs in (("ttft", "ttft"), ("e2e", "e2el"), ("tpot", "tpot")):
                 for stat in ("mean", "median", "p90", "p99"):
                     v = r.get(f"{stat}_{theirs}_ms")

@@ -10,6 +10,7 @@ the figures (``figures``) into ``RESULTS/plots/`` as PNG and SVG, lays out the b
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,8 @@ from prefixstudy.results import HEADLINE, MANIFEST, SUMMARY, find_run_dir, load,
 from prefixstudy.results.finish import finish_run
 from prefixstudy.report.workloads import workload_blocks
 from prefixstudy.schema import MODES
+
+log = logging.getLogger(__name__)
 
 
 def default_point(points: pd.DataFrame) -> float:
@@ -260,4 +263,10 @@ def build_report(results_dir: str | Path, slo: dict[str, float] | str | None = N
     if peers:
         blocks.insert(1, ("p", "Peer measurements overlaid on figures 1 and 2: "
                           + ", ".join(str(p) for p in peers) + "."))
+        warm = bench_import.warm_peers(peer_df, float(d.study.summary["hit_rate_expected"].max()),
+                                       float((d.study.config.get("checks") or {}).get("hit_rate_tolerance", 0.05)))
+        for w in warm:
+            log.warning("warning: %s", w)
+        if warm:
+            blocks.insert(2, ("list", warm))
     return write_report(blocks, f"Prefix caching study: {d.label}", study.path)

@@ -17,7 +17,7 @@ from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import parse_slo
 from prefixstudy.metrics.summary import max_rate_curve
 from prefixstudy.report import arms as arm_report, tables
-from prefixstudy.report.data import ReportData, analyze, thresholds
+from prefixstudy.report.data import ReportData, analyze, cold_start_notes, thresholds
 from prefixstudy.arms import arm_label
 from prefixstudy.report.figure_kit import (GAIN_COLORS, MODE_COLORS, MODE_LABELS, MODES, PEER_COLORS, SAT_MARKER,
                                            SAT_SIZE, STUDY_STYLES, arms_in, legend, mode_line, new_figure, rate_axis,
@@ -163,6 +163,9 @@ def build_compare(results_dirs: Sequence[str | Path], out_dir: str | Path,
             blocks += [("headline", t) for t in arm_report.sentences(d.study.arms)]
             blocks += [("table", arm_report.table(d.study.arms))]
         blocks += [("headline", t) for t in tables.headline_paragraphs(d)]
+        cold = cold_start_notes(d.study.manifest)
+        if cold:  # a study whose cold starts were not all proven: flagged beside its numbers
+            blocks += [("list", cold)]
     blocks += [("h2", "Side by side"), ("table", side_by_side(labels, datas)),
                ("p", "Line style and marker tell studies apart; colour is the arm (ON blue, OFF orange, every "
                      "other arm its own, the same in every figure); an X is a saturated point.")]

@@ -161,6 +161,27 @@ def max_rate_curves(done: pd.DataFrame, compared: tuple[str, str] = MODES) -> di
             for metric, title in (("p90_e2e_ms", "p90 E2E"), ("p90_ttft_ms", "p90 TTFT"))}
 
 
+def cold_start_notes(manifest: dict) -> list[str]:
+    """What the cold-start probe (runner.cold) could not prove, from the points' ``cold_probe``:
+    points whose reset did not take (failed), could not be verified, or had no reset.  Nothing for
+    a run made before the probe, or where every caching point was proven cold."""
+    probed = [p.get("cold_probe") for p in manifest.get("points", [])
+              if p.get("cold_probe") not in (None, "caching off")]
+    n, out = len(probed), []
+    for status, text in (("warm", "failed: their prefix cache still held the probe after the reset or new salt "
+                                  "(`--resume` runs them again)"),
+                         ("unverified", "could not be proven cold: the probe saw no cache hits on this engine "
+                                        "(cached tokens not reported?)"),
+                         ("not reset", "ran without a reset (the server has no reset endpoint) and may have "
+                                       "started warm; `sweep.cache_isolation: salt` isolates them"),
+                         ("probe failed", "could not be probed: the probe request failed (`probe_error` in the "
+                                          "manifest)")):
+        k = probed.count(status)
+        if k:
+            out.append(f"Cold starts: {k} of {n} points of arms with a cache {text}.")
+    return out
+
+
 def step_fit(manifest: dict) -> tuple[pd.DataFrame, list[str]]:
     """The study's step-cost fit (recorded in the manifest by results.finish), and a note when it
     is poor or undetermined."""
@@ -250,6 +271,7 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     gains, paired = gains_and_pairs(req, n_boot, seed, arms)
     gains = to_actual(gains_from_head(head, gains) if len(head) else gains, rate_map)
     fit, notes = step_fit(study.manifest)
+    notes = notes + cold_start_notes(study.manifest)
     s = norm_rate(study.summary)
     rep_sat = {(str(m), float(r), int(k)): _as_bool(v)
                for m, r, k, v in zip(s["mode"], s["rate"], s.get("repeat", pd.Series(0, index=s.index)), s["saturated"],

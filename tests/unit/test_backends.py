@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_config_union_is_the_registry():
-    assert ENGINE_KINDS == tuple(BACKENDS) == ("vllm", "echo", "http", "vllm-server", "sim")
+    assert ENGINE_KINDS == tuple(BACKENDS) == ("vllm", "echo", "http", "vllm-server", "sglang-server", "sim")
     union = typing.get_args(StudyConfig.model_fields["engine"].annotation)
     assert union == tuple(config_classes().values())
     for kind, cls in config_classes().items():

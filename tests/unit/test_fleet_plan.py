@@ -44,6 +44,8 @@ def test_h200_replicas_config_dry_run():
     assert r.output == ("ok: study h200-replicas, 480 dataset rows, modes on,off, rates 4,16,32 req/s "
                         "x 2 repeats, 2 replicas routed by round_robin,prefix_affinity, executor ray; "
                         "nothing run (--dry-run)\n"
+                        "grid: 2 cells over router.policy, each a run folder under one parent: policy-round_robin, "
+                        "policy-prefix_affinity\n"
                         "note: it cannot run on this machine: field 'device': cuda asked for, but torch sees no "
                         "CUDA GPU here; a Ray cluster's GPUs would do\n")
     cfg = load_config(REPO / "prefixstudy/configs/h200-replicas.yaml")

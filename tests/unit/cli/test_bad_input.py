@@ -163,6 +163,15 @@ CASES = {
         lambda t: ["run", raw(t, "c.yaml", yaml.safe_dump({**base_config(), "replicas": 2, "engine": {
             "kind": "http", "targets": {"on": "http://127.0.0.1:9", "off": "http://127.0.0.1:9"}}})), "--out", t / "res"],
         "field 'replicas': engine.kind http measures the servers it is given"),
+    # --- cache isolation ---
+    "cache-isolation-unknown": (lambda t: run_cfg(t, {"sweep": {"cache_isolation": "flush"}}),
+                                "c.yaml: field 'sweep.cache_isolation': Input should be 'reset' or 'salt'"),
+    "cache-salt-with-sglang": (
+        lambda t: ["run", raw(t, "c.yaml", yaml.safe_dump({**base_config(), "sweep": {
+            **base_config()["sweep"], "cache_isolation": "salt"}, "engine": {"kind": "http", "server": "sglang",
+            "targets": {"on": "http://127.0.0.1:9", "off": "http://127.0.0.1:9"}}})), "--out", t / "res"],
+        "field 'sweep.cache_isolation': engine.server sglang takes no per-request cache salt (vLLM's `cache_salt`); "
+        "use reset"),
     "wrong-type-int": (lambda t: run_cfg(t, {"sweep": {"num_requests": "many"}}),
                        "c.yaml: field 'sweep.num_requests': Input should be a valid integer"),
     "wrong-type-fractional-int": (lambda t: run_cfg(t, {"engine": {"max_model_len": 20.5}}),

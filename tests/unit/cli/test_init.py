@@ -14,7 +14,8 @@ from prefixstudy.configs import resolve_config, shipped_config, shipped_configs,
 from prefixstudy.errors import UserError
 from tests import forkcli
 
-SHIPPED = ["cpu-shared-fraction", "default", "h200-cache-pressure", "h200-multiturn", "h200-offload", "h200-replicas", "h200-tp1",
+SHIPPED = ["cpu-shared-fraction", "default", "h200-cache-pressure", "h200-multiturn", "h200-offload", "h200-replicas",
+           "h200-sglang", "h200-tp1",
            "h200-tp1-sync", "h200-tp2", "seed-a100x8-tp8", "seed-h200x8-tp4-parallel", "seed-h200x8-tp8", "try-echo"]
 
 

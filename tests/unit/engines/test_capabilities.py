@@ -23,10 +23,13 @@ REQUIRED = {"sim": {"calibration": "x"}, "http": {"targets": {"on": "http://127.
 
 EXPECTED = {
     "vllm": Capabilities(needs_vllm=True, replicas=True, cpu_tier=True,
-                         capacity_units=("blocks", "bytes", "share", "offload_gib")),
-    "echo": Capabilities(replicas=True, capacity_units=("blocks", "tier_blocks"), local_by_default=True),
-    "http": Capabilities(local_by_default=True),
-    "vllm-server": Capabilities(needs_vllm=True, cpu_tier=True, capacity_units=("offload_gib",), gpus_in_process=True),
+                         capacity_units=("blocks", "bytes", "share", "offload_gib"), cache_salt=True),
+    "echo": Capabilities(replicas=True, capacity_units=("blocks", "tier_blocks"), local_by_default=True,
+                         cache_salt=True),
+    "http": Capabilities(local_by_default=True, cache_salt=True),
+    "vllm-server": Capabilities(needs_vllm=True, cpu_tier=True, capacity_units=("offload_gib",), gpus_in_process=True,
+                                cache_salt=True),
+    "sglang-server": Capabilities(gpus_in_process=True),
     "sim": Capabilities(virtual_time=True, needs_vllm=True, arm_overlays=False),
 }
 
@@ -35,7 +38,7 @@ def test_each_backend_declares_exactly_this():
     assert {k: capabilities(k) for k in BACKENDS} == EXPECTED
     assert [f.name for f in fields(Capabilities)] == ["virtual_time", "needs_vllm", "replicas", "arm_overlays",
                                                      "cpu_tier", "capacity_units", "local_by_default",
-                                                     "gpus_in_process"]
+                                                     "gpus_in_process", "cache_salt"]
     with pytest.raises(AttributeError):  # frozen: a declaration, not a setting
         capabilities("echo").replicas = False  # type: ignore[misc]
 
@@ -68,7 +71,8 @@ def test_fleet_is_no_kind_and_is_refused_at_config_time_in_one_line():
     with pytest.raises(UserError) as e:
         load_config(None, {"engine.kind": "fleet"})
     assert str(e.value) == ("--set engine.kind: field 'engine.kind': 'fleet' is no backend (one of: vllm, echo, "
-                            "http, vllm-server, sim); several engines of one behind a router are `replicas` > 1")
+                            "http, vllm-server, sglang-server, sim); several engines of one behind a router are "
+                            "`replicas` > 1")
 
 
 def _declare(monkeypatch, kind: str, **can) -> None:
@@ -83,6 +87,29 @@ def test_replicas_follow_the_declaration(monkeypatch):
     with pytest.raises(UserError, match=r"^field 'replicas': engine.kind echo measures the servers it is given; "
                                         r"replicas > 1 needs an in-process backend \(vllm\)$"):
         check_plan(cfg)
+
+
+def test_cache_salt_follows_the_declaration_and_is_refused_in_one_line(monkeypatch):
+    salt = {"sweep.cache_isolation": "salt"}
+    check_plan(load_config(None, {**ECHO, **salt}))
+    check_plan(_load("http", **salt))
+    with pytest.raises(UserError) as e:
+        check_plan(_load("sim", **salt))
+    assert str(e.value) == ("field 'sweep.cache_isolation': engine.kind sim takes no per-request cache salt (salt "
+                            "needs one of: vllm, echo, http, vllm-server)")
+    with pytest.raises(UserError) as e:
+        check_plan(_load("http", **salt, **{"engine.server": "sglang"}))
+    assert str(e.value) == ("field 'sweep.cache_isolation': engine.server sglang takes no per-request cache salt "
+                            "(vLLM's `cache_salt`); use reset")
+    with pytest.raises(UserError) as e:
+        check_plan(load_config(None, {**ECHO, **salt, "replicas": 2}))
+    assert str(e.value) == ("field 'sweep.cache_isolation': a fleet (replicas > 1) resets each replica's own cache; "
+                            "salt is for one engine or server, use reset")
+    _declare(monkeypatch, "echo", cache_salt=False)
+    with pytest.raises(UserError, match=r"^field 'sweep.cache_isolation': engine.kind echo takes no per-request "
+                                        r"cache salt \(salt needs one of: vllm, http, vllm-server\)$"):
+        check_plan(load_config(None, {**ECHO, **salt}))
+    check_plan(load_config(None, ECHO))  # reset, the default, needs no salt
 
 
 def test_the_default_executor_follows_the_declaration(monkeypatch):
@@ -111,9 +138,9 @@ def test_a_cpu_tier_and_arm_overlays_follow_the_declaration(monkeypatch):
     _declare(monkeypatch, "echo", arm_overlays=False)
     with pytest.raises(UserError, match=r"^--set arms: field 'arms.0': engine.kind echo runs the study's engine "
                                         r"for every arm; an overlay needs a backend that starts one per arm "
-                                        r"\(vllm, http, vllm-server\)$"):
+                                        r"\(vllm, http, vllm-server, sglang-server\)$"):
         load_config(None, overlay)
-    assert kinds_that("arm_overlays") == ["vllm", "http", "vllm-server"]
+    assert kinds_that("arm_overlays") == ["vllm", "http", "vllm-server", "sglang-server"]
 
 
 def test_needing_vllm_follows_the_declaration(monkeypatch):

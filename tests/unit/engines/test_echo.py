@@ -49,5 +49,6 @@ def test_generate_fills_the_trace_and_iteration_samples():
 
 
 def test_backends_table_names_importable_classes():
-    assert sorted(BACKENDS) == ["echo", "http", "sim", "vllm", "vllm-server"]
-    assert [engine_class(k).kind for k in sorted(BACKENDS)] == ["echo", "http", "sim", "vllm", "vllm-server"]
+    kinds = ["echo", "http", "sglang-server", "sim", "vllm", "vllm-server"]
+    assert sorted(BACKENDS) == kinds
+    assert [engine_class(k).kind for k in sorted(BACKENDS)] == kinds

@@ -76,8 +76,9 @@ class _Factory:
     def make(self, replica: int, generation: int):
         self.made.append((replica, generation))
         eng = EchoEngine(self.cfg.model, self.cfg.engine, "on")
-        # Replica 1's first life dies at its 5th request: prime 1, then measured 0, 2, 4, and 6.
-        return _Dies(eng, 5) if (replica, generation) == (1, 0) else LocalReplica(eng)
+        # Replica 1's first life dies at its 8th request: the cold-start probe's 3 sends (runner.cold),
+        # prime 1, then measured 0, 2, 4, and 6.
+        return _Dies(eng, 8) if (replica, generation) == (1, 0) else LocalReplica(eng)
 
 
 def test_a_lost_replica_fails_only_its_requests_and_is_replaced_for_the_next_point():
@@ -86,7 +87,7 @@ def test_a_lost_replica_fails_only_its_requests_and_is_replaced_for_the_next_poi
     (first, second), fleet = run_points({"router.policies": ["round_robin"]}, [100, 100], factory)
     m = measured(first)
     assert len(m) == 10 and list(m["replica"]) == [1, 0] * 5
-    # Replica 1 got prime 1 and measured 0, 2, 4, 6, 8: it died at measured 6 (its 5th request), and
+    # Replica 1 got the probe, prime 1 and measured 0, 2, 4, 6, 8: it died at measured 6 (its 8th request), and
     # measured 8, routed to it all the same, failed at once.
     assert list(m[m["error"] != ""]["request_index"]) == [6, 8]
     assert set(m[m["error"] != ""]["error"]) == {"ReplicaLost: ActorDiedError: killed"}

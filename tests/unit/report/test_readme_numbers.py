@@ -176,6 +176,9 @@ SAYS = {
                           "OFF at 8 req/s saturated in 1 repeat of 2 (a bound, ≥ 2219 ms)"],
     "h200-tp1-hit-rate-throughput": ["16 req/s: ON 2,208 against OFF 2,193 output tok/s (+0.7 %)",
                                      "56 req/s: ON 7,464 against OFF 2,620 output tok/s (+184.9 %)"],
+    "seed-says": ["mean E2E ON / OFF 488.5 ± 244.4 / 511.5 ± 262.1 ms at 1 req/s (4.5 % saved)",
+                  "OFF saturates from 48 req/s (knee 32), ON does not saturate up to 64 req/s",
+                  "The simulated saving, 23.0 ms, is near it"],
     "cpu-default-says": ["ON sustains ≥ 11.5 req/s (the highest rate run) and OFF 3.6 req/s [3.6, 3.9]"],
 }
 
@@ -188,7 +191,7 @@ def test_a_paragraph_says_what_its_files_give(name):
     assert block.startswith(m.table_begin(name)) and block.endswith(m.END)
     for fragment in SAYS[name]:
         assert fragment in block
-    assert name in m.TABLES[m.RESULTS / "README.md"]  # so the regeneration test covers it
+    assert any(name in names for names in m.TABLES.values())  # so the regeneration test covers it
 
 
 def _config(study: str) -> dict:

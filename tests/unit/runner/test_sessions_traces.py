@@ -83,5 +83,6 @@ def test_a_cache_too_small_is_eviction_in_the_estimate_not_a_failure(tmp_path):
     assert (s["hit_rate_measured"], s["hit_rate_estimated"]) == (16 / 432, 16 / 432)
     assert s["hit_rate_expected"] == pytest.approx(32 / 36)
     assert bool(s["hit_rate_ok"]) and thrash.manifest["points"][0]["num_blocks"] == 12
-    # 12 primed + 23 new hashed blocks (one was a hit) went in; 10 are left.
-    assert thrash.manifest["points"][0]["evicted_blocks_estimated"] == 12 + 23 - 10
+    # The cold-start probe's 2 whole blocks (runner.cold), 12 primed and 23 new hashed blocks (one
+    # was a hit) went in; 10 are left.
+    assert thrash.manifest["points"][0]["evicted_blocks_estimated"] == 2 + 12 + 23 - 10

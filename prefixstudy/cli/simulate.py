@@ -52,6 +52,10 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, stepwi
         click.echo(f"error: {e}; the points simulated are saved in {getattr(e, 'run_dir', '?')}", err=True)
         sys.exit(1)
     click.echo(f"results: {run_dir}")
+    from prefixstudy.sim.fit_requests import fit_error_line
+
+    if line := fit_error_line(run_dir):
+        click.echo(line)
     if report:
         from prefixstudy.report import build_report
 

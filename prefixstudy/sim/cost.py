@@ -47,6 +47,8 @@ class CostModel:
     # (``source``), the simulated ones (``target``), each term's scale factor (``scale``, 1 where
     # nothing changed) and what the transfer extrapolates (``extrapolations``).
     transfer: dict = field(default_factory=dict)
+    # A fit to request timestamps (``sim.fit_requests``): its error on the points it was fitted to.
+    fit_error: dict = field(default_factory=dict)
 
     def __call__(self, f) -> float:
         return self.c0_ms + sum(c * getattr(f, t) for t, c in self.coef_ms.items())

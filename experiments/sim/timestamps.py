@@ -4,10 +4,11 @@ the same held-out points.
     PYTHONPATH=. python experiments/sim/timestamps.py [--studies h200-tp1,h200-tp2,h200-vllm-server]
                                                      [--out experiments/results/sim-accuracy] [--tables-only]
 
-For each study and each of its rates: fit the step cost on the study's OTHER rates (every mode and
-repeat of this rate left out) twice, from its step records (``sim.cost.fit``) and from its request
-timestamps alone (``sim.fit_requests.fit_timestamps``: the simulator inside the fit, the step records
-unread), then simulate every mode and repeat at the left-out rate on its own arrival schedule
+For each study and each point (mode, rate): fit the step cost on the study's OTHER points (every
+repeat of this one left out, as ``accuracy.py`` does) twice, from its step records (``sim.cost.fit``)
+and from its request timestamps alone (``sim.fit_requests.fit_timestamps``: the simulator inside the
+fit, the step records unread; it fits unsaturated points only, so a saturated point is predicted by
+the fit on all the others), then simulate every repeat of the point on its own arrival schedule
 (``accuracy.simulate_points``) and compare with the measurement.  ``h200-vllm-server`` (``vllm
 serve`` over HTTP) has no step records; its step-record column is the in-process study of the same
 engine and GPU, ``h200-tp1`` (vLLM's default engine, steps timed on the GPU), fitted on all its
@@ -28,7 +29,7 @@ import pandas as pd
 from prefixstudy.config import load_config
 from prefixstudy.model.arch import load_arch
 from prefixstudy.sim.cost import fit, fit_study, load_steps
-from prefixstudy.sim.fit_requests import fit_timestamps, load_run
+from prefixstudy.sim.fit_requests import fit_points, fit_timestamps, load_run
 from prefixstudy.sim.run import calibration_hardware
 from prefixstudy.sim.study import DEFAULT_BLOCK_SIZE, SimTarget, block_count
 from prefixstudy.workloads import load_rows
@@ -52,26 +53,28 @@ def held_out(name: str, study_dir: Path) -> list[dict]:
     target = SimTarget(gpu.name, tp, block_count(cfg, load_arch(cfg.model), gpu, tp, DEFAULT_BLOCK_SIZE),
                        DEFAULT_BLOCK_SIZE, None)
     req, summary = load_run(study_dir)
+    # The timestamp fit uses the unsaturated points only: a saturated one is held out of the fit on all.
+    fitted = set(fit_points(req, summary)[["mode", "rate"]].itertuples(index=False, name=None))
     other = STEP_RECORDS_OF.get(name)
     steps = None if other else load_steps(study_dir)
-    fits: dict[tuple[str, float], object] = {}
+    fits: dict[tuple, object] = {}
 
-    def cost(calibration: str, rate: float):
-        key = (calibration, rate)
+    def cost(calibration: str, mode: str, rate: float):
+        point = (mode, rate) if calibration == "step records" and not other or (mode, rate) in fitted else None
+        key = (calibration, point)
         if key not in fits:
             if calibration == "step records":
-                fits[key] = fit_study(other) if other else fit(steps[steps["rate"] != rate])
+                fits[key] = fit_study(other) if other else fit(steps[(steps["mode"] != mode) | (steps["rate"] != rate)])
             else:
-                print(f"{name}: timestamp fit without rate {rate:g}", file=sys.stderr)
-                fits[key] = fit_timestamps(cfg, rows, target, req[req["rate"] != rate],
-                                           summary[summary["rate"] != rate], f"{study_dir} without {rate:g}")
+                print(f"{name}: timestamp fit without {point or 'the saturated points'}", file=sys.stderr)
+                keep = (req["mode"] != mode) | (req["rate"] != rate) if point else slice(None)
+                fits[key] = fit_timestamps(cfg, rows, target, req[keep], summary, f"{study_dir} without {point}")
         return fits[key]
 
     out = []
     for calibration in CALIBRATIONS:
-        rows_ = accuracy.simulate_points(study_dir, lambda mode, rate, c=calibration: cost(c, rate), calibration)
-        for r in rows_:
-            c = fits[(calibration, r["rate"])]
+        for r in accuracy.simulate_points(study_dir, lambda m, r, c=calibration: cost(c, m, r), calibration):
+            c = cost(calibration, r["mode"], r["rate"])
             fe = c.fit_error
             out.append({**r, "study": name, "c0_ms": c.c0_ms, **{f"coef_{t}": v for t, v in c.coef_ms.items()},
                         "fit_e2e_mean_abs_err": fe.get("e2e_mean_abs_err"), "fit_simulations": fe.get("simulations")})

@@ -49,6 +49,7 @@ from prefixstudy.sim.study import SimSession, SimTarget, sessions
 TERMS = ("prefill_tokens", "num_prefill_reqs", "decode_tokens")  # fitted besides c0
 MIN_RATES = 2
 MAX_REQUESTS = 200
+MAX_EVALS = 40  # simulations of the fitted points; the last moves change the loss by about 1 %
 TTFT_WEIGHT = 0.25
 TIMING = "request-timestamps"
 POINT = ["mode", "rate", "repeat"]
@@ -139,12 +140,16 @@ class PointSimulator:
     scheduler allocates every block object), each point on its own arrival schedule."""
 
     def __init__(self, cfg: StudyConfig, rows, target: SimTarget, points: pd.DataFrame, max_requests: int):
-        sweep = cfg.sweep.model_copy(update={"num_requests": max_requests, "min_duration_s": 0.0})
-        cfg = cfg.model_copy(update={"sweep": sweep})
         modes = sorted(set(points["mode"]))
-        self.sessions = {s.mode: s for s in sessions(cfg.model_copy(update={"sweep": sweep.model_copy(
-            update={"modes": modes})}), rows, target)}
+        self.sessions = {s.mode: s for s in sessions(self._cut(cfg, max_requests, modes), rows, target)}
+        # Each point's first requests: as many as the run sent there, at most ``max_requests``.
+        self.cfgs = {r: self._cut(cfg, min(max_requests, cfg.sweep.requests_for(r)), modes) for r in set(points["rate"])}
         self.points, self.target, self.n_evals = points, target, 0
+
+    @staticmethod
+    def _cut(cfg: StudyConfig, n: int, modes: list[str]) -> StudyConfig:
+        return cfg.model_copy(update={"sweep": cfg.sweep.model_copy(
+            update={"num_requests": n, "min_duration_s": 0.0, "modes": modes})})
 
     def run(self, cost: CostModel) -> pd.DataFrame:
         """Simulated mean TTFT, TPOT and E2E at each point (same columns as ``fit_points``)."""
@@ -155,6 +160,7 @@ class PointSimulator:
             s.target = replace(self.target, cost=cost)
             s.sim.cost_ms = cost
             s.restart()
+            s.cfg = self.cfgs[p.rate]
             r = finished(s.run_point(float(p.rate), int(p.repeat)).requests)
             out.append({"mode": p.mode, "rate": p.rate, "repeat": p.repeat, "n": len(r),
                         "ttft_ms": r["ttft_ms"].mean() if len(r) else math.inf,
@@ -206,34 +212,39 @@ class SearchResult:
     n_evals: int
 
 
-def search(evaluate, x0: dict[str, float], ref: dict[str, float], step: float = 0.4, min_step: float = 0.02,
-           max_evals: int = 60) -> SearchResult:
+def search(evaluate, x0: dict[str, float], ref: dict[str, float], step: float = 0.2, min_step: float = 0.01,
+           max_evals: int = MAX_EVALS) -> SearchResult:
     """Coordinate search (module docstring, step 2).  ``evaluate(x)`` returns the per-point errors;
-    ``ref[k]`` is the size of a move of coefficient k when it is 0 (its first guess can be)."""
+    ``ref[k]`` is the size of a move of coefficient k when it is 0 (its first guess can be).  A move
+    that helps is repeated, twice as long each time, while it keeps helping."""
     x = dict(x0)
     best_err = evaluate(x)
     best, n = loss(best_err), 1
+
+    def moved(x: dict, k: str, d: float) -> dict:
+        return {**x, k: max(0.0, x[k] + d)}
+
     while step >= min_step and n < max_evals:
-        moved = False
-        for k in x:
+        improved = False
+        for k in tuple(x0):
             for sign in (1, -1):
-                if n >= max_evals:
+                d = sign * step * max(x[k], ref[k])
+                while n < max_evals and (y := moved(x, k, d))[k] != x[k]:
+                    err = evaluate(y)
+                    n += 1
+                    if (v := loss(err)) >= best:
+                        break
+                    x, best, best_err, improved = y, v, err, True
+                    d *= 2
+                if improved:
                     break
-                y = {**x, k: max(0.0, x[k] + sign * step * max(x[k], ref[k]))}
-                if y[k] == x[k]:
-                    continue
-                err = evaluate(y)
-                n += 1
-                if (v := loss(err)) < best:
-                    x, best, best_err, moved = y, v, err, True
-                    break
-        if not moved:
+        if not improved:
             step /= 2
     return SearchResult(x, best, best_err, n)
 
 
 def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame, summary: pd.DataFrame,
-                   source: str, max_requests: int = MAX_REQUESTS, max_evals: int = 60,
+                   source: str, max_requests: int = MAX_REQUESTS, max_evals: int = MAX_EVALS,
                    offset: bool = True, progress: bool = False) -> CostModel:
     """The step cost fitted to ``req``'s timestamps (``cfg``, ``rows``: the run's config and
     dataset; ``target``: its engine, any cost).  Its error on the fitted points is in ``fit_error``."""

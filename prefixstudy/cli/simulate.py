@@ -17,8 +17,9 @@ from prefixstudy.errors import UserError
 @click.command()
 @click.argument("config", type=click.Path(path_type=Path))
 @click.option("--calibration", type=click.Path(path_type=Path),
-              help="A study's results folder whose engine steps fit the step cost (or a cost_model.json); "
-                   "default: the config's engine.calibration (engine.kind sim).")
+              help="A study's results folder whose engine steps fit the step cost (or a cost_model.json); a run "
+                   "without step records (an HTTP server's) is fitted to its request timestamps, the simulator "
+                   "inside the fit; default: the config's engine.calibration (engine.kind sim).")
 @click.option("--gpu", help="Simulate this GPU (model/gpus.py names); default: the calibration's.")
 @click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel degree; default: the config's.")
 @click.option("--out", type=click.Path(path_type=Path), help="Results root (default: the config's 'out').")
@@ -60,6 +61,10 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, stepwi
         click.echo(f"error: {e}; the points simulated are saved in {getattr(e, 'run_dir', '?')}", err=True)
         sys.exit(1)
     click.echo(f"results: {run_dir}")
+    from prefixstudy.sim.fit_requests import fit_error_line
+
+    if line := fit_error_line(run_dir):
+        click.echo(line)
     if report:
         from prefixstudy.report import build_report
 

@@ -37,6 +37,11 @@ class SimEngineConfig(VllmEngineConfig):
     stepwise: bool = Field(False, description="Every step through vLLM's scheduler, no decode lane (slower; the "
                            "same results).")
 
+    @property
+    def resident_share(self) -> float | None:
+        """A simulated engine holds no device memory: its arms never compete for one."""
+        return None
+
     @classmethod
     def replacing(cls, engine, **fields) -> "SimEngineConfig":
         """The simulated engine of a study whose engine is ``engine``: the engine fields the simulator

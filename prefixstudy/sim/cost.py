@@ -59,6 +59,8 @@ class CostModel:
     # empty for one that ran one step at a time.  The roofline transfer scales it as the GPU part
     # (``sim.hardware.transfer``): the host records it is fitted on hold the waits for the GPU.
     host: dict = field(default_factory=dict)
+    # A fit to request timestamps (``sim.fit_requests``): its error on the points it was fitted to.
+    fit_error: dict = field(default_factory=dict)
 
     @property
     def pipelined(self) -> bool:
@@ -84,8 +86,9 @@ class CostModel:
 
     def save(self, path: Path) -> None:
         d = asdict(self)
-        if not self.host:  # one step at a time: the file as it always was
-            del d["host"]
+        for key in ("host", "fit_error"):  # fitted one step at a time on step records: the file as it always was
+            if not d[key]:
+                del d[key]
         Path(path).write_text(json.dumps(d, indent=2) + "\n")
 
     @classmethod

@@ -23,6 +23,7 @@ from prefixstudy.model.roofline import Deployment
 from prefixstudy.results.provenance import base_manifest, package_version
 from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
 from prefixstudy.sim.cost import CostModel, fit_study
+from prefixstudy.sim.fit_requests import MAX_EVALS, fit_timestamps, has_step_records, load_run
 from prefixstudy.sim.hardware import extrapolations, priced, same_model, transfer
 from prefixstudy.sim.study import DEFAULT_BLOCK_SIZE, SimTarget, block_count, model_dir_or_error, sessions
 from prefixstudy.preflight import check_simulated
@@ -102,7 +103,7 @@ def make_target(cfg: StudyConfig, calibration: Path, gpu_name: str | None, tp: i
     if src_gpu is None and other_model:
         raise UserError(f"field 'model': {cfg.model} is not the model the calibration ran ({src_model}), and the "
                         f"calibration ran on the CPU: no roofline carries its step costs to another model")
-    cost = cost or fit_study(calibration)
+    cost = cost or calibration_cost(calibration, src_arch, src_gpu, src_tp, src_bs)
     if gpu is not None and (other_model or (gpu.name, tp) != (src_gpu.name, src_tp)):
         src, dst = Deployment(src_arch, src_gpu, src_tp), Deployment(arch, gpu, tp)
         cost = transfer(cost, src, dst, mean_context_tokens(rows))
@@ -115,12 +116,29 @@ def make_target(cfg: StudyConfig, calibration: Path, gpu_name: str | None, tp: i
     cost = replace(cost, transfer={**cost.transfer, "source": source, "target": target, "scale": scale,
                                    "extrapolations": notes})
     block_size = cfg.engine.block_size or (src_bs if (gpu, tp) == (src_gpu, src_tp) and src_bs else DEFAULT_BLOCK_SIZE)
+    return SimTarget(gpu.name if gpu else "cpu", tp, _blocks(cfg, arch, gpu, tp, block_size), block_size, cost)
+
+
+def _blocks(cfg: StudyConfig, arch: Arch, gpu: GPU | None, tp: int, block_size: int) -> int:
     if gpu is None:  # a CPU engine: its KV cache is a byte budget, not a share of device memory
-        blocks = block_count(cfg, arch, None, tp, block_size) if _has_kv_size(cfg) else \
+        return block_count(cfg, arch, None, tp, block_size) if _has_kv_size(cfg) else \
             int(CPU_KV_BYTES // (block_size * arch.kv_bytes_per_token(2)))
-    else:
-        blocks = block_count(cfg, arch, gpu, tp, block_size)
-    return SimTarget(gpu.name if gpu else "cpu", tp, blocks, block_size, cost)
+    return block_count(cfg, arch, gpu, tp, block_size)
+
+
+def calibration_cost(calibration: Path, arch: Arch, gpu: GPU | None, tp: int, block_size: int | None) -> CostModel:
+    """The calibration study's step cost: fitted on its step records, or, for a run without any
+    (an HTTP server's), to its request timestamps with the simulator in the fit, on the engine the
+    run measured (``sim.fit_requests``)."""
+    if has_step_records(calibration):
+        return fit_study(calibration)
+    req, summary = load_run(calibration)
+    cfg = load_config(calibration / "config.yaml")
+    bs = cfg.engine.block_size or block_size or DEFAULT_BLOCK_SIZE
+    target = SimTarget(gpu.name if gpu else "cpu", tp, _blocks(cfg, arch, gpu, tp, bs), bs, None)
+    log.warning("%s has no step records: fitting the step cost to its request timestamps (%d simulations "
+                "of its points)", calibration, MAX_EVALS)
+    return fit_timestamps(cfg, load_rows(cfg), target, req, summary, str(calibration))
 
 
 def _has_kv_size(cfg: StudyConfig) -> bool:
@@ -161,7 +179,8 @@ def _simulate(cfg: StudyConfig, calibration: Path, target: SimTarget, out: Path 
                        "num_gpu_blocks": target.num_gpu_blocks, "block_size": target.block_size,
                        "cost_model": COST_FILE, "source": target.cost.transfer["source"],
                        "target": target.cost.transfer["target"], "scale": target.cost.transfer["scale"],
-                       "extrapolations": target.cost.transfer["extrapolations"], "stepwise": stepwise}
+                       "extrapolations": target.cost.transfer["extrapolations"], "stepwise": stepwise,
+                       "calibration_timing": target.cost.timing, "fit_error": target.cost.fit_error}
     writer = ResultsWriter(run_dir, cfg, manifest)
     writer.start()
     target.cost.save(run_dir / COST_FILE)

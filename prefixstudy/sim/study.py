@@ -79,7 +79,8 @@ def scheduler_spec(cfg: StudyConfig, target: SimTarget, mode: str) -> SchedulerS
                          block_size=target.block_size, max_num_batched_tokens=lim["max_num_batched_tokens"],
                          max_num_seqs=lim["max_num_seqs"], max_model_len=lim["max_model_len"],
                          enable_chunked_prefill=lim["enable_chunked_prefill"], tensor_parallel_size=target.tp,
-                         async_scheduling=target.cost.pipelined)
+                         # no cost yet: the timestamp fit (sim.fit_requests) prices a one-step-at-a-time engine
+                         async_scheduling=target.cost is not None and target.cost.pipelined)
 
 
 @dataclass(frozen=True)

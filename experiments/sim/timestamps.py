@@ -1,0 +1,169 @@
+"""The simulator calibrated from request timestamps alone, against the step-record calibration, on
+the same held-out points.
+
+    PYTHONPATH=. python experiments/sim/timestamps.py [--studies h200-tp1,h200-tp2,h200-vllm-server]
+                                                     [--out experiments/results/sim-accuracy] [--tables-only]
+
+For each study and each point (mode, rate): fit the step cost on the study's OTHER points (every
+repeat of this one left out, as ``accuracy.py`` does) twice, from its step records (``sim.cost.fit``)
+and from its request timestamps alone (``sim.fit_requests.fit_timestamps``: the simulator inside the
+fit, the step records unread; it fits unsaturated points only, so a saturated point is predicted by
+the fit on all the others), then simulate every repeat of the point on its own arrival schedule
+(``accuracy.simulate_points``) and compare with the measurement.  ``h200-vllm-server`` (``vllm
+serve`` over HTTP) has no step records; its step-record column is the in-process study of the same
+engine and GPU, ``h200-tp1`` (vLLM's default engine, steps timed on the GPU), fitted on all its
+steps, none of which are the server's.  Writes timestamps.csv (one row per point, repeat and
+calibration), timestamps-summary.md (the table in docs/simulator.md) and timestamps.md (per point).  ``--studies``
+re-runs those studies and keeps the others' rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from prefixstudy.config import load_config
+from prefixstudy.model.arch import load_arch
+from prefixstudy.sim.cost import fit, fit_study, load_steps
+from prefixstudy.sim.fit_requests import fit_points, fit_timestamps, load_run
+from prefixstudy.sim.run import calibration_hardware
+from prefixstudy.sim.study import DEFAULT_BLOCK_SIZE, SimTarget, block_count
+from prefixstudy.workloads import load_rows
+
+_spec = importlib.util.spec_from_file_location("accuracy", Path(__file__).with_name("accuracy.py"))
+accuracy = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(accuracy)
+
+RESULTS = Path("experiments/results")
+STUDIES = {"h200-tp1": RESULTS / "h200-tp1-sync", "h200-tp2": RESULTS / "h200-tp2",
+           "h200-vllm-server": RESULTS / "h200-vllm-server"}
+# A study without step records: the step-record calibration is another study's, of the same engine.
+STEP_RECORDS_OF = {"h200-vllm-server": RESULTS / "h200-tp1"}
+CALIBRATIONS = ("step records", "timestamps")
+
+
+def held_out(name: str, study_dir: Path) -> list[dict]:
+    cfg = load_config(study_dir / "config.yaml")
+    rows = load_rows(cfg)
+    gpu, tp, _ = calibration_hardware(study_dir)
+    target = SimTarget(gpu.name, tp, block_count(cfg, load_arch(cfg.model), gpu, tp, DEFAULT_BLOCK_SIZE),
+                       DEFAULT_BLOCK_SIZE, None)
+    req, summary = load_run(study_dir)
+    # The timestamp fit uses the unsaturated points only: a saturated one is held out of the fit on all.
+    fitted = set(fit_points(req, summary)[["mode", "rate"]].itertuples(index=False, name=None))
+    other = STEP_RECORDS_OF.get(name)
+    steps = None if other else load_steps(study_dir)
+    fits: dict[tuple, object] = {}
+
+    def cost(calibration: str, mode: str, rate: float):
+        point = (mode, rate) if calibration == "step records" and not other or (mode, rate) in fitted else None
+        key = (calibration, point)
+        if key not in fits:
+            if calibration == "step records":
+                fits[key] = fit_study(other) if other else fit(steps[(steps["mode"] != mode) | (steps["rate"] != rate)])
+            else:
+                print(f"{name}: timestamp fit without {point or 'the saturated points'}", file=sys.stderr)
+                keep = (req["mode"] != mode) | (req["rate"] != rate) if point else slice(None)
+                fits[key] = fit_timestamps(cfg, rows, target, req[keep], summary, f"{study_dir} without {point}")
+        return fits[key]
+
+    out = []
+    for calibration in CALIBRATIONS:
+        for r in accuracy.simulate_points(study_dir, lambda m, r, c=calibration: cost(c, m, r), calibration):
+            c = cost(calibration, r["mode"], r["rate"])
+            fe = c.fit_error
+            out.append({**r, "study": name, "c0_ms": c.c0_ms, **{f"coef_{t}": v for t, v in c.coef_ms.items()},
+                        "fit_e2e_mean_abs_err": fe.get("e2e_mean_abs_err"), "fit_simulations": fe.get("simulations")})
+    return out
+
+
+def per_point(df: pd.DataFrame) -> pd.DataFrame:
+    keys = ["check", "study", "mode", "rate"]
+    g = df.groupby(keys, sort=False)
+    cols = [f"{k}_{w}" for k in ("mean_e2e_ms", "mean_ttft_ms", "mean_tpot_ms") for w in ("meas", "sim")]
+    out = g[cols].mean()
+    out["n_repeats"] = g.size()
+    out["saturated_meas_share"] = g["saturated_meas"].mean()
+    out["saturated_sim_share"] = g["saturated_sim"].mean()
+    for k in ("mean_e2e_ms", "mean_ttft_ms", "mean_tpot_ms"):
+        out[f"{k}_err"] = out[f"{k}_sim"] / out[f"{k}_meas"] - 1
+    return out.reset_index()
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f} %"
+
+
+def summary(pp: pd.DataFrame) -> str:
+    """Per study and calibration, over the points most of whose repeats kept up (as measured)."""
+    lines = ["| study | calibration | unsaturated points | within 5 % | within 10 % | mean abs E2E error | worst "
+             "| mean abs TPOT error | saturated points predicted saturated |", "|" + "---|" * 9]
+    for (study, check), g in pp.groupby(["study", "check"], sort=False):
+        u = g[g["saturated_meas_share"] <= 0.5]
+        s = g[g["saturated_meas_share"] > 0.5]
+        e = u["mean_e2e_ms_err"]
+        w = u.loc[e.abs().idxmax()]
+        name = f"{check} (h200-tp1, in process)" if check == "step records" and study in STEP_RECORDS_OF else check
+        lines.append(f"| {study} | {name} | {len(u)} | {(e.abs() <= 0.05).sum()} | {(e.abs() <= 0.10).sum()} | "
+                     f"{e.abs().mean() * 100:.1f} % | {_pct(w['mean_e2e_ms_err'])} ({w['mode'].upper()} {w['rate']:g}) | "
+                     f"{u['mean_tpot_ms_err'].abs().mean() * 100:.1f} % | "
+                     f"{int((s['saturated_sim_share'] > 0.5).sum())} of {len(s)} |")
+    return "\n".join(lines) + "\n"
+
+
+def table(pp: pd.DataFrame) -> str:
+    lines = ["| study | calibration | mode | rate | repeats | E2E mean sim / meas (ms) | err | TTFT sim / meas (ms) "
+             "| TPOT err | saturated sim / meas |", "|" + "---|" * 10]
+    for _, r in pp.iterrows():
+        lines.append(f"| {r['study']} | {r['check']} | {r['mode']} | {r['rate']:g} | {r['n_repeats']} | "
+                     f"{r['mean_e2e_ms_sim']:.0f} / {r['mean_e2e_ms_meas']:.0f} | {_pct(r['mean_e2e_ms_err'])} | "
+                     f"{r['mean_ttft_ms_sim']:.1f} / {r['mean_ttft_ms_meas']:.1f} | {_pct(r['mean_tpot_ms_err'])} | "
+                     f"{r['saturated_sim_share']:.0%} / {r['saturated_meas_share']:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+def claims(pp: pd.DataFrame) -> list[str]:
+    """The sentences docs/simulator.md states from the table, one per study: within 10 % of how
+    many unsaturated held-out points, timestamps only and from step records."""
+    out = []
+    for study, g in pp.groupby("study", sort=False):
+        u = g[g["saturated_meas_share"] <= 0.5]
+        n = {c: int((u[u["check"] == c]["mean_e2e_ms_err"].abs() <= 0.10).sum()) for c in CALIBRATIONS}
+        out.append(f"{study}: timestamps only, within 10 % at {n['timestamps']} of {len(u) // 2} held-out points "
+                   f"(step records: {n['step records']})")
+    return out
+
+
+def write(df: pd.DataFrame, out: Path) -> None:
+    df.to_csv(out / "timestamps.csv", index=False)
+    pp = per_point(df)
+    (out / "timestamps-summary.md").write_text(summary(pp))
+    (out / "timestamps.md").write_text(table(pp))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=RESULTS / "sim-accuracy")
+    ap.add_argument("--studies", default=",".join(STUDIES))
+    ap.add_argument("--tables-only", action="store_true", help="Only rewrite the tables from timestamps.csv.")
+    a = ap.parse_args()
+    path = a.out / "timestamps.csv"
+    old = pd.read_csv(path) if path.exists() else pd.DataFrame({"study": []})
+    if a.tables_only:
+        write(old, a.out)
+        return
+    names = a.studies.split(",")
+    rows = [r for n in names for r in held_out(n, STUDIES[n])]
+    df = pd.concat([old[~old["study"].isin(names)], pd.DataFrame(rows)], ignore_index=True)
+    order = {n: i for i, n in enumerate(STUDIES)}
+    df = df.sort_values("study", key=lambda s: s.map(order), kind="stable")
+    write(df, a.out)
+    print(f"wrote {a.out}/timestamps.csv, timestamps.md", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

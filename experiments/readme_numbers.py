@@ -134,6 +134,7 @@ def headline_block(results: Path = RESULTS) -> str:
         f"**{on_r[0]:.1f} req/s [{on_r[1]:.1f}, {on_r[2]:.1f}]** and OFF **{off_r[0]:.1f} req/s "
         f"[{off_r[1]:.1f}, {off_r[2]:.1f}]**, interpolated where p90 crosses it: caching buys about "
         f"{on_r[0] / off_r[0]:.1f}× the throughput at that latency.")
+    lines.append("* " + _slo_words(results))
     lines.append("* " + _closure_words(d, head))
     tp2 = pd.read_csv(results / "h200-tp2" / "headline.csv").sort_values("arrival_rate")
     tp2_calm = tp2[~tp2["on_saturated"].astype(bool) & ~tp2["off_saturated"].astype(bool)
@@ -166,6 +167,82 @@ def headline_block(results: Path = RESULTS) -> str:
     fit_text += (f" At TP 2 through the Ray executor (one repeat{passes}): {_gain(t_lo)} at "
                  f"{t_lo['arrival_rate']:.2f} req/s and {_gain(t_hi)} at {t_hi['arrival_rate']:.1f} req/s.")
     return "\n".join([BEGIN, intro, "", *lines, "", fit_text, "", bench_sentence(results), END])
+
+
+def _slo_search(results: Path = RESULTS) -> tuple[dict, dict, pd.DataFrame]:
+    """h200-tp1-slo's search record (the manifest's ``slo_search``), its bound and its probes (slo.csv)."""
+    d = results / "h200-tp1-slo"
+    rec = json.loads((d / "manifest.json").read_text())["slo_search"]
+    (name, bound), = rec["objectives_ms"].items()
+    return rec, {"name": name, "bound": bound}, pd.read_csv(d / "slo.csv")
+
+
+def _slo_words(results: Path = RESULTS) -> str:
+    """The headline's SLO throughput, searched (h200-tp1-slo) rather than interpolated."""
+    rec, obj, _ = _slo_search(results)
+    on, off = rec["arms"]["on"], rec["arms"]["off"]
+    ratio = on["lo_req_s"] / off["lo_req_s"]
+    lo, hi = on["lo_req_s"] / off["hi_req_s"], on["hi_req_s"] / off["lo_req_s"]
+    return (f"searched instead (`--slo {obj['name']}:{obj['bound']:g}`, `experiments/results/h200-tp1-slo/`, the same "
+            f"engine and workload on a later lease of an H200, {rec['repeats']} repeats at each final rate, to "
+            f"{rec['tolerance'] * 100:.0f} %): ON meets it up to **{on['lo_req_s']:.1f} req/s** (misses at "
+            f"{on['hi_req_s']:.1f}) and OFF up to **{off['lo_req_s']:.1f} req/s** (misses at "
+            f"{off['hi_req_s']:.1f}): **{ratio:.2f}×** [{lo:.2f}, {hi:.2f}] (the brackets' bounds, offered rates).")
+
+
+def slo_says_block(results: Path = RESULTS) -> str:
+    """h200-tp1-slo: each arm's probes in order, where its search stopped and why."""
+    rec, obj, probes = _slo_search(results)
+
+    def arm(m):
+        a = rec["arms"][m]
+        tried = probes[probes["arm"] == m]
+        seq = ", ".join(f"{r['rate_req_s']:g}{'' if r['verdict'] == 'met' else ' (' + r['verdict'] + ')'}"
+                        for _, r in tried.iterrows())
+        return (f"- **{m.upper()}**: {len(tried)} points, in order: {seq}. Stopped: {a['stopped']}; met at "
+                f"{a['lo_req_s']:.1f} req/s in every repeat there, missed at {a['hi_req_s']:.1f}.")
+
+    return _block("h200-tp1-slo-says", [arm("on"), arm("off")])
+
+
+def shared_fraction_block(results: Path = RESULTS) -> str:
+    """h200-shared-fraction: the gain against the hit rate at one load (hit_rate.csv)."""
+    t = pd.read_csv(results / "h200-shared-fraction" / "hit_rate.csv").sort_values("shared_fraction")
+    rate = float(t["rate"].iloc[0])
+    rows = "; ".join(f"shared fraction {r['shared_fraction']:g}, hit rate {r['hit_rate']:.3f}: "
+                     f"{_ci(r['gain_mean_e2e'], r['gain_mean_e2e_lo'], r['gain_mean_e2e_hi'], '.1f', 100)} %"
+                     for _, r in t.iterrows())
+    tput = max(abs(t["gain_throughput"]))
+    return _block("h200-shared-fraction-says", [
+        f"At {rate:g} req/s (actual {t['arrival_rate'].iloc[0]:.1f}), the mean-E2E gain of ON over OFF by hit rate: "
+        f"{rows} (paired by request index, 95 % block-bootstrap intervals over one repeat). Output throughput "
+        f"differs by at most {100 * tput:.1f} % between the arms at every fraction: both kept up."])
+
+
+def sglang_block(results: Path = RESULTS) -> str:
+    """h200-sglang beside vLLM's arms measured on the same machine minutes before (h200-shared-fraction)."""
+    sg = pd.read_csv(results / "h200-sglang" / "summary.csv").set_index("mode")
+    rate = float(sg["rate"].iloc[0])
+    cells = {}
+    for f in ("0", "0.95"):
+        s = pd.read_csv(results / "h200-shared-fraction" / f"shared_fraction-{f}" / "summary.csv").set_index("mode")
+        cells[f] = s
+    v = cells["0.95"]
+
+    def e2e(s, m):
+        return f"{s.loc[m, 'mean_e2e_ms']:.0f} ms (TTFT {s.loc[m, 'mean_ttft_ms']:.1f}, TPOT {s.loc[m, 'mean_tpot_ms']:.2f})"
+
+    return _block("h200-sglang-says", [
+        f"At {rate:g} req/s (one repeat each; the same H200, minutes apart), mean E2E: SGLang 0.5.17 with "
+        f"RadixAttention {e2e(sg, 'on')}, hit rate {sg.loc['on', 'hit_rate_measured']:.3f}; with "
+        f"`--disable-radix-cache` {e2e(sg, 'off')}. vLLM 0.26 in process at a shared fraction of 0.95 (hit rate "
+        f"{v.loc['on', 'hit_rate_measured']:.3f}): ON {e2e(v, 'on')}, OFF {e2e(v, 'off')}; at fraction 0, OFF "
+        f"{e2e(cells['0'], 'off')}. Caching cuts SGLang's mean E2E by "
+        f"{100 * (1 - sg.loc['on', 'mean_e2e_ms'] / sg.loc['off', 'mean_e2e_ms']):.1f} % and vLLM's by "
+        f"{100 * (1 - v.loc['on', 'mean_e2e_ms'] / v.loc['off', 'mean_e2e_ms']):.1f} %. The two engines' prompts are "
+        "the same token ids on the same arrival draw, but SGLang's reach it over HTTP (its client TTFT includes "
+        "the server's HTTP path) and vLLM's in process, and SGLang ran with its Triton attention backend "
+        "(the offline bundle leaves out FlashAttention 3), so the gap between the engines is not the caches' alone."])
 
 
 @functools.lru_cache(maxsize=4)
@@ -1302,8 +1379,11 @@ RENDER = {"h200-offload": offload_table, "tier-cost": lambda _: tier_cost_table(
           "h200-tp1-hit-rate-throughput": lambda _: hit_rate_throughput_block(),
           "cpu-default-says": lambda _: cpu_default_says_block(),
           "tp8-model": lambda _: tp8_table(), "tp8-says": lambda _: tp8_says_block(),
-          "seed-says": lambda _: seed_says_block()}
-TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp1-hit-rate-throughput",
+          "seed-says": lambda _: seed_says_block(), "h200-tp1-slo-says": lambda _: slo_says_block(),
+          "h200-shared-fraction-says": lambda _: shared_fraction_block(),
+          "h200-sglang-says": lambda _: sglang_block()}
+TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp1-hit-rate-throughput", "h200-tp1-slo-says",
+                                  "h200-shared-fraction-says", "h200-sglang-says",
                                   "h200-tp1-sync", "h200-tp1-sync-steps", "h200-tp1-sync-says",
                                   "h200-tp1-async-split", "h200-tp1-async-gpu", "h200-tp1-async-effect",
                                   "h200-tp2-fit", "h200-tp2", "h200-tp2-says", "h200-tp1-ray-checks", "h200-tp1-ray",

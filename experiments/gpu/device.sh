@@ -30,8 +30,11 @@ OUT=${OUT:-/tmp/out}
 # SIGTERM before the device call's own limit: finished points are flushed, the run can be resumed.
 ps() { timeout -s TERM "${STUDY_TIMEOUT:-560}" python3 -m prefixstudy "$@"; }
 RESULTS=${RESULTS:-/tmp/results}
-collect() {  # the newest run (by name: run ids are timestamps), as one archive plus its summary and manifest
-  local run; run=$(ls -d "$RESULTS"/*/*/ 2>/dev/null | sort | tail -1)
+newest() {  # the newest run of any study under $RESULTS: run ids are timestamps, so sort by the id, not the path
+  ls -d "$RESULTS"/*/*/ 2>/dev/null | awk -F/ '{print $(NF-1) "\t" $0}' | sort | tail -1 | cut -f2
+}
+collect() {  # the newest run, as one archive plus its summary and manifest
+  local run; run=$(newest)
   [ -n "$run" ] || return 0
   local name; name=$(basename "$(dirname "$run")")
   mkdir -p "$OUT/$name"
@@ -87,7 +90,7 @@ case "$1" in
     for m in on off; do grep -v "INFO\|^(.*) WARNING" "/tmp/cap-$tag-$m.log" | tail -40 > "$OUT/cap-$tag-$m.log"; done
     tar -czf "$OUT/cap-$tag.tgz" -C /tmp "cap-$tag" ;;
   resume)
-    run=$(ls -d "$RESULTS"/*/*/ | sort | tail -1)
+    run=$(newest)
     ps run --resume "$run" --no-report --quiet 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/resume.log"
     collect ;;
   *) echo "usage: device.sh part NN | unpack | sglang | study CONFIG [ARGS] | split CONFIG [ARGS] | swap CONFIG MODE REPEATS [ARGS] | capsplit TAG CONFIG UNIT=V1,.. [ARGS] | resume" >&2; exit 2 ;;

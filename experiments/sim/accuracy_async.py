@@ -38,25 +38,42 @@ from prefixstudy.sim.cost import async_recorded, busy_steps, fit, load_steps  # 
 
 RESULTS = Path("experiments/results")
 # Other default-engine runs of the same workload, priced by the calibration fitted on all of its
-# steps: h200-tp1-fixed-order (six rates, the same day) and h200-tp1-async (1 and 16 req/s, host
-# stamps only, another day).
-OTHER_RUNS = {"h200-tp1": ["h200-tp1-fixed-order", "h200-tp1-async"]}
+# steps: h200-tp1-fixed-order (six rates, the same day), h200-tp1-async (1 and 16 req/s, host
+# stamps only, another day) and h200-tp1-slo (the rates an SLO search probed, another day).
+OTHER_RUNS = {"h200-tp1": ["h200-tp1-fixed-order", "h200-tp1-async", "h200-tp1-slo"]}
 CHECKS = ("held-out point", "held-out repeat", "another run", "another workload")
 WORKLOAD_CALIBRATION = "h200-tp1"
 
 
 def other_workloads(results: Path = RESULTS) -> list[str]:
     """Default-engine studies of other workloads: the H200 cache-pressure sweeps (async scheduling at
-    vLLM's default, their steps stamped on the host) and the multi-turn sessions (h200-multiturn; its
-    one-step-at-a-time twin h200-multiturn-sync is not the default engine)."""
-    sweeps = sorted(results.glob("h200-cache-pressure/groups-*/blocks-*"),
-                    key=lambda d: (d.parent.name, float(d.name.split("-")[1])))
-    return [str(d.relative_to(results)) for d in sweeps] + ["h200-multiturn"]
+    vLLM's default, their steps stamped on the host), the multi-turn sessions (h200-multiturn; its
+    one-step-at-a-time twin h200-multiturn-sync is not the default engine) and the shared-fraction
+    cells (h200-tp1's lengths, a hit rate of their own)."""
+    def key(d: Path) -> tuple:
+        return (d.parent.name, float(d.name.split("-")[1]))
+
+    sweeps = sorted(results.glob("h200-cache-pressure/groups-*/blocks-*"), key=key)
+    shared = sorted(results.glob("h200-shared-fraction/shared_fraction-*"), key=key)
+    return [str(d.relative_to(results)) for d in sweeps] + ["h200-multiturn"] + \
+        [str(d.relative_to(results)) for d in shared]
 
 
 def calibrations(results: Path = RESULTS) -> list[str]:
-    """The committed studies that can calibrate the async model: vLLM's default engine (async
-    scheduling, as the study recorded it), every step timed on the GPU with host stamps beside."""
+    """The committed studies that calibrate the async model and are held out against themselves:
+    vLLM's default engine with GPU-span steps (``gpu_span_studies``), at least two repeats of every
+    point (the held-out repeat needs them).  The others are checked as another run or workload."""
+    out = []
+    for name in gpu_span_studies(results):
+        points = pd.read_csv(results / name / "summary.csv").groupby(["mode", "rate"]).size()
+        if points.min() >= 2:
+            out.append(name)
+    return out
+
+
+def gpu_span_studies(results: Path = RESULTS) -> list[str]:
+    """The committed studies that ran vLLM's default engine (async scheduling, as the study recorded
+    it), every step timed on the GPU with host stamps beside."""
     out = []
     for path in sorted(results.rglob("iterations.parquet")):
         data = ds.dataset(path)
@@ -152,6 +169,9 @@ def coverage_problems(df: pd.DataFrame, results: Path = RESULTS) -> list[str]:
     got = set(zip(df["check"], df["study"], strict=True))
     problems += [f"{check} {study}: not in async.csv" for check, study in sorted(set(expected) - got)]
     problems += [f"{check} {study}: not a check of a calibration study" for check, study in sorted(got - set(expected))]
+    checked = {study for _, study in expected}
+    problems += [f"{study}: a GPU-span default-engine study that no check simulates"
+                 for study in gpu_span_studies(results) if study not in checked]
     for check, study in sorted(set(expected) & got):
         rows = df[(df["check"] == check) & (df["study"] == study)].set_index(["mode", "rate", "repeat"])
         measured = pd.read_csv(results / study / "summary.csv").set_index(["mode", "rate", "repeat"])["mean_e2e_ms"]

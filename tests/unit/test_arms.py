@@ -49,12 +49,12 @@ def test_an_overlay_sets_its_fields_merges_mappings_and_keeps_the_rest():
                                                                        "extra_args": {"async_scheduling": False}}},
                                       {"name": "tier", "offload": {"size_gib": 8}}]})
     e = cfg.arm_engine("big-batch")
-    assert (e.max_num_batched_tokens, e.max_num_seqs, e.prefix_caching) == (512, 64, True)
+    assert (e.max_num_batched_tokens, e.max_num_seqs, caching(e, "big-batch")) == (512, 64, True)
     assert e.extra_args == {"num_gpu_blocks_override": 500, "async_scheduling": False}
     t = cfg.arm_engine("tier")
     assert t.extra_args == {"num_gpu_blocks_override": 500, "kv_offloading_size": 8.0, "kv_offloading_backend": "native"}
     assert cfg.engine.extra_args == {"num_gpu_blocks_override": 500}  # the study's own section is untouched
-    assert cfg.arm_engine("off").prefix_caching is False
+    assert caching(cfg.arm_engine("off"), "off") is False
 
 
 def test_the_arm_flag_is_never_written_to_the_saved_config():

@@ -42,10 +42,24 @@ def test_the_calibration_is_required(tmp_path):
     one_line_exit_2(r, "--calibration: required (or a config with engine.kind sim and engine.calibration)")
 
 
-def test_a_default_engine_calibration_without_gpu_spans(tmp_path):
-    """h200-tp1-async ran vLLM's default engine with host stamps only: no step's own cost to fit."""
-    r = cli("simulate", "h200-tp1", "--calibration", "experiments/results/h200-tp1-async", "--out", tmp_path / "out")
-    one_line_exit_2(r, "--calibration experiments/results/h200-tp1-async: it ran vLLM's async scheduling, but its "
-                       "steps are not all timed on the GPU with host stamps beside them (timing engine-async); "
-                       "no per-step cost to fit")
-    assert not (tmp_path / "out").exists()
+def test_a_default_engine_calibration_without_gpu_spans_is_fitted_to_its_timestamps(monkeypatch, caplog):
+    """h200-tp1-async ran vLLM's default engine with host stamps only: no step's own cost to fit, so
+    its request timestamps are fitted instead, and the warning says why."""
+    from prefixstudy.sim import run as sim_run
+    from prefixstudy.sim.fit_requests import has_step_records, why_no_step_fit
+
+    calibration = REPO / "experiments/results/h200-tp1-async"
+    assert not has_step_records(calibration)
+    assert why_no_step_fit(calibration) == "has no step records that time a step's own cost (timing engine-async)"
+    assert why_no_step_fit(REPO / "experiments/results/h200-vllm-server") == "has no step records"
+    fitted = []
+    monkeypatch.setattr(sim_run, "fit_timestamps", lambda cfg, rows, target, req, summary, source: fitted.append(
+        (target.block_size, len(req), len(summary), source)) or "cost")
+    _, arch, gpu, block_size, _ = sim_run.calibration_source(calibration)
+    with caplog.at_level("WARNING", logger="prefixstudy"):
+        assert sim_run.calibration_cost(calibration, arch, gpu, 1, block_size) == "cost"
+    assert fitted == [(16, 1056, 8, str(calibration))]  # every request of its 4 points x 2 repeats
+    assert f"{calibration} has no step records that time a step's own cost (timing engine-async): fitting the step " \
+           "cost to its request timestamps (40 simulations of its points)" in caplog.text
+
+

@@ -17,6 +17,10 @@ appended to benchmarks/results/simulate_speed.jsonl.
 
     git worktree add /tmp/bd45018 bd45018      # once: the baseline's code
     python benchmarks/simulate_speed.py [--baseline /tmp/bd45018] [--runs 3]
+
+``--against-stepwise`` times this checkout against its own ``--stepwise`` path instead, interleaved
+(stepwise, branch, stepwise, ...), both with ``--no-report``: the decode lane's share alone, with
+the results compared the same way.
 """
 
 from __future__ import annotations
@@ -84,7 +88,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", type=Path, default=Path("/tmp/bd45018"), help="the baseline's worktree")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--against-stepwise", action="store_true", help="the baseline is this checkout's --stepwise path")
     args = ap.parse_args()
+    if args.against_stepwise:
+        return against_stepwise(args.runs)
     if not (args.baseline / "prefixstudy").is_dir():
         sys.exit(f"--baseline {args.baseline}: no prefixstudy there (git worktree add {args.baseline} bd45018)")
     tmp = Path(tempfile.mkdtemp(prefix="simulate_speed-"))
@@ -121,6 +128,40 @@ def main() -> None:
     print(json.dumps({k: record[k] for k in ("medians", "ratio_wall", "ratio_points_phase", "ratio_sim",
                                              "branch_vs_stepwise_differing", "branch_vs_baseline_differing")},
                      indent=1))
+    with RESULTS.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def against_stepwise(n_runs: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="simulate_speed-"))
+    arms = {"stepwise": ["--stepwise", "--no-report"], "branch": ["--no-report"]}
+    runs: dict[str, list[dict]] = {name: [] for name in arms}
+    load_start = load_avg()
+    for i in range(n_runs):
+        for name, extra in arms.items():
+            r = run_once(REPO, tmp / f"{name}-{i}", extra)
+            runs[name].append(r)
+            print(name, i, {k: v for k, v in r.items() if k != "run_dir"}, flush=True)
+    med = {name: {k: statistics.median(r[k] for r in rs)
+                  for k in ("wall_s", "points_phase_s", "sim_s", "requests_per_sim_s")}
+           for name, rs in runs.items()}
+    record = {
+        "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+        "machine": f"{platform.node()}: {os.cpu_count()} cores, shared with other sessions",
+        "load_avg_start": load_start, "load_avg_end": load_avg(),
+        "branch_commit": git("rev-parse", "--short", "HEAD")
+        + (" (dirty)" if git("status", "--porcelain", "--", ".", ":!benchmarks/results") else ""),
+        "baseline_commit": "the same checkout, --stepwise",
+        "command": "prefixstudy " + " ".join(COMMAND), "runs_each": n_runs, "medians": med,
+        "ratio_wall": round(med["stepwise"]["wall_s"] / med["branch"]["wall_s"], 2),
+        "ratio_points_phase": round(med["stepwise"]["points_phase_s"] / med["branch"]["points_phase_s"], 2),
+        "ratio_sim": round(med["stepwise"]["sim_s"] / med["branch"]["sim_s"], 2),
+        "runs": {name: [{k: v for k, v in r.items() if k != "run_dir"} for r in rs] for name, rs in runs.items()},
+        "branch_vs_stepwise_differing": differing_columns(Path(runs["branch"][0]["run_dir"]),
+                                                          Path(runs["stepwise"][0]["run_dir"])),
+    }
+    print(json.dumps({k: record[k] for k in ("medians", "ratio_wall", "ratio_points_phase", "ratio_sim",
+                                             "branch_vs_stepwise_differing")}, indent=1))
     with RESULTS.open("a") as f:
         f.write(json.dumps(record) + "\n")
 

@@ -49,7 +49,7 @@ def report(results_dir: Path, slo, threshold_ms, peers, point, seed, rederive):
             raise UserError(f"{', '.join(given)}: for one run's report; {results_dir} is a sweep's folder (its "
                             "sweep.json): report one of its cells for those")
         if rederive:
-            from prefixstudy.sweep.run import cell_dirs
+            from prefixstudy.sweep.folder import cell_dirs
 
             for cell in cell_dirs(results_dir):
                 _rederive(cell)
@@ -107,11 +107,10 @@ def _rederive(results_dir: Path) -> None:
 @click.option("--threshold", "threshold_ms", type=float, default=None, help="p90 E2E threshold (ms) of the headlines.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
 def compare(results_dirs, out_dir, slo, threshold_ms, seed):
-    """Overlay several studies (labelled study / device / TP) in one report."""
+    """Overlay several studies (labelled study / device / TP) in one report; a sweep's folder gives
+    each of its cells."""
     from prefixstudy.report import build_compare
 
-    if len(results_dirs) < 2:
-        raise UserError("compare needs at least two results folders")
     out = build_compare(results_dirs, out_dir, _slo(slo), threshold_ms, seed=seed)
     click.echo(f"report: {out}")
 

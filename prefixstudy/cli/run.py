@@ -189,7 +189,7 @@ def _sweep_done(parent: Path, report: bool) -> None:
 def exit_on_failed_cells(parent: Path) -> None:
     """Exit 1 when a cell of the sweep at ``parent`` has failed points or stopped, saying how many
     and the one command that goes on with them."""
-    from prefixstudy.sweep.run import cell_dirs
+    from prefixstudy.sweep.folder import cell_dirs
 
     manifests = [_manifest(d) for d in cell_dirs(parent)]
     failed = sum(_failed_in(m) for m in manifests)

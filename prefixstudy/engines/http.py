@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from prefixstudy.engines import server_metrics
-from prefixstudy.engines.base import EngineDefaults, IterationSample, RequestTrace
+from prefixstudy.engines.base import EngineDefaults, IterationSample, RequestTrace, caching
 from prefixstudy.engines.http_config import PROFILES, HttpEngineConfig
 from prefixstudy.errors import UserError
 
@@ -252,11 +252,13 @@ class HttpEngine(EngineDefaults):
 
     def _nulls_mean_uncached(self, deltas: dict[str, Any]) -> bool:
         """Whether this point's null cached-token details were 0 cached tokens: the server leaves
-        them null when nothing was cached, and either some request reported a count (reporting is
-        on) or the server's own counter cached nothing either.  Nulls everywhere while the
+        them null when nothing was cached, and the arm's cache is off, or some request reported a
+        count (reporting is on), or the server's own counter cached nothing either.  Nulls everywhere while the
         counter shows hits: the server reports none (started without its cache-report flag)."""
         if not self.profile.null_when_uncached or not self._null_details:
             return False
+        if not caching(self.config, self.mode):  # the arm's cache is off: nothing can be cached
+            return True
         if self._null_details < self._requests:
             return True
         hits = deltas.get("server_prefix_hits")

@@ -23,7 +23,7 @@ from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import counted, parse_slo
 from prefixstudy.report import arms as arm_report, bench_import, figure_kit as kit, figures as plots, first_screen, tables
 from prefixstudy.report import closure as closure_report, gain_split as split_report, order as order_report
-from prefixstudy.report import slo as slo_report
+from prefixstudy.report import prediction, slo as slo_report
 from prefixstudy.report.data import ReportData, analyze, norm_rate
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, write_report
 from prefixstudy.results import HEADLINE, MANIFEST, SUMMARY, find_run_dir, load, write_json
@@ -179,6 +179,7 @@ def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str]
     f = {x.stem: x for x in figs}
     a_, b_ = (arm_label(m) for m in d.arms)
     b: list[tuple] = [("meta", tables.meta_line(d.study))]
+    b += [("headline", t) for t in prediction.of_run(d.study.manifest, d.study.path)]  # a prediction's error
     b += slo_report.blocks(d.study.manifest, d.study.summary, d.head, d.arms)
     if len(d.tiers):
         b += [("headline", t) for t in arm_report.tier_sentences(d.tiers, arm_report.tier_sizes(d.study.config))]

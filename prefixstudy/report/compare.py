@@ -24,6 +24,7 @@ from prefixstudy.report.figure_kit import (GAIN_COLORS, MODE_COLORS, MODE_LABELS
                                            register_arms, sat_handle, save_all)
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, write_report
 from prefixstudy.results import load
+from prefixstudy.sweep.folder import cell_dirs, is_sweep
 
 
 # ----------------------------------------------------------------- figures
@@ -94,16 +95,33 @@ def compare_max_rate(curves_by_study: Mapping[str, pd.DataFrame], title: str) ->
 
 # ----------------------------------------------------------------- the report
 
+def expand_sweeps(results_dirs: Sequence[str | Path]) -> list[tuple[Path, str]]:
+    """Each folder to compare, with a sweep's parent replaced by its started cells in the grid's
+    order: (folder, the cell's name, "" for a plain study)."""
+    out: list[tuple[Path, str]] = []
+    for rd in map(Path, results_dirs):
+        if is_sweep(rd):
+            cells = cell_dirs(rd)
+            if not cells:
+                raise UserError(f"{rd}: a sweep with no cell started; nothing to compare")
+            out += [(c, c.name) for c in cells]
+        else:
+            out.append((rd, ""))
+    return out
+
+
 def _analyze_all(results_dirs: Sequence[str | Path], slo: dict[str, float], threshold_ms: float | None,
                  n_boot: int, seed: int) -> tuple[list[str], list[ReportData]]:
     """ReportData of every study, and its label (with the run id where two labels are the same)."""
     datas: list[ReportData] = []
-    for rd in results_dirs:
+    cells: list[str] = []  # a sweep's cell: its folder's name, beside the study's label
+    for rd, cell in expand_sweeps(results_dirs):
         s = load(rd)
         if s.requests.empty:
             raise UserError(f"{s.path}: no requests recorded; nothing to compare")
         datas.append(analyze(s, slo, threshold_ms, n_boot=n_boot, seed=seed))
-    labels = [d.label for d in datas]
+        cells.append(cell)
+    labels = [f"{d.label} [{cell}]" if cell else d.label for d, cell in zip(datas, cells, strict=True)]
     for i, d in enumerate(datas):
         if labels.count(d.label) > 1:
             labels[i] = f"{d.label} ({d.study.path.name})"
@@ -148,8 +166,8 @@ def build_compare(results_dirs: Sequence[str | Path], out_dir: str | Path,
                   slo: dict[str, float] | str | None = None, threshold_ms: float | None = None, *,
                   n_boot: int = 1000, seed: int = 0, formats: Sequence[str] = FORMATS) -> Path:
     """Overlay several studies (labelled study / device / TP) in one report in ``out_dir``."""
-    if len(results_dirs) < 2:
-        raise UserError("compare needs at least two results folders")
+    if len(expand_sweeps(results_dirs)) < 2:
+        raise UserError("compare needs at least two results folders (or a sweep of two cells or more)")
     slo = parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
     out_dir = Path(out_dir)
     labels, datas = _analyze_all(results_dirs, slo, threshold_ms, n_boot, seed)

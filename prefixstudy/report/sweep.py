@@ -15,7 +15,7 @@ def sweep_report(parent: Path, cells: bool = True) -> list[tuple[str, Path]]:
     """Writes the reports of the sweep at ``parent`` (its cells' too with ``cells``); returns
     (what, file) of each sweep-level report written."""
     from prefixstudy.report.build import build_report
-    from prefixstudy.sweep.run import cell_dirs
+    from prefixstudy.sweep.folder import cell_dirs
 
     parent = Path(parent)
     index = read_index(parent)

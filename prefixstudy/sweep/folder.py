@@ -74,3 +74,9 @@ def _from_capacity(d: dict) -> dict:
 def _from_routing(d: dict) -> dict:
     cells = [{"values": {"router.policy": r["policy"]}, "dir": r["dir"]} for r in d.get("runs", [])]
     return {"axes": {"router.policy": d.get("policies", [])}, "cells": cells, "replicas": d.get("replicas")}
+
+
+def cell_dirs(parent: Path) -> list[Path]:
+    """The run folders of a sweep's cells that have started, in the grid's order."""
+    return [Path(parent) / c["dir"] for c in read_index(parent)["cells"]
+            if (Path(parent) / c["dir"] / "manifest.json").is_file()]

@@ -146,6 +146,3 @@ def _status(run_dir: Path) -> str | None:
         return "failed"
 
 
-def cell_dirs(parent: Path) -> list[Path]:
-    """The run folders of a sweep's cells that have started, in the grid's order."""
-    return [Path(parent) / c["dir"] for c in read_index(parent)["cells"] if (Path(parent) / c["dir"] / MANIFEST).is_file()]

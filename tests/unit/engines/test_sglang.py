@@ -122,3 +122,24 @@ def test_sglang_s_null_details_are_zero_unless_its_counters_show_hits(radix, cac
     assert [t.num_cached_tokens for t in traces] == [0, 40 if radix and cache_report else 0]
     assert meta["server_prefix_hits"] == (40 if radix else 0)
     assert meta["cached_tokens_reported"] is reported
+
+
+def test_the_off_arm_s_nulls_are_zero_without_a_counter_to_say_so(caplog):
+    """Radix off, no /metrics (nothing to confirm that nothing was cached): the arm's cache is off,
+    so its nulls are 0 and no warning says the server does not report them."""
+    async def go(url):
+        e = HttpEngine("m", HttpEngineConfig(server="sglang", targets={"off": url}), "off")
+        await e.start()
+        try:
+            await e.begin_point()
+            traces = [await e.generate(list(range(100, 140)) + [500 + i], 2, f"r{i}", RequestTrace(0.0))
+                      for i in range(2)]
+            return traces, await e.end_point()
+        finally:
+            await e.aclose()
+
+    with Serving(StubSGLang(radix=False, metrics=False)) as s, caplog.at_level("WARNING"):
+        traces, meta = asyncio.run(go(s.urls[0]))
+    assert [t.num_cached_tokens for t in traces] == [0, 0]
+    assert (meta["server_metrics"], meta["cached_tokens_reported"]) == (False, True)
+    assert "did not report" not in caplog.text

@@ -103,3 +103,20 @@ def test_one_run_s_flags_are_refused_on_a_sweep(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == (f"error: --slo, --point: for one run's report; {parent} is a sweep's folder (its "
                         "sweep.json): report one of its cells for those\n")
+
+
+@pytest.mark.slow
+def test_compare_reads_a_sweep_parent_as_its_cells(parent, tmp_path):
+    """``compare PARENT`` overlays the sweep's cells, each labelled with its folder; a parent beside
+    a plain study adds that study after them."""
+    from prefixstudy.report.compare import build_compare, expand_sweeps
+
+    cells = [parent / f"{AXIS}-{f}" for f in FRACTIONS]
+    assert expand_sweeps([parent]) == [(c, c.name) for c in cells]
+    assert expand_sweeps([parent, cells[0]]) == [*((c, c.name) for c in cells), (cells[0], "")]
+    out = build_compare([parent], tmp_path / "cmp", formats=("png",))
+    md = (out.parent / "report.md").read_text()
+    labels = [line.removeprefix("## ") for line in md.splitlines() if line.startswith("## ")]
+    assert labels[:3] == [f"default / cpu / TP=1 [{c.name}]" for c in cells]
+    with pytest.raises(UserError, match=r"^compare needs at least two results folders \(or a sweep of two cells"):
+        build_compare([cells[0]], tmp_path / "one")

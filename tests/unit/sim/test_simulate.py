@@ -282,3 +282,17 @@ def test_an_extrapolating_transfer_warns_in_one_line_and_records_it(tmp_path, ca
         "attention layout differs (query heads per KV head 8 vs 4, head_dim 128 vs 128)"]
     # Projections per layer: 104 x 2^21 weights with 8 KV heads, 102 x 2^21 with 4 (k and v 512 wide).
     assert target.cost.transfer["scale"]["prefill_tokens"] == pytest.approx(96 * 102 / (32 * 104), rel=1e-12)
+
+
+@pytest.mark.slow
+def test_a_simulated_runs_report_says_what_its_error_is_made_of_before_any_number(calibration, tmp_path,
+                                                                                    tiny_vllm_config):
+    from prefixstudy.report.build import build_report
+
+    run = simulate(load_config(None, OVERRIDES), calibration, out=tmp_path / "out")
+    build_report(run, formats=("png",))
+    text = (run / "report.md").read_text()
+    first = text.index("**Simulated, not measured.**")
+    assert first < text.index("| rate (req/s): actual (set)")  # before the headline table
+    assert f"**Calibration**, a fit on {calibration}'s step records of one engine step at a time: held out" in text
+    assert "**Transfer**: none. The simulated GPU, TP degree and model are the calibration's own" in text

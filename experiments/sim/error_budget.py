@@ -1,0 +1,87 @@
+"""The simulator's measured error, by part, for the first screen of a simulated run's report.
+
+    PYTHONPATH=. python experiments/sim/error_budget.py [--check]
+
+A prediction's error has two parts, measured apart on the committed H200 studies:
+
+* **calibration**: the step cost fitted on a run, predicting that run's engine at points the fit
+  did not see (the held-out point checks), one entry per kind of calibration (the ``timing`` of
+  ``cost_model.json``): GPU-span step records of vLLM's default engine (``async.csv``), step records
+  of one engine step at a time (``accuracy.csv``), request timestamps alone (``timestamps.csv``);
+* **transfer**: the same fit carried to another TP degree by the datasheet roofline
+  (``accuracy.csv``'s "transfer from" checks, TP 1 and TP 2 on one H200 each way).  Nothing else has
+  been measured: no second GPU kind, no second model.
+
+Each entry counts the unsaturated points (what most measured repeats say), over the means of their
+repeats: how many the simulator's mean E2E came within 5 and 10 % of, the mean |error|, and how many
+it predicted high.  Writes ``prefixstudy/sim/accuracy.json``, which the package ships and
+``report.prediction`` quotes; ``--check`` exits 1 when the shipped file is not what the tables give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).parent))
+import accuracy  # noqa: E402
+import timestamps  # noqa: E402
+
+ACC = Path("experiments/results/sim-accuracy")
+OUT = Path("prefixstudy/sim/accuracy.json")
+# timing of cost_model.json -> (table, check, what the calibration is)
+CALIBRATIONS = {
+    "gpu-span": ("async.csv", "held-out point", "GPU-span step records of vLLM's default engine"),
+    "engine": ("accuracy.csv", "held-out point", "step records of one engine step at a time"),
+    "request-timestamps": ("timestamps.csv", "timestamps", "request timestamps alone"),
+}
+TRANSFER = ("accuracy.csv", "transfer from", "TP 1 to TP 2 and back, on one H200, by the datasheet roofline")
+
+
+def errors(df: pd.DataFrame, table: str) -> dict:
+    """The counts over one set of checked points (rows: one per point, repeat and check), and the
+    studies they are of, by folder."""
+    g = df.groupby(["check", "study", "mode", "rate"])
+    pp = pd.DataFrame({"sim": g["mean_e2e_ms_sim"].mean(), "meas": g["mean_e2e_ms_meas"].mean(),
+                       "saturated": g["saturated_meas"].mean()})
+    u = pp[pp["saturated"] <= 0.5]
+    err = u["sim"] / u["meas"] - 1
+    labels = {"accuracy.csv": accuracy.STUDIES, "timestamps.csv": timestamps.STUDIES}.get(table, {})
+    folders = {label: Path(path).name for label, path in labels.items()}  # the tables' study labels
+    studies = {folders.get(s, s) for s in u.index.get_level_values("study")}
+    return {"studies": sorted(studies), "unsaturated_points": int(len(u)),
+            "within_5pct": int((err.abs() <= 0.05).sum()), "within_10pct": int((err.abs() <= 0.10).sum()),
+            "mean_abs_err": round(float(err.abs().mean()), 4), "predicted_high": int((err > 0).sum())}
+
+
+def budget(acc: Path = ACC) -> dict:
+    tables = {name: pd.read_csv(acc / name) for name in {t for t, _, _ in CALIBRATIONS.values()} | {TRANSFER[0]}}
+    out = {"source": f"{acc.as_posix()} (experiments/sim/error_budget.py)", "calibration": {}}
+    for timing, (table, check, what) in CALIBRATIONS.items():
+        df = tables[table]
+        out["calibration"][timing] = {"what": what, "table": table, "check": check,
+                                      **errors(df[df["check"] == check], table)}
+    table, prefix, what = TRANSFER
+    df = tables[table]
+    out["transfer"] = {"tp": {"what": what, "table": table, "check": f"{prefix} ...",
+                              **errors(df[df["check"].str.startswith(prefix)], table)}}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true", help="Exit 1 if the shipped file is not what the tables give.")
+    a = ap.parse_args()
+    text = json.dumps(budget(), indent=1) + "\n"
+    if a.check:
+        sys.exit(0 if OUT.read_text() == text else 1)
+    OUT.write_text(text)
+    print(f"wrote {OUT}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

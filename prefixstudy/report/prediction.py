@@ -58,10 +58,10 @@ def calibration_sentence(sim: dict, cost: dict, budget: dict) -> str:
     e = budget["calibration"].get(timing)
     source = sim.get("calibration") or cost.get("source") or "its calibration"
     if e is None:
-        text = (f"**Calibration** on {source} ({timing} records): no committed study checks a calibration of "
+        text = (f"Calibration on {source} ({timing} records): no committed study checks a calibration of "
                 f"this kind held out, so its part of the error is unmeasured.")
     else:
-        text = (f"**Calibration**, a fit on {source}'s {e['what']}: held out on committed H200 studies, a "
+        text = (f"Calibration, a fit on {source}'s {e['what']}: held out on committed H200 studies, a "
                 f"calibration of this kind came {_counts(e)}.")
     fit = cost.get("fit_error") or {}
     if "e2e_mean_abs_err" in fit:
@@ -74,7 +74,7 @@ def transfer_sentence(sim: dict, budget: dict) -> str:
     src, dst = sim.get("source") or {}, sim.get("target") or {}
     moves = _moves(src, dst)
     if not moves:
-        return ("**Transfer**: none. The simulated GPU, TP degree and model are the calibration's own, so the "
+        return ("Transfer: none. The simulated GPU, TP degree and model are the calibration's own, so the "
                 "calibration's error is all of it.")
     e = budget["transfer"]["tp"]
     far = {"GPU": "another GPU", "model": "another model"}
@@ -84,7 +84,7 @@ def transfer_sentence(sim: dict, budget: dict) -> str:
     beyond = ("the same kind of transfer as this one" if not reach else
               f"this one also goes to {' and '.join(reach)}, where nothing has been measured: read that figure "
               f"as the least of this part's error, not a bound")
-    return (f"**Transfer**, from {_where(src)} to {_where(dst)} by the datasheet roofline ({' and '.join(moves)}): "
+    return (f"Transfer, from {_where(src)} to {_where(dst)} by the datasheet roofline ({' and '.join(moves)}): "
             f"measured only from {e['what'].split(', by')[0]}, where it came {_counts(e, 'points')}, "
             f"high at {e['predicted_high']}; {beyond}.")
 
@@ -98,7 +98,7 @@ def of_run(manifest: dict, run_dir: Path) -> list[str]:
 
 def sentences(sim: dict, cost: dict, budget: dict) -> list[str]:
     """The first screen's sentences on what the prediction's error is made of."""
-    return ["**Simulated, not measured.** The intervals in this report are the spread of the simulated "
+    return ["Simulated, not measured: the intervals in this report are the spread of the simulated "
             "requests over their arrival schedule, not the prediction's error. That error has two parts, "
             "measured apart (prefixstudy/sim/accuracy.json):",
             calibration_sentence(sim, cost, budget), transfer_sentence(sim, budget)]

@@ -46,15 +46,15 @@ def test_the_shipped_budget_is_what_the_accuracy_tables_give(error_budget, tmp_p
 def test_the_seed_says_both_parts_and_that_its_transfer_goes_past_what_was_measured():
     sim = json.loads((SEED / "manifest.json").read_text())["sim"]
     head, calibration, transfer = prediction.sentences(sim, prediction.load_cost(SEED), prediction.load_budget())
-    assert head.startswith("**Simulated, not measured.** The intervals in this report are the spread of the "
+    assert head.startswith("Simulated, not measured: the intervals in this report are the spread of the "
                            "simulated requests")
     assert calibration == (
-        "**Calibration**, a fit on experiments/results/h200-tp1's GPU-span step records of vLLM's default engine: "
+        "Calibration, a fit on experiments/results/h200-tp1's GPU-span step records of vLLM's default engine: "
         "held out on committed H200 studies, a calibration of this kind came within 5 % of the measured mean E2E "
         "at 10 of 14 unsaturated points and within 10 % at 11, mean |error| 6.9 % (h200-tp1, h200-tp1-fixed-order). "
         "A calibration holds for the machine and day it ran on.")
     assert transfer == (
-        "**Transfer**, from H200-SXM TP 1 to A100-SXM4-40GB TP 8 by the datasheet roofline (GPU and TP degree): "
+        "Transfer, from H200-SXM TP 1 to A100-SXM4-40GB TP 8 by the datasheet roofline (GPU and TP degree): "
         "measured only from TP 1 to TP 2 and back, on one H200, where it came within 5 % of the measured mean E2E "
         "at 1 of 28 points and within 10 % at 3, mean |error| 33.5 % (h200-tp1-sync, h200-tp2), high at 19; this "
         "one also goes to another GPU and a TP degree past 2, where nothing has been measured: read that figure "
@@ -67,12 +67,12 @@ def test_on_the_calibrations_own_hardware_the_calibration_is_all_of_it():
     cost = {"timing": "request-timestamps", "fit_error": {"points": 4, "e2e_mean_abs_err": 0.0296}}
     _, calibration, transfer = prediction.sentences(sim, cost, prediction.load_budget())
     assert calibration == (
-        "**Calibration**, a fit on runs/h200-serve's request timestamps alone: held out on committed H200 studies, "
+        "Calibration, a fit on runs/h200-serve's request timestamps alone: held out on committed H200 studies, "
         "a calibration of this kind came within 5 % of the measured mean E2E at 19 of 28 unsaturated points and "
         "within 10 % at 23, mean |error| 9.2 % (h200-tp1-sync, h200-tp2, h200-vllm-server). This fit's own error "
         "on the 4 points it was fitted to: mean |E2E error| 3.0 %. A calibration holds for the machine and day it "
         "ran on.")
-    assert transfer.startswith("**Transfer**: none.")
+    assert transfer.startswith("Transfer: none.")
     tp2 = prediction.transfer_sentence({**sim, "target": {**here, "tp": 2}}, prediction.load_budget())
     assert tp2.endswith("high at 19; the same kind of transfer as this one.")
 
@@ -80,7 +80,7 @@ def test_on_the_calibrations_own_hardware_the_calibration_is_all_of_it():
 def test_a_kind_of_calibration_no_study_checks_is_said_to_be_unmeasured():
     sim = {"calibration": "old-run", "source": {}, "target": {}}
     assert prediction.calibration_sentence(sim, {"timing": "frontend"}, prediction.load_budget()) == (
-        "**Calibration** on old-run (frontend records): no committed study checks a calibration of this kind held "
+        "Calibration on old-run (frontend records): no committed study checks a calibration of this kind held "
         "out, so its part of the error is unmeasured. A calibration holds for the machine and day it ran on.")
 
 
@@ -95,4 +95,4 @@ def test_a_measured_run_gets_none_and_a_simulated_one_reads_its_cost_model():
     assert prediction.of_run(json.loads((REPO / "experiments/results/h200-tp1/manifest.json").read_text()),
                              REPO / "experiments/results/h200-tp1") == []
     said = prediction.of_run(json.loads((SEED / "manifest.json").read_text()), SEED)
-    assert len(said) == 3 and said[1].startswith("**Calibration**, a fit on experiments/results/h200-tp1's GPU-span")
+    assert len(said) == 3 and said[1].startswith("Calibration, a fit on experiments/results/h200-tp1's GPU-span")

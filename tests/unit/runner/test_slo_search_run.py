@@ -13,14 +13,14 @@ import pytest
 from prefixstudy.config import load_config
 from prefixstudy.study import run_study
 
-# Every request takes one 50 ms decode step and none waits for another: the objective holds at every
+# Every request takes two 5 ms decode steps and none waits for another: the objective holds at every
 # rate, so each arm's search doubles up to max_rate.  The saturation check's completion rule still
 # reads the clock (a stall of a loaded machine at a point's end can trip it), so these run alone too.
-FREE = {"engine": {"kind": "echo", "block_size": 16, "decode_ms_per_token": 50}, "executor": "local",
+FREE = {"engine": {"kind": "echo", "block_size": 16, "decode_ms_per_token": 5}, "executor": "local",
         "arrivals.process": "constant", "dataset.prefix_len": 32, "dataset.suffix_len": 16, "dataset.output_len": 2,
-        "sweep.num_requests": 6, "sweep.warmup_requests": 0, "sweep.repeats": 2, "sweep.rates": [2, 16],
+        "sweep.num_requests": 6, "sweep.warmup_requests": 0, "sweep.repeats": 2, "sweep.rates": [8, 64],
         "sweep.slo": {"objectives": {"e2e_p90": 5000}}}
-LADDER = [(2.0, 0), (4.0, 0), (8.0, 0), (16.0, 0), (16.0, 1)]
+LADDER = [(8.0, 0), (16.0, 0), (32.0, 0), (64.0, 0), (64.0, 1)]
 
 
 def manifest(run) -> dict:
@@ -47,16 +47,16 @@ def test_rounds_run_as_points_of_one_folder_and_the_arms_take_turns(tmp_path, mo
     monkeypatch.setattr(local, "ModeSession", Counted)
     run = run_study(load_config(None, {**FREE, "out": str(tmp_path)}), progress=False)
     assert opened == ["on", "off"]  # one engine per arm, kept up through the five rounds
-    # doubling from 2 (the lowest of sweep.rates) to 16 (the highest), then the second repeat there;
+    # doubling from 8 (the lowest of sweep.rates) to 64 (the highest), then the second repeat there;
     # who goes first flips each round
-    assert started(run) == [("on", 2.0, 0), ("off", 2.0, 0), ("off", 4.0, 0), ("on", 4.0, 0),
-                            ("on", 8.0, 0), ("off", 8.0, 0), ("off", 16.0, 0), ("on", 16.0, 0),
-                            ("on", 16.0, 1), ("off", 16.0, 1)]
+    assert started(run) == [("on", 8.0, 0), ("off", 8.0, 0), ("off", 16.0, 0), ("on", 16.0, 0),
+                            ("on", 32.0, 0), ("off", 32.0, 0), ("off", 64.0, 0), ("on", 64.0, 0),
+                            ("on", 64.0, 1), ("off", 64.0, 1)]
     m = manifest(run)
     assert m["status"] == "complete"
     for arm in ("on", "off"):
-        assert m["slo_search"]["arms"][arm] == {"rates_tried_req_s": [2.0, 4.0, 8.0, 16.0], "lo_req_s": 16.0,
-                                                "hi_req_s": None, "hi_verdict": None, "final_rate_req_s": 16.0,
+        assert m["slo_search"]["arms"][arm] == {"rates_tried_req_s": [8.0, 16.0, 32.0, 64.0], "lo_req_s": 64.0,
+                                                "hi_req_s": None, "hi_verdict": None, "final_rate_req_s": 64.0,
                                                 "repeats_met": 2, "stopped": "max rate"}
     slo = pd.read_csv(run / "slo.csv")
     summary = pd.read_csv(run / "summary.csv")
@@ -74,9 +74,9 @@ def test_without_interleaving_each_round_runs_one_arm_after_the_other(tmp_path):
     run = run_study(load_config(None, {**FREE, "out": str(tmp_path), "sweep.interleave_arms": False}),
                     progress=False)
     # one config per arm and round, in an order that flips each round (and again for a second repeat)
-    assert started(run) == [("on", 2.0, 0), ("off", 2.0, 0), ("off", 4.0, 0), ("on", 4.0, 0),
-                            ("on", 8.0, 0), ("off", 8.0, 0), ("off", 16.0, 0), ("on", 16.0, 0),
-                            ("off", 16.0, 1), ("on", 16.0, 1)]
+    assert started(run) == [("on", 8.0, 0), ("off", 8.0, 0), ("off", 16.0, 0), ("on", 16.0, 0),
+                            ("on", 32.0, 0), ("off", 32.0, 0), ("off", 64.0, 0), ("on", 64.0, 0),
+                            ("off", 64.0, 1), ("on", 64.0, 1)]
     assert manifest(run)["slo_search"]["arms"]["off"]["stopped"] == "max rate"
 
 
@@ -93,7 +93,7 @@ def test_a_resumed_search_goes_on_from_its_recorded_points(tmp_path):
     assert sorted((p["mode"], p["rate"], p["repeat"]) for p in m["points"]) == \
         sorted((a, r, k) for a in ("on", "off") for r, k in LADDER)
     assert {(p["mode"], p["rate"]): p["started_at"] for p in m["points"] if (p["mode"], p["rate"]) in kept} == kept
-    assert m["slo_search"]["arms"]["on"]["rates_tried_req_s"] == [2.0, 4.0, 8.0, 16.0]
+    assert m["slo_search"]["arms"]["on"]["rates_tried_req_s"] == [8.0, 16.0, 32.0, 64.0]
     assert len(pd.read_csv(run / "slo.csv")) == 10
 
 

@@ -292,7 +292,7 @@ def test_a_simulated_runs_report_says_what_its_error_is_made_of_before_any_numbe
     run = simulate(load_config(None, OVERRIDES), calibration, out=tmp_path / "out")
     build_report(run, formats=("png",))
     text = (run / "report.md").read_text()
-    first = text.index("**Simulated, not measured.**")
+    first = text.index("Simulated, not measured: the intervals")
     assert first < text.index("| rate (req/s): actual (set)")  # before the headline table
-    assert f"**Calibration**, a fit on {calibration}'s step records of one engine step at a time: held out" in text
-    assert "**Transfer**: none. The simulated GPU, TP degree and model are the calibration's own" in text
+    assert f"Calibration, a fit on {calibration}'s step records of one engine step at a time: held out" in text
+    assert "Transfer: none. The simulated GPU, TP degree and model are the calibration's own" in text

@@ -84,86 +84,76 @@ def git(*args: str, cwd: Path = REPO) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", type=Path, default=Path("/tmp/bd45018"), help="the baseline's worktree")
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--against-stepwise", action="store_true", help="the baseline is this checkout's --stepwise path")
-    args = ap.parse_args()
-    if args.against_stepwise:
-        return against_stepwise(args.runs)
-    if not (args.baseline / "prefixstudy").is_dir():
-        sys.exit(f"--baseline {args.baseline}: no prefixstudy there (git worktree add {args.baseline} bd45018)")
-    tmp = Path(tempfile.mkdtemp(prefix="simulate_speed-"))
-    runs: dict[str, list[dict]] = {"baseline": [], "branch": []}
-    load_start = load_avg()
-    for i in range(args.runs):
-        for name, code in (("baseline", args.baseline), ("branch", REPO)):
-            r = run_once(code, tmp / f"{name}-{i}")
+def interleaved(arms: dict[str, tuple[Path, list[str]]], n_runs: int, tmp: Path) -> dict[str, list[dict]]:
+    """``n_runs`` runs of each arm (name: its code and extra flags), taking turns."""
+    runs: dict[str, list[dict]] = {name: [] for name in arms}
+    for i in range(n_runs):
+        for name, (code, extra) in arms.items():
+            r = run_once(code, tmp / f"{name}-{i}", extra)
             runs[name].append(r)
-            print(name, i, {k: v for k, v in r.items() if k != "run_dir"}, flush=True)
-    stepwise = run_once(REPO, tmp / "branch-stepwise", ["--stepwise", "--no-report"])
-    print("branch --stepwise", {k: v for k, v in stepwise.items() if k != "run_dir"}, flush=True)
-    branch_dir, base_dir = Path(runs["branch"][0]["run_dir"]), Path(runs["baseline"][0]["run_dir"])
+            print(name, i, _shown(r), flush=True)
+    return runs
+
+
+def _shown(r: dict) -> dict:
+    return {k: v for k, v in r.items() if k != "run_dir"}
+
+
+def measured(runs: dict[str, list[dict]], baseline: str, baseline_commit: str, n_runs: int,
+             load_start: list[float]) -> dict:
+    """The record's common part: where and when, the medians of each arm and the baseline's ratios
+    to the branch."""
     med = {name: {k: statistics.median(r[k] for r in rs)
                   for k in ("wall_s", "points_phase_s", "sim_s", "requests_per_sim_s")}
            for name, rs in runs.items()}
-    record = {
+    return {
         "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
         "machine": f"{platform.node()}: {os.cpu_count()} cores, shared with other sessions",
         "load_avg_start": load_start, "load_avg_end": load_avg(),
         # An uncommitted results file (this benchmark's own earlier line) changes no code.
         "branch_commit": git("rev-parse", "--short", "HEAD")
         + (" (dirty)" if git("status", "--porcelain", "--", ".", ":!benchmarks/results") else ""),
-        "baseline_commit": git("rev-parse", "--short", "HEAD", cwd=args.baseline),
-        "command": "prefixstudy " + " ".join(COMMAND), "runs_each": args.runs, "medians": med,
-        "ratio_wall": round(med["baseline"]["wall_s"] / med["branch"]["wall_s"], 2),
-        "ratio_points_phase": round(med["baseline"]["points_phase_s"] / med["branch"]["points_phase_s"], 2),
-        "ratio_sim": round(med["baseline"]["sim_s"] / med["branch"]["sim_s"], 2),
-        "runs": {name: [{k: v for k, v in r.items() if k != "run_dir"} for r in rs] for name, rs in runs.items()},
-        "stepwise": {k: v for k, v in stepwise.items() if k != "run_dir"},
-        "branch_vs_stepwise_differing": differing_columns(branch_dir, Path(stepwise["run_dir"])),
-        "branch_vs_baseline_differing": differing_columns(branch_dir, base_dir),
+        "baseline_commit": baseline_commit,
+        "command": "prefixstudy " + " ".join(COMMAND), "runs_each": n_runs, "medians": med,
+        **{f"ratio_{k}": round(med[baseline][f"{k}_s"] / med["branch"][f"{k}_s"], 2)
+           for k in ("wall", "points_phase", "sim")},
+        "runs": {name: [_shown(r) for r in rs] for name, rs in runs.items()},
     }
-    print(json.dumps({k: record[k] for k in ("medians", "ratio_wall", "ratio_points_phase", "ratio_sim",
-                                             "branch_vs_stepwise_differing", "branch_vs_baseline_differing")},
+
+
+def write(record: dict, shown: tuple[str, ...]) -> None:
+    print(json.dumps({k: record[k] for k in ("medians", "ratio_wall", "ratio_points_phase", "ratio_sim", *shown)},
                      indent=1))
     with RESULTS.open("a") as f:
         f.write(json.dumps(record) + "\n")
 
 
-def against_stepwise(n_runs: int) -> None:
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", type=Path, default=Path("/tmp/bd45018"), help="the baseline's worktree")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--against-stepwise", action="store_true", help="the baseline is this checkout's --stepwise path")
+    args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="simulate_speed-"))
-    arms = {"stepwise": ["--stepwise", "--no-report"], "branch": ["--no-report"]}
-    runs: dict[str, list[dict]] = {name: [] for name in arms}
     load_start = load_avg()
-    for i in range(n_runs):
-        for name, extra in arms.items():
-            r = run_once(REPO, tmp / f"{name}-{i}", extra)
-            runs[name].append(r)
-            print(name, i, {k: v for k, v in r.items() if k != "run_dir"}, flush=True)
-    med = {name: {k: statistics.median(r[k] for r in rs)
-                  for k in ("wall_s", "points_phase_s", "sim_s", "requests_per_sim_s")}
-           for name, rs in runs.items()}
-    record = {
-        "measured_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
-        "machine": f"{platform.node()}: {os.cpu_count()} cores, shared with other sessions",
-        "load_avg_start": load_start, "load_avg_end": load_avg(),
-        "branch_commit": git("rev-parse", "--short", "HEAD")
-        + (" (dirty)" if git("status", "--porcelain", "--", ".", ":!benchmarks/results") else ""),
-        "baseline_commit": "the same checkout, --stepwise",
-        "command": "prefixstudy " + " ".join(COMMAND), "runs_each": n_runs, "medians": med,
-        "ratio_wall": round(med["stepwise"]["wall_s"] / med["branch"]["wall_s"], 2),
-        "ratio_points_phase": round(med["stepwise"]["points_phase_s"] / med["branch"]["points_phase_s"], 2),
-        "ratio_sim": round(med["stepwise"]["sim_s"] / med["branch"]["sim_s"], 2),
-        "runs": {name: [{k: v for k, v in r.items() if k != "run_dir"} for r in rs] for name, rs in runs.items()},
-        "branch_vs_stepwise_differing": differing_columns(Path(runs["branch"][0]["run_dir"]),
-                                                          Path(runs["stepwise"][0]["run_dir"])),
-    }
-    print(json.dumps({k: record[k] for k in ("medians", "ratio_wall", "ratio_points_phase", "ratio_sim",
-                                             "branch_vs_stepwise_differing")}, indent=1))
-    with RESULTS.open("a") as f:
-        f.write(json.dumps(record) + "\n")
+    if args.against_stepwise:
+        runs = interleaved({"stepwise": (REPO, ["--stepwise", "--no-report"]), "branch": (REPO, ["--no-report"])},
+                           args.runs, tmp)
+        record = measured(runs, "stepwise", "the same checkout, --stepwise", args.runs, load_start)
+        record["branch_vs_stepwise_differing"] = differing_columns(Path(runs["branch"][0]["run_dir"]),
+                                                                   Path(runs["stepwise"][0]["run_dir"]))
+        return write(record, ("branch_vs_stepwise_differing",))
+    if not (args.baseline / "prefixstudy").is_dir():
+        sys.exit(f"--baseline {args.baseline}: no prefixstudy there (git worktree add {args.baseline} bd45018)")
+    runs = interleaved({"baseline": (args.baseline, []), "branch": (REPO, [])}, args.runs, tmp)
+    stepwise = run_once(REPO, tmp / "branch-stepwise", ["--stepwise", "--no-report"])
+    print("branch --stepwise", _shown(stepwise), flush=True)
+    branch_dir, base_dir = Path(runs["branch"][0]["run_dir"]), Path(runs["baseline"][0]["run_dir"])
+    record = measured(runs, "baseline", git("rev-parse", "--short", "HEAD", cwd=args.baseline), args.runs, load_start)
+    record["stepwise"] = _shown(stepwise)
+    record["branch_vs_stepwise_differing"] = differing_columns(branch_dir, Path(stepwise["run_dir"]))
+    record["branch_vs_baseline_differing"] = differing_columns(branch_dir, base_dir)
+    write(record, ("branch_vs_stepwise_differing", "branch_vs_baseline_differing"))
 
 
 if __name__ == "__main__":

@@ -59,12 +59,13 @@ def other_workloads(results: Path = RESULTS) -> list[str]:
         [str(d.relative_to(results)) for d in shared]
 
 
-def calibrations(results: Path = RESULTS) -> list[str]:
+def calibrations(results: Path = RESULTS, spans: list[str] | None = None) -> list[str]:
     """The committed studies that calibrate the async model and are held out against themselves:
     vLLM's default engine with GPU-span steps (``gpu_span_studies``), at least two repeats of every
-    point (the held-out repeat needs them).  The others are checked as another run or workload."""
+    point (the held-out repeat needs them).  The others are checked as another run or workload.
+    ``spans``: ``gpu_span_studies(results)``, where the caller has it."""
     out = []
-    for name in gpu_span_studies(results):
+    for name in gpu_span_studies(results) if spans is None else spans:
         points = pd.read_csv(results / name / "summary.csv").groupby(["mode", "rate"]).size()
         if points.min() >= 2:
             out.append(name)
@@ -163,15 +164,17 @@ def coverage_problems(df: pd.DataFrame, results: Path = RESULTS) -> list[str]:
     """What async.csv misses: a calibration study or one of its points (mode, rate, repeat) not
     simulated by every check, or a measured value that is not the committed summary.csv's."""
     problems = []
-    expected = [(check, name) for name in calibrations(results) for check in CHECKS[:2]]
-    expected += [("another run", other) for name in calibrations(results) for other in OTHER_RUNS.get(name, ())]
+    spans = gpu_span_studies(results)
+    cals = calibrations(results, spans)
+    expected = [(check, name) for name in cals for check in CHECKS[:2]]
+    expected += [("another run", other) for name in cals for other in OTHER_RUNS.get(name, ())]
     expected += [("another workload", w) for w in other_workloads(results)]
     got = set(zip(df["check"], df["study"], strict=True))
     problems += [f"{check} {study}: not in async.csv" for check, study in sorted(set(expected) - got)]
     problems += [f"{check} {study}: not a check of a calibration study" for check, study in sorted(got - set(expected))]
     checked = {study for _, study in expected}
     problems += [f"{study}: a GPU-span default-engine study that no check simulates"
-                 for study in gpu_span_studies(results) if study not in checked]
+                 for study in spans if study not in checked]
     for check, study in sorted(set(expected) & got):
         rows = df[(df["check"] == check) & (df["study"] == study)].set_index(["mode", "rate", "repeat"])
         measured = pd.read_csv(results / study / "summary.csv").set_index(["mode", "rate", "repeat"])["mean_e2e_ms"]

@@ -39,7 +39,7 @@ CALIBRATIONS = {
     "engine": ("accuracy.csv", "held-out point", "step records of one engine step at a time"),
     "request-timestamps": ("timestamps.csv", "timestamps", "request timestamps alone"),
 }
-TRANSFER = ("accuracy.csv", "transfer from", "TP 1 to TP 2 and back, on one H200, by the datasheet roofline")
+TRANSFER = ("accuracy.csv", "transfer from", "TP 1 to TP 2 and back, on one H200")  # by the datasheet roofline
 
 
 def errors(df: pd.DataFrame, table: str) -> dict:

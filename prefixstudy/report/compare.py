@@ -110,12 +110,13 @@ def expand_sweeps(results_dirs: Sequence[str | Path]) -> list[tuple[Path, str]]:
     return out
 
 
-def _analyze_all(results_dirs: Sequence[str | Path], slo: dict[str, float], threshold_ms: float | None,
+def _analyze_all(folders: list[tuple[Path, str]], slo: dict[str, float], threshold_ms: float | None,
                  n_boot: int, seed: int) -> tuple[list[str], list[ReportData]]:
-    """ReportData of every study, and its label (with the run id where two labels are the same)."""
+    """ReportData of every study (``expand_sweeps``' folders), and its label (with the cell's name,
+    and the run id where two labels are the same)."""
     datas: list[ReportData] = []
     cells: list[str] = []  # a sweep's cell: its folder's name, beside the study's label
-    for rd, cell in expand_sweeps(results_dirs):
+    for rd, cell in folders:
         s = load(rd)
         if s.requests.empty:
             raise UserError(f"{s.path}: no requests recorded; nothing to compare")
@@ -166,11 +167,12 @@ def build_compare(results_dirs: Sequence[str | Path], out_dir: str | Path,
                   slo: dict[str, float] | str | None = None, threshold_ms: float | None = None, *,
                   n_boot: int = 1000, seed: int = 0, formats: Sequence[str] = FORMATS) -> Path:
     """Overlay several studies (labelled study / device / TP) in one report in ``out_dir``."""
-    if len(expand_sweeps(results_dirs)) < 2:
+    folders = expand_sweeps(results_dirs)
+    if len(folders) < 2:
         raise UserError("compare needs at least two results folders (or a sweep of two cells or more)")
     slo = parse_slo(slo) if isinstance(slo, str) or slo is None else dict(slo)
     out_dir = Path(out_dir)
-    labels, datas = _analyze_all(results_dirs, slo, threshold_ms, n_boot, seed)
+    labels, datas = _analyze_all(folders, slo, threshold_ms, n_boot, seed)
     register_arms(list(dict.fromkeys(m for d in datas for m in (d.study.config.get("sweep") or {}).get("modes") or MODES)))
     figs = save_all(_figure_specs(labels, datas), out_dir / PLOTS_DIR, formats)
     blocks: list[tuple] = [("meta", f"Compared {len(datas)} studies on "

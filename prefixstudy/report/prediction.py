@@ -85,7 +85,7 @@ def transfer_sentence(sim: dict, budget: dict) -> str:
               f"this one also goes to {' and '.join(reach)}, where nothing has been measured: read that figure "
               f"as the least of this part's error, not a bound")
     return (f"Transfer, from {_where(src)} to {_where(dst)} by the datasheet roofline ({' and '.join(moves)}): "
-            f"measured only from {e['what'].split(', by')[0]}, where it came {_counts(e, 'points')}, "
+            f"measured only from {e['what']}, where it came {_counts(e, 'points')}, "
             f"high at {e['predicted_high']}; {beyond}.")
 
 

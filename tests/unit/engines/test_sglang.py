@@ -98,6 +98,20 @@ def test_a_study_against_sglang_reads_cached_tokens_and_counters(tmp_path):
     assert pts["off"]["cached_tokens_reported"] is True  # all null, as SGLang leaves them, and no hits counted
 
 
+async def two_requests(url: str, mode: str):
+    """Two requests sharing 40 prompt tokens, as one point of the arm ``mode``: their traces and the
+    point's metadata."""
+    e = HttpEngine("m", HttpEngineConfig(server="sglang", targets={mode: url}), mode)
+    await e.start()
+    try:
+        await e.begin_point()
+        traces = [await e.generate(list(range(100, 140)) + [500 + i], 2, f"r{i}", RequestTrace(0.0))
+                  for i in range(2)]
+        return traces, await e.end_point()
+    finally:
+        await e.aclose()
+
+
 @pytest.mark.parametrize(("radix", "cache_report", "reported"), [
     (True, True, True),  # the second request reports its hit: the first one's null was 0
     (False, True, True),  # nulls only, and the counter agrees nothing was cached
@@ -106,19 +120,8 @@ def test_a_study_against_sglang_reads_cached_tokens_and_counters(tmp_path):
 def test_sglang_s_null_details_are_zero_unless_its_counters_show_hits(radix, cache_report, reported):
     stub = StubSGLang(radix=radix, cache_report=cache_report)
 
-    async def go(url):
-        e = HttpEngine("m", HttpEngineConfig(server="sglang", targets={"on": url}), "on")
-        await e.start()
-        try:
-            await e.begin_point()
-            traces = [await e.generate(list(range(100, 140)) + [500 + i], 2, f"r{i}", RequestTrace(0.0))
-                      for i in range(2)]
-            return traces, await e.end_point()
-        finally:
-            await e.aclose()
-
     with Serving(stub) as s:
-        traces, meta = asyncio.run(go(s.urls[0]))
+        traces, meta = asyncio.run(two_requests(s.urls[0], "on"))
     assert [t.num_cached_tokens for t in traces] == [0, 40 if radix and cache_report else 0]
     assert meta["server_prefix_hits"] == (40 if radix else 0)
     assert meta["cached_tokens_reported"] is reported
@@ -127,19 +130,8 @@ def test_sglang_s_null_details_are_zero_unless_its_counters_show_hits(radix, cac
 def test_the_off_arm_s_nulls_are_zero_without_a_counter_to_say_so(caplog):
     """Radix off, no /metrics (nothing to confirm that nothing was cached): the arm's cache is off,
     so its nulls are 0 and no warning says the server does not report them."""
-    async def go(url):
-        e = HttpEngine("m", HttpEngineConfig(server="sglang", targets={"off": url}), "off")
-        await e.start()
-        try:
-            await e.begin_point()
-            traces = [await e.generate(list(range(100, 140)) + [500 + i], 2, f"r{i}", RequestTrace(0.0))
-                      for i in range(2)]
-            return traces, await e.end_point()
-        finally:
-            await e.aclose()
-
     with Serving(StubSGLang(radix=False, metrics=False)) as s, caplog.at_level("WARNING"):
-        traces, meta = asyncio.run(go(s.urls[0]))
+        traces, meta = asyncio.run(two_requests(s.urls[0], "off"))
     assert [t.num_cached_tokens for t in traces] == [0, 0]
     assert (meta["server_metrics"], meta["cached_tokens_reported"]) == (False, True)
     assert "did not report" not in caplog.text

@@ -15,7 +15,7 @@ from tests.tiny import TINY_ENGINE
 pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = {"sweep.rates": [2], "sweep.num_requests": 6, "sweep.warmup_requests": 1, "dataset.output_len": 16,
+SMALL = {"sweep.rates": [8], "sweep.num_requests": 6, "sweep.warmup_requests": 1, "dataset.output_len": 16,
          **TINY_ENGINE,
          "arms": [{"name": "off-chunk512", "prefix_caching": False, "engine": {"max_num_batched_tokens": 512}}]}
 

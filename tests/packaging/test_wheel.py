@@ -62,7 +62,7 @@ def test_version(installed):
 
 def test_run_dry_run_runs_the_shipped_default(installed):
     out = run(installed, "prefixstudy", "run", "--dry-run")
-    assert out == ("ok: study default, 30 dataset rows, modes on,off, rates 1,2,4,8 req/s, executor ray; "
+    assert out == ("ok: study default, 30 dataset rows, modes on,off, rates 2,4,8,16 req/s, executor ray; "
                    "nothing run (--dry-run)\n")
     out = run(installed, "prefixstudy", "run", "h200-tp1", "--dry-run")
     assert out.startswith("ok: study h200-tp1, 1440 dataset rows, modes on,off, "
@@ -82,4 +82,4 @@ def test_init_writes_a_config_the_installed_run_accepts(installed):
     assert out == "wrote mystudy/prefixstudy.yaml (the shipped 'default')\n" \
                   "next: prefixstudy run mystudy/prefixstudy.yaml --dry-run\n"
     out = run(installed, "prefixstudy", "run", "mystudy/prefixstudy.yaml", "--dry-run")
-    assert out.startswith("ok: study default, 30 dataset rows, modes on,off, rates 1,2,4,8 req/s")
+    assert out.startswith("ok: study default, 30 dataset rows, modes on,off, rates 2,4,8,16 req/s")

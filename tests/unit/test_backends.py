@@ -57,5 +57,5 @@ def test_the_cli_dry_run_switches_to_echo():
     r = subprocess.run([sys.executable, "-m", "prefixstudy", "run", "--set", "engine.kind=echo", "--executor", "local",
                         "--dry-run"], cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == ("ok: study default, 30 dataset rows, modes on,off, rates 1,2,4,8 req/s, executor local; "
+    assert r.stdout.strip() == ("ok: study default, 30 dataset rows, modes on,off, rates 2,4,8,16 req/s, executor local; "
                                 "nothing run (--dry-run)")

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 ECHO = {"engine": {"kind": "echo", "block_size": 16, "num_blocks": 8}, "executor": "local",
         "arrivals.process": "constant", "dataset.kind": "groups", "dataset.groups": 2, "dataset.prefix_len": 64,
         "dataset.suffix_len": 16, "dataset.output_len": 1, "dataset.mix": {"order": "round_robin"},
-        "sweep.num_requests": 8, "sweep.warmup_requests": 0, "sweep.rates": [5, 10]}
+        "sweep.num_requests": 8, "sweep.warmup_requests": 0, "sweep.rates": [50, 100]}
 
 
 def study(tmp_path, tier_blocks: int):
@@ -42,7 +42,7 @@ def tiered(tmp_path_factory):
 
 def test_the_tier_serves_what_the_pool_evicted_and_the_engine_says_which(tiered):
     s = tiered.summary.set_index(["mode", "rate"])
-    for rate in (5.0, 10.0):
+    for rate in (50.0, 100.0):
         on, tier, off = s.loc[("on", rate)], s.loc[("on-tier", rate)], s.loc[("off", rate)]
         # The pool alone keeps 3 blocks of the first request's prefix and 2 of every later one's:
         # 48 + 7 x 32 = 272 of 640 prompt tokens.
@@ -65,24 +65,24 @@ def test_the_estimate_replays_the_tier_request_by_request(tiered):
 
 def test_no_eviction_flag_where_the_tier_holds_what_the_pool_evicted(tiered):
     rows = {(r["mode"], r["rate"]): r.to_dict() for _, r in tiered.summary.iterrows()}
-    assert "EVICTION (cache holds 0.425 of 0.800)" in point_line("on", 5.0, rows[("on", 5.0)])
-    line = point_line("on-tier", 5.0, rows[("on-tier", 5.0)])
+    assert "EVICTION (cache holds 0.425 of 0.800)" in point_line("on", 50.0, rows[("on", 50.0)])
+    line = point_line("on-tier", 50.0, rows[("on-tier", 50.0)])
     assert "EVICTION" not in line and "MISMATCH" not in line and "hit 0.800" in line
 
 
 def test_every_point_starts_with_an_empty_tier(tiered):
-    # The 10 req/s point replays the 5 req/s point's rows: a tier kept from it would serve their
+    # The 100 req/s point replays the 50 req/s point's rows: a tier kept from it would serve their
     # whole prompts (80 tokens, above the bound).  Both points are the same, request by request.
     r = tiered.requests[(tiered.requests["mode"] == "on-tier") & ~tiered.requests["warmup"]]
     by_rate = {rate: g.sort_values("request_index")["num_cached_tokens"].tolist() for rate, g in r.groupby("rate")}
-    assert by_rate[5.0] == by_rate[10.0] == [64] * 8
+    assert by_rate[50.0] == by_rate[100.0] == [64] * 8
 
 
 def test_a_tier_too_small_for_the_working_set_is_caught_by_the_estimate(tmp_path):
     # 6 blocks hold one request's 5 and one more: the primes leave the first group's last two
     # prefix blocks in the tier, so only the first request gets its 4th block from there (16 tokens).
     s = study(tmp_path, 6).summary.set_index(["mode", "rate"])
-    tier = s.loc[("on-tier", 5.0)]
+    tier = s.loc[("on-tier", 50.0)]
     assert (tier["cached_tokens_gpu"], tier["cached_tokens_cpu"]) == (272, 16)
     assert tier["hit_rate_estimated"] == tier["hit_rate_measured"] == 288 / 640 < tier["hit_rate_expected"] == 0.8
 
@@ -91,7 +91,7 @@ def test_arms_csv_and_the_report_carry_the_engine_s_split(tiered):
     from prefixstudy.report import arms as report_arms
 
     a = tiered.arms.set_index(["arm", "rate"])
-    tier, on = a.loc[("on-tier", 5.0)], a.loc[("on", 5.0)]
+    tier, on = a.loc[("on-tier", 50.0)], a.loc[("on", 50.0)]
     assert (tier["hit_rate_gpu"], tier["hit_rate_cpu"], tier["hit_rate"]) == (272 / 640, 240 / 640, 0.8)
     assert on["hit_rate_gpu"] == 272 / 640 and math.isnan(on["hit_rate_cpu"])
     t = report_arms.table(tiered.arms)
@@ -108,7 +108,7 @@ def test_capacity_sweeps_the_tier_beside_the_gpu_cache(tmp_path):
     from prefixstudy.capacity import capacity_table
     from tests.sweeps import capacity_sweep
 
-    cfg = load_config(None, {**ECHO, "out": str(tmp_path), "sweep.rates": [5],
+    cfg = load_config(None, {**ECHO, "out": str(tmp_path), "sweep.rates": [50],
                              "arms": [{"name": "on-tier", "engine": {}}]})
     t = capacity_table(capacity_sweep(cfg, "tier_blocks", [0, 6, 64]))
     t = t.set_index(["capacity", "mode"])
@@ -152,7 +152,7 @@ def test_the_tier_is_weighed_against_the_same_cache_without_it(tiered):
     from prefixstudy.report import arms as report_arms
 
     t = tiers_versus_cache(tiered.requests, tiered.summary, tiered.arms)
-    assert list(zip(t["arm"], t["baseline"], t["rate"], strict=True)) == [("on-tier", "on", 5.0), ("on-tier", "on", 10.0)]
+    assert list(zip(t["arm"], t["baseline"], t["rate"], strict=True)) == [("on-tier", "on", 50.0), ("on-tier", "on", 100.0)]
     assert list(t["hit_rate_cpu"]) == [240 / 640] * 2 and list(t["hit_rate"]) == [0.8] * 2
     # The paired gain over ON is arms.csv's gain over OFF re-based on ON, request by request: the
     # same means, so its sign and size follow from the two rows arms.csv already has.

@@ -68,7 +68,7 @@ def test_model_path_order(tmp_path, monkeypatch):
 def test_run_by_name_from_anywhere(tmp_path):
     r = cli(tmp_path, "run", "--dry-run")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("ok: study default, 30 dataset rows, modes on,off, rates 1,2,4,8 req/s, executor ")
+    assert r.stdout.startswith("ok: study default, 30 dataset rows, modes on,off, rates 2,4,8,16 req/s, executor ")
     r = cli(tmp_path, "run", "h200-tp1", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ok: study h200-tp1, 1440 dataset rows, modes on,off, rates 1,16,32,56,96 "

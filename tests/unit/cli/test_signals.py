@@ -90,7 +90,7 @@ def echo_config(tmp: Path) -> Path:
         "study": "sig", "executor": "local", "out": str(tmp / "res"),
         "engine": {"kind": "echo"},
         "dataset": {"num_requests": 20, "prefix_len": 64, "suffix_len": 1, "output_len": 2},
-        "sweep": {"rates": [50, 100], "num_requests": 20, "warmup_requests": 1, "max_point_duration_s": 60},
+        "sweep": {"rates": [200, 400], "num_requests": 20, "warmup_requests": 1, "max_point_duration_s": 60},
     }))
     return p
 
@@ -110,9 +110,9 @@ def manifest(d: Path) -> dict:
     return json.loads((d / "manifest.json").read_text())
 
 
-# phase -> the points (mode, rate) saved when the signal lands on the first point of ON at 50 req/s
-SAVED_BEFORE = {"prime": [], "warmup": [], "dispatch": [], "drain": [], "summarise": [("on", 50.0)],
-                "finish": [("on", 50.0), ("off", 50.0), ("off", 100.0), ("on", 100.0)]}  # arms take turns
+# phase -> the points (mode, rate) saved when the signal lands on the first point of ON at 200 req/s
+SAVED_BEFORE = {"prime": [], "warmup": [], "dispatch": [], "drain": [], "summarise": [("on", 200.0)],
+                "finish": [("on", 200.0), ("off", 200.0), ("off", 400.0), ("on", 400.0)]}  # arms take turns
 
 
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
@@ -144,7 +144,7 @@ def test_a_signal_stops_the_run_and_resume_finishes_it(tmp_path, phase, signame)
     m = manifest(d)
     assert m["status"] == "complete"
     assert sorted((p["mode"], p["rate"], p["status"]) for p in m["points"]) == [
-        ("off", 50.0, "ok"), ("off", 100.0, "ok"), ("on", 50.0, "ok"), ("on", 100.0, "ok")]
+        ("off", 200.0, "ok"), ("off", 400.0, "ok"), ("on", 200.0, "ok"), ("on", 400.0, "ok")]
     req = pd.read_parquet(d / "requests.parquet")
     assert len(req) == 4 * 21  # 20 measured + 1 warm-up per point, none twice, none of the interrupted try
     assert (req["error"] == "").all()

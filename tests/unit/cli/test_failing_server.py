@@ -10,9 +10,7 @@ exits 1 naming the first error.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,6 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+
+from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]
 N = 6  # measured requests per point
@@ -149,8 +149,7 @@ def run_against(tmp: Path, kind: str, *flags, prime: bool = False) -> tuple[subp
                   "request_timeout_s": 10},
     }))
     try:
-        r = subprocess.run([sys.executable, "-m", "prefixstudy", "run", cfg, "--quiet", *flags], cwd=REPO,
-                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=180)
+        r = forkcli.run(["run", cfg, "--quiet", *flags], cwd=REPO, timeout=180)
     finally:
         server.shutdown()
         server.server_close()
@@ -231,8 +230,7 @@ def test_a_server_that_dies_mid_run_stops_it_with_the_resume_line(tmp_path):
         "dataset": {"num_requests": N, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
         "sweep": {"rates": [20, 40], "modes": ["off"], "num_requests": N, "warmup_requests": 0,
                   "prime_prefixes": False}}))
-    r = subprocess.run([sys.executable, "-m", "prefixstudy", "run", cfg, "--quiet", "--no-report"], cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=180)
+    r = forkcli.run(["run", cfg, "--quiet", "--no-report"], cwd=REPO, timeout=180)
     server.server_close()
     (d,) = (tmp_path / "res" / "dies").iterdir()
     assert r.returncode == 1, r.stderr  # not 2: the input was fine, the server went away
@@ -258,8 +256,7 @@ def test_a_base_url_ending_in_v1_is_named_with_the_fix(tmp_path):
         "dataset": {"num_requests": N, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
         "sweep": {"rates": [20], "modes": ["off"], "num_requests": N, "warmup_requests": 0}}))
     try:
-        r = subprocess.run([sys.executable, "-m", "prefixstudy", "run", cfg, "--quiet", "--no-report"], cwd=REPO,
-                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=180)
+        r = forkcli.run(["run", cfg, "--quiet", "--no-report"], cwd=REPO, timeout=180)
     finally:
         server.shutdown()
         server.server_close()

@@ -22,7 +22,7 @@ from prefixstudy.engines.registry import capabilities, engine_class
 from prefixstudy.errors import StudyFailed, UserError, first_line  # noqa: F401 (StudyFailed: importers' name)
 from prefixstudy.executors import pick_executor
 from prefixstudy.results import find_run_dir, read_manifest, read_summary
-from prefixstudy.preflight import check_engine_config, check_inputs, check_installed, check_plan
+from prefixstudy.preflight import check_engine_config, check_inputs, check_installed, check_plan, check_simulated
 from prefixstudy.results.provenance import base_manifest, machine, now
 from prefixstudy.results.store import CONFIG, SUMMARY
 from prefixstudy.results.writer import ResultsWriter, RunLock, new_run_dir, preflight_out
@@ -76,18 +76,23 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
             run_dir = find_run_dir(resume)
             lock = RunLock(run_dir).acquire()  # refused while the run is still going
             cfg, rows, old = resume_state(run_dir, resume_config)
-            if capabilities(cfg.engine.kind).virtual_time:
-                raise UserError(f"{run_dir}: a simulated run is not resumed; run it again (it takes seconds to minutes)")
         elif capabilities(cfg.engine.kind).virtual_time:
             return _simulate(cfg, run_dir)
         else:
             rows = load_rows(cfg)
-        check_inputs(cfg)  # every input check comes before the results folder is made
+        # A simulated run (its manifest's `sim`, whatever engine its config names) resumes in virtual
+        # time with the engine and step costs it recorded, never on a real engine.
+        simulated = old is not None and "sim" in old.manifest
+        if simulated:  # what its first start checked, less the device and the engine's own arguments
+            check_plan(cfg)
+            check_simulated(cfg)
+        else:
+            check_inputs(cfg)  # every input check comes before the results folder is made
         if run_dir is None:
             run_dir = made = new_run_dir(cfg)
         preflight_out(run_dir)
         lock = lock or RunLock(run_dir).acquire()
-        executor = pick_executor(cfg)
+        executor = _resumed_simulation(run_dir, old.manifest) if simulated else pick_executor(cfg)
         if old is None:
             manifest = base_manifest(cfg.study, cfg.engine.kind, engine_class(cfg.engine.kind).versions(),
                                      describe(rows), executor.name)
@@ -126,6 +131,12 @@ def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
     if e.gpu is not None and find_gpu(e.gpu) is None:
         raise UserError(f"field 'engine.gpu': unknown GPU {e.gpu!r} (see prefixstudy/model/gpus.py)")
     return simulate(cfg, Path(e.calibration), e.gpu, None, None, e.jobs, run_dir, stepwise=e.stepwise)
+
+
+def _resumed_simulation(run_dir: Path, manifest: dict):
+    from prefixstudy.sim.run import resumed_executor
+
+    return resumed_executor(run_dir, manifest)
 
 
 def _on_sigterm(signum, frame):

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from prefixstudy.config import StudyConfig, load_config
-from prefixstudy.errors import UserError
+from prefixstudy.errors import UserError, first_line
 from prefixstudy.configs import recorded_model_dir
 from prefixstudy.model.arch import Arch, load_arch
 from prefixstudy.model.gpus import GPU, find_gpu, get_gpu
@@ -185,6 +185,20 @@ def _simulate(cfg: StudyConfig, calibration: Path, target: SimTarget, out: Path 
     writer.start()
     target.cost.save(run_dir / COST_FILE)
     return run_pending(Study(cfg, writer), SimExecutor(target, pool), rows, progress=False)
+
+
+def resumed_executor(run_dir: Path, manifest: dict) -> "SimExecutor":
+    """A simulated run's executor as the run recorded it: the step-cost model it saved and the engine
+    it simulated (GPU, TP, blocks, block size, lane), so the points a resume runs are scheduled and
+    priced as its first ones were.  Its points run in this process (each is independent of the
+    others: it resets the prefix cache)."""
+    sim = manifest["sim"]
+    try:
+        target = SimTarget(str(sim["gpu"]), int(sim["tp"]), int(sim["num_gpu_blocks"]), int(sim["block_size"]),
+                           CostModel.load(run_dir / sim["cost_model"]), stepwise=bool(sim.get("stepwise", False)))
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{run_dir / 'manifest.json'}: field 'sim' lacks what a resume needs ({first_line(e)})") from None
+    return SimExecutor(target, None)
 
 
 class SimExecutor:

@@ -296,3 +296,30 @@ def test_a_simulated_runs_report_says_what_its_error_is_made_of_before_any_numbe
     assert first < text.index("| rate (req/s): actual (set)")  # before the headline table
     assert f"Calibration, a fit on {calibration}'s step records of one engine step at a time: held out" in text
     assert "Transfer: none. The simulated GPU, TP degree and model are the calibration's own" in text
+
+
+def test_a_simulated_run_cut_short_resumes_to_what_an_uninterrupted_one_gives(calibration, tmp_path, tiny_vllm_config):
+    """`prefixstudy run --resume` of a simulated run: its missing points run in virtual time with the
+    engine and step costs the run recorded (never on a real engine, whatever its config names), the
+    kept points stay as they were, and virtual time makes the whole summary the uninterrupted run's."""
+    from prefixstudy.study import run_study
+
+    whole = load(simulate(load_config(None, OVERRIDES), calibration, out=tmp_path / "whole"))
+    run = simulate(load_config(None, OVERRIDES), calibration, out=tmp_path / "cut")
+    m = json.loads((run / "manifest.json").read_text())
+    kept = m["points"][:2]  # as if stopped after ON's two points
+    (run / "manifest.json").write_text(json.dumps({**m, "points": kept, "status": "interrupted"}))
+    run_study(None, resume=run, progress=False)
+    res = load(run)
+    assert res.manifest["status"] == "complete" and len(res.manifest["resumed_at"]) == 1
+    assert [(p["mode"], p["rate"]) for p in res.manifest["points"]] == [(p["mode"], p["rate"]) for p in m["points"]]
+    assert [p["started_at"] for p in res.manifest["points"][:2]] == [p["started_at"] for p in kept]
+    key = ["mode", "rate", "repeat"]
+    pd.testing.assert_frame_equal(res.summary.sort_values(key).reset_index(drop=True),
+                                  whole.summary.sort_values(key).reset_index(drop=True))
+    # Without the step-cost model it saved, the run cannot be priced as it was: one line, nothing run.
+    (run / "cost_model.json").unlink()
+    m = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**m, "points": kept, "status": "interrupted"}))
+    with pytest.raises(UserError, match=r"cost_model\.json: not a step-cost model JSON"):
+        run_study(None, resume=run, progress=False)

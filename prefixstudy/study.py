@@ -82,7 +82,7 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bo
             rows = load_rows(cfg)
         # A simulated run (its manifest's `sim`, whatever engine its config names) resumes in virtual
         # time with the engine and step costs it recorded, never on a real engine.
-        simulated = old is not None and "sim" in old.manifest
+        simulated = old is not None and old.manifest.get("sim") is not None
         if simulated:  # what its first start checked, less the device and the engine's own arguments
             check_plan(cfg)
             check_simulated(cfg)

@@ -4,10 +4,8 @@ seconds, and a worker forked after them starts without paying either."""
 
 from __future__ import annotations
 
-import logging
-
 from prefixstudy.configs import shipped_model_dir
-from prefixstudy.sim.vllm_setup import SchedulerSpec, build_scheduler, vllm_config
+from prefixstudy.sim.vllm_setup import SchedulerSpec, build_scheduler, quiet_vllm, vllm_config
 
 
 def _warm() -> None:
@@ -20,5 +18,5 @@ def _warm() -> None:
     build_scheduler(spec, load_arch(tiny), vllm_config(spec))
 
 
-logging.getLogger("vllm").setLevel(logging.ERROR)
+quiet_vllm()
 _warm()

@@ -63,10 +63,17 @@ def set_if_field(obj: Any, name: str, value: Any) -> None:
         setattr(obj, name, value)
 
 
+def quiet_vllm() -> None:
+    """The simulator shows none of vLLM's notes (platform warnings on import, config resolution,
+    each cache reset).  Resolving a config reconfigures vLLM's logger in later releases, so this
+    runs before vLLM's import and again after the config is resolved."""
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
 def vllm_config(spec: SchedulerSpec):
     """A ``VllmConfig`` resolved by vLLM's own ``EngineArgs`` from the model's config.json, then the
     values the platform would otherwise choose pinned to the spec."""
-    logging.getLogger("vllm").setLevel(logging.ERROR)  # config resolution notes are not ours to show
+    quiet_vllm()
     from vllm.engine.arg_utils import EngineArgs
 
     args = call_with_supported(
@@ -74,8 +81,10 @@ def vllm_config(spec: SchedulerSpec):
         block_size=spec.block_size, enable_prefix_caching=spec.prefix_caching,
         max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs,
         max_model_len=spec.max_model_len, enable_chunked_prefill=spec.enable_chunked_prefill,
-        async_scheduling=False, tensor_parallel_size=1)  # TP changes costs, never the schedule
+        async_scheduling=False, tensor_parallel_size=1,  # TP changes costs, never the schedule
+        log_level="ERROR")  # where EngineArgs has it, resolving the config configures vLLM's logger from it
     vc = args.create_engine_config()
+    quiet_vllm()
     vc.cache_config.block_size = spec.block_size
     vc.cache_config.num_gpu_blocks = spec.num_gpu_blocks
     vc.cache_config.enable_prefix_caching = spec.prefix_caching

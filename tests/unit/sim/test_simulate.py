@@ -5,6 +5,9 @@ latency is a sum worked out by hand; the results layout is the real run's."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -75,6 +78,21 @@ def test_a_simulated_study_ends_as_a_measured_one(calibration, tmp_path, tiny_vl
     assert list(h.on_mean_e2e_ms) == pytest.approx([4.46, 4.46]) and list(h.off_mean_e2e_ms) == pytest.approx([4.94] * 2)
     assert list(h.gain_mean_e2e) == pytest.approx([(4.94 - 4.46) / 4.94] * 2)
     assert list(h.on_hit_rate) == pytest.approx([0.75, 0.75])
+
+
+@pytest.mark.slow  # a fresh interpreter: vLLM's import
+def test_called_from_python_it_shows_none_of_vllm_s_notes(calibration, tmp_path):
+    """A library call in a fresh interpreter, as the accuracy scripts make it: vLLM configures its
+    logger on import and again when it resolves a config, and neither its platform warnings, its
+    config notes nor a line per cache reset reach the console."""
+    code = ("import sys; from pathlib import Path; from prefixstudy.config import load_config; "
+            "from prefixstudy.sim.run import simulate; "
+            f"simulate(load_config(None, {OVERRIDES!r}), Path(sys.argv[1]), out=Path(sys.argv[2]))")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
+    r = subprocess.run([sys.executable, "-c", code, str(calibration), str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    assert len(list((tmp_path / "out").glob("*/*/summary.csv"))) == 1
 
 
 def test_a_cpu_calibration_cannot_price_a_gpu(calibration, tmp_path):

@@ -65,8 +65,9 @@ def set_if_field(obj: Any, name: str, value: Any) -> None:
 
 def quiet_vllm() -> None:
     """The simulator shows none of vLLM's notes (platform warnings on import, config resolution,
-    each cache reset).  Resolving a config reconfigures vLLM's logger in later releases, so this
-    runs before vLLM's import and again after the config is resolved."""
+    each cache reset).  vLLM 0.26 configures its logger on import, so ``vllm_config`` calls this
+    before vLLM's import and after it; 0.32 configures it again when it resolves a config, from the
+    ``EngineArgs``' ``log_level``."""
     logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
@@ -76,6 +77,7 @@ def vllm_config(spec: SchedulerSpec):
     quiet_vllm()
     from vllm.engine.arg_utils import EngineArgs
 
+    quiet_vllm()
     args = call_with_supported(
         EngineArgs, model=spec.model_dir, skip_tokenizer_init=True, load_format="dummy",
         block_size=spec.block_size, enable_prefix_caching=spec.prefix_caching,
@@ -84,7 +86,6 @@ def vllm_config(spec: SchedulerSpec):
         async_scheduling=False, tensor_parallel_size=1,  # TP changes costs, never the schedule
         log_level="ERROR")  # where EngineArgs has it, resolving the config configures vLLM's logger from it
     vc = args.create_engine_config()
-    quiet_vllm()
     vc.cache_config.block_size = spec.block_size
     vc.cache_config.num_gpu_blocks = spec.num_gpu_blocks
     vc.cache_config.enable_prefix_caching = spec.prefix_caching

@@ -22,6 +22,7 @@ import tempfile
 import time
 from typing import Any
 
+from prefixstudy.engines import ipc
 from prefixstudy.engines.base import EngineDefaults, IterationSample, RequestTrace
 from prefixstudy.engines.http import HttpEngine, HttpEngineConfig
 from prefixstudy.errors import StudyFailed, first_line, log_end, root_cause
@@ -79,8 +80,13 @@ class LaunchedServerEngine(EngineDefaults):
         self.num_blocks = 0  # the server's KV-cache blocks once started (0: unknown)
         self.startup_s = math.nan
         self.log_path = ""
+        self.ipc_dir = ""  # the server's folder of IPC sockets (``ipc_env``), removed when it stops
 
     # ------------------------------------------------------------------ what a backend says
+    # The variable that names the folder where the server binds its IPC socket files, for a server
+    # whose own files outlive it (``engines.ipc``); None: the server keeps them to itself.
+    ipc_env: str | None = None
+
     def command(self, port: int) -> list[str]:
         raise NotImplementedError
 
@@ -99,8 +105,12 @@ class LaunchedServerEngine(EngineDefaults):
         logf = tempfile.NamedTemporaryFile("wb", prefix=f"prefixstudy-{self.kind}-{self.mode}-", suffix=".log",
                                            delete=False)
         self.log_path = logf.name
+        env = {**os.environ, **self.launch_env()}
+        self.ipc_dir = ipc.own_dir() if self.ipc_env is not None and self.ipc_env not in env else ""
+        if self.ipc_dir:
+            env[self.ipc_env] = self.ipc_dir
         with logf:
-            self.proc = subprocess.Popen(cmd, env={**os.environ, **self.launch_env()},
+            self.proc = subprocess.Popen(cmd, env=env,
                                          stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                          start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509 - prctl(PDEATHSIG) only, no locks
         atexit.register(self.shutdown)
@@ -168,6 +178,8 @@ class LaunchedServerEngine(EngineDefaults):
         if self.proc is not None:
             kill_group(self.proc)
             self.proc = None
+        ipc.remove(self.ipc_dir)
+        self.ipc_dir = ""
         atexit.unregister(self.shutdown)
 
     def _drop_log(self) -> None:

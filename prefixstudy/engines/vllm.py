@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from prefixstudy.engines import step_log, vllm_tiers
+from prefixstudy.engines import ipc, step_log, vllm_tiers
 from prefixstudy.engines.base import EngineConfigBase, EngineDefaults, IterationSample, RequestTrace, caching
 from prefixstudy.errors import UserError
 
@@ -225,6 +225,7 @@ class VllmEngine(EngineDefaults):
         self._tier_mark = (0, 0)
         self.startup_s = float("nan")
         self.step_log = ""  # the engine core's step records (engines.vllm_steps)
+        self.ipc_dir = ""  # this engine's folder of vLLM IPC sockets, removed at shutdown ("": vLLM's own)
         self._step_offset: int | None = None  # recording from here; None: not recording
 
     # ------------------------------------------------------------------ checks and provenance
@@ -304,7 +305,8 @@ class VllmEngine(EngineDefaults):
         if trace:
             os.environ[step_log.TRACE_ENV] = f"{trace}-{self.mode}"
         try:
-            self.llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[vllm_tiers.tier_stat_logger(self._tiers)])
+            with ipc.own_dir_in_env() as self.ipc_dir:
+                self.llm = AsyncLLM.from_vllm_config(vllm_config, stat_loggers=[vllm_tiers.tier_stat_logger(self._tiers)])
         finally:
             os.environ.pop(step_log.ENV, None)
             os.environ.pop(step_log.GPU_SPANS_ENV, None)
@@ -392,6 +394,7 @@ class VllmEngine(EngineDefaults):
                     self.llm.shutdown()
         finally:
             self.llm = None
+            ipc.remove(self.ipc_dir)  # a second shutdown finds nothing there
             if self.step_log:
                 with contextlib.suppress(OSError):
                     os.unlink(self.step_log)

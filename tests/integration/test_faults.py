@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,11 +45,15 @@ def _default_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start(args, out: Path) -> subprocess.Popen:
+def start(args, out: Path, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "prefixstudy", "run", "default",
                              "--out", str(out), *BASE, *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            stderr=subprocess.STDOUT, text=True, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},
                             preexec_fn=_default_signals)  # noqa: PLW1509 - only resets SIGINT in the child
+
+
+def sockets_under(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_socket())
 
 
 def wait_for_point(proc: subprocess.Popen, marker: str, timeout: float = 300) -> list[str]:
@@ -90,9 +96,19 @@ def test_engine_core_killed_then_sigint_then_resume_reruns_what_did_not_finish(t
     # One run, three faults a user meets, three engine starts: kill -9 of the engine core mid point
     # (the point fails, the engine restarts, the sweep goes on), SIGINT at the next point (finished
     # points flushed, the resume hint), then --resume (the failed and the missing point run again,
-    # the finished one is kept as it was).
+    # the finished one is kept as it was).  The runs' temp folder is their own, short enough for
+    # vLLM's socket paths (AF_UNIX: 107 bytes): no engine may leave a socket file there.
+    tmp = Path(tempfile.mkdtemp(prefix="ps-"))
+    try:
+        _killed_interrupted_resumed(tmp_path, {**os.environ, "TMPDIR": str(tmp)})
+        assert sockets_under(tmp) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _killed_interrupted_resumed(tmp_path: Path, env: dict) -> None:
     proc = start(["--modes", "on", "--rates", "1,4,8", "--num-requests", "8", "--set", "dataset.output_len=64"],
-                 tmp_path)
+                 tmp_path, env)
     wait_for_point(proc, "cache ON @ 1 req/s")
     time.sleep(3)  # a few requests in flight
     engine_core(proc).send_signal(signal.SIGKILL)
@@ -123,7 +139,7 @@ def test_engine_core_killed_then_sigint_then_resume_reruns_what_did_not_finish(t
     # (cli._quiet_spawned_child).
     script = Path(sys.executable).with_name("prefixstudy")
     done = subprocess.run([str(script), "run", "--resume", str(run), "--no-report"], cwd=tmp_path,
-                          env=dict(os.environ), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     lines = console(done)
     assert len(lines) == 7, lines

@@ -6,9 +6,11 @@ study shared with tests/integration/test_http_study.py (tests/integration/server
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -70,9 +72,12 @@ def _default_signals() -> None:
 
 def test_ctrl_c_kills_the_server_it_launched(tmp_path):
     path = study_path(tmp_path, rates=[1], num_requests=200, modes=["on"], warmup_requests=0)
+    # The run's temp folder is its own, short enough for vLLM's socket paths (AF_UNIX: 107 bytes):
+    # the killed server may leave no socket file there.
+    tmp = Path(tempfile.mkdtemp(prefix="ps-"))
     proc = subprocess.Popen([sys.executable, "-m", "prefixstudy", "run", str(path), "--no-report"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp)},
                             preexec_fn=_default_signals)  # noqa: PLW1509 - only resets SIGINT in the child
     try:
         # Wait until the server answers requests (its engine core is up) and the point is under way.
@@ -89,9 +94,11 @@ def test_ctrl_c_kills_the_server_it_launched(tmp_path):
         assert proc.returncode == 130, out[-2000:]
         gone, alive = psutil.wait_procs(family, timeout=30)
         assert alive == [], [p.pid for p in alive]
+        assert [str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_socket()] == []
     finally:
         if proc.poll() is None:
             proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _point_started(server: psutil.Process) -> bool:

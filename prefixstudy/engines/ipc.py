@@ -18,10 +18,8 @@ IPC_PATH_MAX = 107  # an AF_UNIX path's bytes; vLLM adds "/" and a 36-character 
 
 
 def own_dir() -> str:
-    """A fresh folder for one engine's sockets.  "" (vLLM's own folder) where the user chose one
-    (``VLLM_RPC_BASE_PATH`` set), or where a socket path in a new folder would be too long."""
-    if RPC_ENV in os.environ:
-        return ""
+    """A fresh folder for one engine's sockets; "" (the server's own folder) where a socket path in
+    a new folder would be too long.  The caller leaves a folder the user chose as it is."""
     path = tempfile.mkdtemp(prefix="prefixstudy-ipc-")
     if len(path.encode()) + 37 > IPC_PATH_MAX:
         os.rmdir(path)
@@ -36,9 +34,10 @@ def remove(path: str) -> None:
 
 @contextlib.contextmanager
 def own_dir_in_env():
-    """An in-process engine's own folder ("": vLLM's), named in this process's environment while
-    the engine starts (its engine core inherits it as it starts) and removed if the start fails."""
-    path = own_dir()
+    """An in-process engine's own folder ("": vLLM's, as where the user set ``VLLM_RPC_BASE_PATH``),
+    named in this process's environment while the engine starts (its engine core inherits it as it
+    starts) and removed if the start fails."""
+    path = "" if RPC_ENV in os.environ else own_dir()
     if path:
         os.environ[RPC_ENV] = path
     try:

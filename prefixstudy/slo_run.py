@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from prefixstudy.executors import interleaved
 from prefixstudy.metrics.slo_search import arm_record, objective_values, probe_rows, search_arm
 from prefixstudy.results.store import atomic_write_csv
 from prefixstudy.sweep.plan import RunPlan
@@ -66,15 +65,11 @@ def pending(cfg: "StudyConfig", writer: "ResultsWriter") -> list[tuple["StudyCon
     # The arms take turns: who goes first flips each round (RunPlan.turns flips odd repeats again).
     if (len(writer.points) // len(cfg.sweep.modes) + union[0][1]) % 2:
         modes = modes[::-1]
-    if interleaved(cfg) and len(modes) > 1:
-        sub = cfg.model_copy(deep=True)
-        sub.sweep.modes = modes
-        sub.sweep.rates = sorted({r for r, _ in union})  # the places RunPlan.turns reads: this round's rates
-        skip = frozenset((m, float(r), k) for m in modes for r, k in union if (r, k) not in todo[m])
-        return [(sub, RunPlan(tuple(union), skip))]
-    out = []
-    for m in modes:
-        one = cfg.model_copy(deep=True)
-        one.sweep.modes = [m]
-        out.append((one, RunPlan(tuple(todo[m]))))
-    return out
+    # One config for the round, whatever the executor: interleaved arms take turns over it, arms side
+    # by side on Ray run it at once, and either keeps its engines up for the next round; each arm
+    # runs its own points (RunPlan.of).
+    sub = cfg.model_copy(deep=True)
+    sub.sweep.modes = modes
+    sub.sweep.rates = sorted({r for r, _ in union})  # the places RunPlan.turns reads: this round's rates
+    skip = frozenset((m, float(r), k) for m in modes for r, k in union if (r, k) not in todo[m])
+    return [(sub, RunPlan(tuple(union), skip))]

@@ -33,7 +33,7 @@ class LocalExecutor:
             for mode in cfg.sweep.modes:
                 bar.set_description(f"starting engine (cache {mode.upper()})")
                 async with ModeSession(cfg, mode, rows, progress=bar.update) as session:
-                    for rate, repeat in plan.points:
+                    for rate, repeat in plan.of(mode):
                         await self._point(cfg, session, rate, repeat, sink, bar)
         finally:
             bar.close()

@@ -45,6 +45,7 @@ class _ModeRunner:
         self.fleet_pgs: list = []  # cfg.replicas > 1: one placement group per replica
         self.generation = 0
         self.finished_requests = 0  # of points already handed to the sink: the progress bar
+        self.dead = False  # its actor died at the last point: the next point starts a fresh one
 
     async def _start_actor(self) -> None:
         # Engines start one at a time: vLLM 0.26's Ray executor picks its TCPStore port by probing
@@ -150,8 +151,6 @@ class _ModeRunner:
         await self._start_actor()
 
     async def run_all(self) -> None:
-        from ray.exceptions import RayActorError, RayError
-
         ex = self.ex
         ex.bar.set_description(f"starting engine (cache {self.mode.upper()})")
         await self._start_actor()
@@ -160,28 +159,34 @@ class _ModeRunner:
         if ex.engines_up == len(ex.runners) or not ex.parallel:
             ex.all_up.set()
         await ex.all_up.wait()
-        dead = False
-        for rate, repeat in ex.plan.points:
-            if dead:  # only now, so a failure at the last point costs no engine start
+        await self.run_points()
+
+    async def run_points(self) -> None:
+        """The executor's current plan's points, in order, on this mode's actor."""
+        from ray.exceptions import RayActorError, RayError
+
+        ex = self.ex
+        for rate, repeat in ex.plan.of(self.mode):
+            if self.dead:  # only now, so a failure at the last point costs no engine start
                 await self._replace_actor()
-                dead = False
+                self.dead = False
             ex.bar.set_description(f"cache {self.mode.upper()} @ {rate:g} req/s" + repeat_tag(ex.cfg, repeat))
             asked_at = time.time()
             try:
                 res = await self.actor.run_point.remote(rate, repeat)
             except RayActorError as e:
-                res, dead = PointResult.failed(self.mode, rate, summarize_actor_error(e), repeat,
-                                               started_at=asked_at), True
+                res = PointResult.failed(self.mode, rate, summarize_actor_error(e), repeat, started_at=asked_at)
+                self.dead = True
             except RayError as e:  # the call failed, the actor may live: recover() below will tell
                 res = PointResult.failed(self.mode, rate, f"{type(e).__name__}: {' '.join(str(e).split())}"[:500],
                                          repeat, started_at=asked_at)
             self.finished_requests += ex.cfg.sweep.requests_for(rate)
             ex.point_done(res)
-            if res.meta.get("status") == "failed" and not dead:
+            if res.meta.get("status") == "failed" and not self.dead:
                 try:
                     await self.actor.recover.remote()  # restarts an engine that died inside a living actor
                 except RayActorError:
-                    dead = True
+                    self.dead = True
 
     async def stop(self) -> None:
         import ray
@@ -311,6 +316,7 @@ class RayExecutor:
         try:
             if self.parallel:
                 await asyncio.gather(*(r.run_all() for r in self.runners))
+                await self._later_rounds()
             else:
                 for r in self.runners:
                     try:
@@ -321,3 +327,17 @@ class RayExecutor:
             await asyncio.gather(*(r.stop() for r in self.runners), return_exceptions=True)
             self.bar.close()
             log.info("ray executor: %d mode(s) in %.1f s", len(self.runners), time.monotonic() - t0)
+
+    async def _later_rounds(self) -> None:
+        """An SLO search's next rounds on the actors still up (side by side, every arm's engine is),
+        so that no engine, and no cluster this run started, starts again between rounds.  Modes run
+        one after the other stop each engine to free its resources: their rounds start them again."""
+        take_round = getattr(self.sink, "take_round", None)
+        while take_round is not None:
+            work = take_round([r.mode for r in self.runners])
+            if work is None:
+                return
+            self.cfg, self.plan = work
+            self.bar.total += self.plan.requests(self.cfg)
+            self.bar.refresh()
+            await asyncio.gather(*(r.run_points() for r in self.runners if r.mode in self.cfg.sweep.modes))

@@ -60,7 +60,7 @@ def start(cfg: StudyConfig, jobs: int) -> ProcessPoolExecutor:
 def run_points(pool: ProcessPoolExecutor, cfg: StudyConfig, plan, target: SimTarget) -> Iterator[PointResult]:
     """Every mode x rate of ``cfg``, yielded in the sweep's order (ON first, then by rate); the
     highest rates, the longest points, are started first."""
-    points = [(m, r, k) for m in cfg.sweep.modes for r, k in plan.points]
+    points = [(m, r, k) for m in cfg.sweep.modes for r, k in plan.of(m)]
     with pool:
         futures = {p: pool.submit(_point, target, *p) for p in sorted(points, key=lambda p: -p[1])}
         for p in points:

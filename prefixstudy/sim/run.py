@@ -219,7 +219,7 @@ class SimExecutor:
             results = run_points(self.pool, cfg, plan, self.target)
         else:
             results = (session.run_point(rate, repeat) for session in sessions(cfg, rows, self.target)
-                       for rate, repeat in plan.points)
+                       for rate, repeat in plan.of(session.mode))
         for res in results:
             study.point_done(res)
         study.writer.manifest["sim"]["wall_s"] = time.perf_counter() - wall0

@@ -35,9 +35,13 @@ class RunPlan:
             out += [(m, rate, k) for m in order if (m, float(rate), k) not in self.done]
         return out
 
+    def of(self, arm: str) -> list[tuple[float, int]]:
+        """The (rate, repeat) ``arm`` runs, in order: the plan's points less those it has."""
+        return [(r, k) for r, k in self.points if (arm, float(r), k) not in self.done]
+
     def requests(self, cfg: StudyConfig) -> int:
         """Requests the plan sends over every arm of ``cfg`` (the progress bar's total)."""
-        return sum(cfg.sweep.requests_for(r) for r, _ in self.points) * len(cfg.sweep.modes)
+        return sum(cfg.sweep.requests_for(r) for m in cfg.sweep.modes for r, _ in self.of(m))
 
     def record(self) -> dict:
         """The plan as the manifest keeps it."""

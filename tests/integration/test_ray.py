@@ -361,3 +361,28 @@ def test_a_stopped_mode_frees_its_gpus_for_the_next():
         assert off_pg.wait(60)
     finally:
         ray.shutdown()
+
+
+# --------------------------------------------------------------------------- SLO search
+
+@pytest.mark.engine  # the shared Ray head, echo engines
+@pytest.mark.timeout(300)
+def test_an_slo_search_keeps_each_arm_s_actor_through_its_rounds(ray_address, tmp_path):
+    """Side by side on Ray, every round of an SLO search runs on the actors the first round started:
+    one engine start per arm, however many rounds.  The search goes on for two rounds at least
+    whatever the verdicts (8 met: 16 next; 8 missed or saturated: 4 next, the minimum being 1; 16
+    met: its second repeat)."""
+    from prefixstudy.study import run_study
+
+    cfg = load_config(None, {"engine": {"kind": "echo", "block_size": 16, "decode_ms_per_token": 5},
+                             "executor": "ray", "ray.parallel": "auto", "arrivals.process": "constant",
+                             "dataset.prefix_len": 32, "dataset.suffix_len": 16, "dataset.output_len": 2,
+                             "sweep.num_requests": 6, "sweep.warmup_requests": 0, "sweep.repeats": 2,
+                             "sweep.rates": [8, 16], "sweep.slo": {"objectives": {"e2e_p90": 5000}},
+                             "out": str(tmp_path)})
+    m = json.loads((run_study(cfg, progress=False) / "manifest.json").read_text())
+    assert m["parallel"]["used"] is True and m["status"] == "complete"
+    points = {arm: [p for p in m["points"] if p["mode"] == arm] for arm in ("on", "off")}
+    assert min(len(p) for p in points.values()) >= 2
+    assert {arm: len(e) for arm, e in m["engines"].items()} == {"on": 1, "off": 1}
+    assert all(s["stopped"] for s in m["slo_search"]["arms"].values())

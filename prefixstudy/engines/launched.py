@@ -106,6 +106,7 @@ class LaunchedServerEngine(EngineDefaults):
                                            delete=False)
         self.log_path = logf.name
         env = {**os.environ, **self.launch_env()}
+        ipc.remove_stale()
         self.ipc_dir = ipc.own_dir() if self.ipc_env is not None and self.ipc_env not in env else ""
         if self.ipc_dir:
             env[self.ipc_env] = self.ipc_dir

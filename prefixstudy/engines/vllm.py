@@ -15,7 +15,6 @@ import inspect
 import json
 import logging
 import os
-import tempfile
 import time
 from importlib import metadata
 from typing import Any, Literal
@@ -292,8 +291,8 @@ class VllmEngine(EngineDefaults):
         sched.scheduler_cls = step_scheduler_cls(bool(sched.async_scheduling))
         gpu_spans = gpu_timer_fits(vllm_config)
         self.step_timing = step_timing_label(bool(sched.async_scheduling), gpu_spans)
-        fd, self.step_log = tempfile.mkstemp(prefix=f"prefixstudy-steps-{self.mode}-", suffix=".bin")
-        os.close(fd)
+        ipc.remove_stale()  # an engine's files that a killed process left: its step log grows with each step
+        self.step_log = ipc.own_file("steps", f"-{self.mode}.bin")
         # The engine core process inherits the environment as it starts, inside from_vllm_config.
         os.environ[step_log.ENV] = self.step_log
         if gpu_spans:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -121,6 +122,8 @@ def test_a_killed_replica_fails_only_its_requests_and_the_sweep_goes_on(fleet_ru
     assert (first[first["replica"] == 0]["error"] == "").all()
     assert list(first["replica"]) == [1, 0] * 5  # round robin went on (3 primes took 0, 1, 0)
     assert (run / "routing.md").exists() is False and (parent / "routing.md").exists()
+    # The killed replica's step log and socket folder went at its replacement's engine start.
+    assert sorted(p.name for p in Path(tempfile.gettempdir()).glob(f"prefixstudy-*-{seen['pid']}-*")) == []
 
 
 @pytest.mark.engine

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -292,6 +293,9 @@ def test_killed_engine_actor_fails_its_point_and_the_sweep_goes_on(ray_study):
     while any(_alive(p) for p in seen["children"]) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not [p for p in seen["children"] if _alive(p)]
+    # What it left in the temp folder (its step log, its socket folder) went at its replacement's
+    # engine start (engines.ipc.remove_stale): a killed process removes nothing itself.
+    assert sorted(p.name for p in Path(tempfile.gettempdir()).glob(f"prefixstudy-*-{seen['pid']}-*")) == []
 
 
 def _alive(pid: int) -> bool:

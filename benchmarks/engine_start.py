@@ -76,6 +76,10 @@ if __name__ == "__main__":
 
 
 def main() -> None:
+    unknown = [a for a in sys.argv[1:] if a not in SETTINGS]
+    if unknown:  # any other word would run as compiled-spawn under its own name
+        print(f"engine_start.py: unknown setting {unknown[0]!r}; one of {', '.join(SETTINGS)}", file=sys.stderr)
+        sys.exit(2)
     for setting in sys.argv[1:] or SETTINGS:
         t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-c", CHILD, setting], capture_output=True, text=True, timeout=900)

@@ -49,9 +49,9 @@ def own_dir() -> str:
     return path
 
 
-def own_file(kind: str, suffix: str) -> str:
-    """A fresh empty file of this process's (``kind``: "steps", followed by whatever names it)."""
-    fd, path = tempfile.mkstemp(prefix=_prefix(kind), suffix=suffix)
+def own_step_log(mode: str) -> str:
+    """A fresh empty file for one engine's step records (``engines.step_log``)."""
+    fd, path = tempfile.mkstemp(prefix=_prefix("steps"), suffix=f"-{mode}.bin")
     os.close(fd)
     return path
 

@@ -292,7 +292,7 @@ class VllmEngine(EngineDefaults):
         gpu_spans = gpu_timer_fits(vllm_config)
         self.step_timing = step_timing_label(bool(sched.async_scheduling), gpu_spans)
         ipc.remove_stale()  # an engine's files that a killed process left: its step log grows with each step
-        self.step_log = ipc.own_file("steps", f"-{self.mode}.bin")
+        self.step_log = ipc.own_step_log(self.mode)
         # The engine core process inherits the environment as it starts, inside from_vllm_config.
         os.environ[step_log.ENV] = self.step_log
         if gpu_spans:

@@ -15,7 +15,7 @@ from pathlib import Path
 from prefixstudy.engines import ipc
 
 MAKE = ("from prefixstudy.engines import ipc; import time; "
-        "print(ipc.own_dir(), ipc.own_file('steps', '-on.bin'), flush=True); time.sleep(120)")
+        "print(ipc.own_dir(), ipc.own_step_log('on'), flush=True); time.sleep(120)")
 
 
 def _child(tmp: Path) -> tuple[subprocess.Popen, list[str]]:
@@ -36,9 +36,9 @@ def test_what_a_process_that_is_gone_left_is_removed_and_nothing_else(monkeypatc
         killed.kill()
         killed.wait()
         os.kill(zombie.pid, signal.SIGKILL)  # not reaped: an exited process whose pid is still taken
-        while open(f"/proc/{zombie.pid}/stat").read().rsplit(") ", 1)[1][0] != "Z":
+        while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z":
             pass
-        mine = [Path(ipc.own_dir()).name, Path(ipc.own_file("steps", "-off.bin")).name]
+        mine = [Path(ipc.own_dir()).name, Path(ipc.own_step_log("off")).name]
         ns = os.stat("/proc/self/ns/pid").st_ino
         # another pid namespace's (a container sharing the folder): its pid means nothing here
         (tmp_path / f"prefixstudy-steps-{ns + 1}-{killed.pid}-x-on.bin").touch()

@@ -200,6 +200,9 @@ class EngineDefaults:
     step_timing: str = "engine"  # the `timing` of its iteration rows (engines.step_log.TIMING_METHODS)
     tier_blocks: int = 0  # blocks of a CPU tier under its cache, known once started; 0: none (or not known)
     cache_salt: str = ""  # the salt of every request (set_cache_salt); "": none
+    # Whether the engine schedules step N+1 while step N runs (vLLM's async scheduling), as the engine
+    # resolved it, known once started; None: the backend does not say.
+    async_scheduling: bool | None = None
 
     def set_cache_salt(self, salt: str) -> None:
         """Kept for ``generate`` to send; a backend whose requests take a salt reads ``cache_salt``."""

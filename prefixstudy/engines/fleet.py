@@ -43,6 +43,7 @@ class Replica(Protocol):
     block_size: int
     num_blocks: int
     step_timing: str
+    async_scheduling: bool | None
 
     async def start(self) -> None: ...
 
@@ -73,7 +74,7 @@ class LocalReplica:
         await self.engine.start()
         e = self.engine
         self.block_size, self.num_blocks = e.block_size, e.num_blocks
-        self.step_timing = e.step_timing
+        self.step_timing, self.async_scheduling = e.step_timing, e.async_scheduling
         self.info = {"pid": os.getpid(), "host": socket.gethostname(), "startup_s": e.startup_s}
 
     async def reset_prefix_cache(self) -> None:
@@ -143,6 +144,7 @@ class FleetEngine(EngineDefaults):
             await self._start(i)
         first = self.replicas[0]
         self.block_size, self.num_blocks, self.step_timing = first.block_size, first.num_blocks, first.step_timing
+        self.async_scheduling = first.async_scheduling
         rc = self.cfg.router
         self.router = Router(self.n, self.policy, self.block_size, rc.prefix_blocks, rc.load_bound)
         self.startup_s = time.monotonic() - t0

@@ -288,9 +288,10 @@ class VllmEngine(EngineDefaults):
         kwargs = engine_args(self.model, self.config, self.mode) | self.extra
         vllm_config = AsyncEngineArgs(**kwargs).create_engine_config()
         sched = vllm_config.scheduler_config
-        sched.scheduler_cls = step_scheduler_cls(bool(sched.async_scheduling))
+        self.async_scheduling = bool(sched.async_scheduling)  # vLLM's own default where the config leaves it
+        sched.scheduler_cls = step_scheduler_cls(self.async_scheduling)
         gpu_spans = gpu_timer_fits(vllm_config)
-        self.step_timing = step_timing_label(bool(sched.async_scheduling), gpu_spans)
+        self.step_timing = step_timing_label(self.async_scheduling, gpu_spans)
         ipc.remove_stale()  # an engine's files that a killed process left: its step log grows with each step
         self.step_log = ipc.own_step_log(self.mode)
         # The engine core process inherits the environment as it starts, inside from_vllm_config.

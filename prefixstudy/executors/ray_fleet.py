@@ -56,7 +56,7 @@ class ReplicaActor:
         return {"pid": os.getpid(), "host": socket.gethostname(), "node_id": ray.get_runtime_context().get_node_id(),
                 "pg_node_id": (table.get("bundles_to_node_id") or {}).get(0), "device": gpu_name_via_nvml(self.use_gpu),
                 "startup_s": e.startup_s, "block_size": e.block_size, "num_blocks": e.num_blocks,
-                "step_timing": e.step_timing}
+                "step_timing": e.step_timing, "async_scheduling": e.async_scheduling}
 
     async def reset_prefix_cache(self) -> None:
         await self.engine.reset_prefix_cache()
@@ -111,7 +111,7 @@ class RemoteReplica:
             raise
         self.info = {**info, "actor": self.name}
         self.block_size, self.num_blocks = self.info["block_size"], self.info["num_blocks"]
-        self.step_timing = self.info["step_timing"]
+        self.step_timing, self.async_scheduling = self.info["step_timing"], self.info["async_scheduling"]
 
     async def reset_prefix_cache(self) -> None:
         await self._call("reset_prefix_cache")

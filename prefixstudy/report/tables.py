@@ -102,12 +102,28 @@ def fmt_df(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def scheduling_text(points: list[dict]) -> str:
+    """Which vLLM engine the points measured, as their engines resolved it ("" where none says):
+    the default one, which schedules step N+1 while step N runs, or one step at a time."""
+    arms: dict[bool, set[str]] = {}
+    for p in points:
+        if p.get("async_scheduling") is not None:
+            arms.setdefault(bool(p["async_scheduling"]), set()).add(str(p.get("mode")))
+    if len(arms) == 2:
+        return (f"; vLLM's async scheduling on for {', '.join(sorted(arms[True]))}, "
+                f"off for {', '.join(sorted(arms[False]))}")
+    if True in arms:
+        return "; vLLM's async scheduling on (its default on GPUs: step N+1 is scheduled while step N runs)"
+    return "; vLLM's async scheduling off (one engine step at a time)" if arms else ""
+
+
 def meta_line(s: StudyResults) -> str:
     m, c = s.manifest, s.config
     ds = c.get("dataset") or {}
     return (f"Run {s.path.name}: device {m.get('device', '?')}, vLLM {m.get('vllm_version') or 'n/a'}, "
             f"torch {m.get('torch_version') or 'n/a'}, prefixstudy {m.get('prefixstudy_version', '?')}; "
-            f"model {c.get('model', '?')}, TP={(c.get('engine') or {}).get('tensor_parallel_size', 1)}; "
+            f"model {c.get('model', '?')}, TP={(c.get('engine') or {}).get('tensor_parallel_size', 1)}"
+            f"{scheduling_text(m.get('points') or [])}; "
             f"dataset prefix {ds.get('prefix_len', '?')} + suffix {ds.get('suffix_len', '?')} tokens, "
             f"output {ds.get('output_len', '?')} tokens, {ds.get('groups', '?')} prefix group(s); "
             f"status {m.get('status') or '?'}; {m.get('started_at') or 'start not recorded'} – "

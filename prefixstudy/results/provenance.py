@@ -114,6 +114,9 @@ POINT_KEYS: dict[str, Key] = {
                             "engine)", optional=True),
     "step_timing": Key("string", "how the point's steps were timed (iterations.parquet's `timing`)",
                        optional=True),
+    "async_scheduling": Key("boolean | null", "whether the engine scheduled step N+1 while step N ran (vLLM's "
+                            "async scheduling, its default on GPUs), as the engine resolved it; null: the "
+                            "backend does not say", optional=True),
     "num_blocks": Key("integer | null", "KV-cache blocks the engine allocated (echo: `num_blocks`, 0 unbounded)",
                       optional=True),
     "tier_blocks": Key("integer", "blocks of the CPU tier under the cache; 0: none", optional=True),

@@ -147,6 +147,7 @@ class ModeSession:
         meta = {"status": "failed" if dead else "ok", "error": "engine died during the point" if dead else "",
                 "n_sent": n, "started_at": started_at, "duration_s": duration_s, "warmup_s": warmup_s,
                 "block_size": eng.block_size, "engine_startup_s": eng.startup_s, "step_timing": timing,
+                "async_scheduling": eng.async_scheduling,
                 "num_blocks": eng.num_blocks, "tier_blocks": int(eng.tier_blocks),
                 "evicted_blocks_estimated": evicted, **server,
                 "prefix_caching": self.caching, **cold,

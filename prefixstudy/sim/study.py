@@ -161,6 +161,7 @@ class SimSession:
         meta = {"status": "ok", "error": "", "n_sent": n, "started_at": started_at,
                 "duration_s": self.sim.clock_s - t0, "warmup_s": t0 - tw, "block_size": self.target.block_size,
                 "engine_startup_s": 0.0, "sim_wall_s": time.perf_counter() - wall0, "sim_steps": len(self.sim.steps),
+                "async_scheduling": self.sim.pipelined,  # the engine the calibration ran (sim.cost.async_recorded)
                 "prefix_caching": self.cfg.arm(self.mode).prefix_caching}  # the hit-rate check's, as a measured point's
         # vars, not asdict: the fields are scalars, and asdict deep-copies each one (a second a sweep)
         req = typed_requests(pd.DataFrame([{**vars(r), "repeat": repeat} for r in records]))

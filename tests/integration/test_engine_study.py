@@ -7,6 +7,7 @@ import pytest
 
 import prefixstudy
 from prefixstudy.engines.step_log import TIMING_METHODS
+from prefixstudy.report.tables import scheduling_text
 from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS, SUMMARY_COLUMNS
 
 pytestmark = [pytest.mark.engine, pytest.mark.alone]
@@ -115,6 +116,8 @@ def test_engine_steps_are_timed_inside_the_engine(tiny_study):
     # Async scheduling left to vLLM, whose CPU engine runs one step at a time; the manifest says how
     # the steps were timed, and the host stamps are the step's cost there.
     assert res.config["engine"]["async_scheduling"] is None
+    assert [p["async_scheduling"] for p in res.manifest["points"]] == [False] * 4  # as vLLM resolved it
+    assert scheduling_text(res.manifest["points"]) == "; vLLM's async scheduling off (one engine step at a time)"
     assert (it["host_step_ms"] == it["step_ms"]).all()
     assert res.manifest["step_timing_methods"] == {"engine": TIMING_METHODS["engine"]}
     s = res.summary

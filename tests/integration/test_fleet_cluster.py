@@ -94,6 +94,8 @@ def test_each_replica_runs_where_its_placement_group_is(fleet_run):
     parent, code, _, nodes = fleet_run
     man = json.loads((parent / "policy-round_robin/manifest.json").read_text())
     assert man["executor"] == "ray" and man["ray"]["nodes"] == 2 and man["ray"]["replicas"] == 2
+    # what the replicas' engines resolved, carried from their actors (vLLM's CPU engine: one step at a time)
+    assert [p["async_scheduling"] for p in man["points"]] == [False, False]
     assert man["parallel"]["replica_nodes"] == {"on": [nodes["head"], nodes["worker"]]}  # spread: one per node
     (gen,) = man["engines"]["on"]
     reps = gen["replicas"]

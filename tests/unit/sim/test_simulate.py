@@ -63,6 +63,8 @@ def test_simulated_study_matches_the_hand_schedule(calibration, tmp_path, tiny_v
     it = res.iterations[(res.iterations["mode"] == "off") & (res.iterations.rate == 1.0)]
     assert list(it.prompt_tokens) == [64, 0, 0, 0] * 3 and list(it.step_ms) == pytest.approx([1.64, 1.1, 1.1, 1.1] * 3)
     assert res.manifest["sim"]["num_gpu_blocks"] == 64 and res.manifest["engine"] == "sim"
+    # the engine the calibration ran, here one step at a time
+    assert [p["async_scheduling"] for p in res.manifest["points"]] == [False] * 4
 
 
 def test_a_simulated_study_ends_as_a_measured_one(calibration, tmp_path, tiny_vllm_config):

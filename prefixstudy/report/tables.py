@@ -110,8 +110,9 @@ def scheduling_text(points: list[dict]) -> str:
         if p.get("async_scheduling") is not None:
             arms.setdefault(bool(p["async_scheduling"]), set()).add(str(p.get("mode")))
     if len(arms) == 2:
-        return (f"; vLLM's async scheduling on for {', '.join(sorted(arms[True]))}, "
-                f"off for {', '.join(sorted(arms[False]))}")
+        def named(modes):
+            return ("arm " if len(modes) == 1 else "arms ") + ", ".join(f"`{m}`" for m in sorted(modes))
+        return f"; vLLM's async scheduling on in {named(arms[True])}, off in {named(arms[False])}"
     if True in arms:
         return "; vLLM's async scheduling on (its default on GPUs: step N+1 is scheduled while step N runs)"
     return "; vLLM's async scheduling off (one engine step at a time)" if arms else ""

@@ -21,7 +21,7 @@ def test_an_engine_run_one_step_at_a_time_is_named_as_such():
 
 def test_arms_that_ran_different_engines_are_each_named():
     assert scheduling_text(_points(on=True, off=False, tier=True)) == (
-        "; vLLM's async scheduling on for on, tier, off for off")
+        "; vLLM's async scheduling on in arms `on`, `tier`, off in arm `off`")
 
 
 def test_points_whose_engine_does_not_say_add_nothing():

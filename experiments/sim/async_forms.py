@@ -81,17 +81,13 @@ def fit_host(period: np.ndarray, gpu: np.ndarray, X: np.ndarray, win: np.ndarray
     h, step = np.array([4.0] + [0.0] * (X.shape[1] - 1)), np.array([1.0] + [0.05] * (X.shape[1] - 1))
     best = loss(h)
     while step.max() > 1e-5:
-        for j in range(len(h)):
-            for sign in (1, -1):
-                cand = h.copy()
-                cand[j] = max(0.0, cand[j] + sign * step[j])
-                if (c := loss(cand)) < best:
-                    best, h = c, cand
-                    break
-            else:
-                continue
-            break
-        else:
+        for j, sign in ((j, sign) for j in range(len(h)) for sign in (1, -1)):  # take the first move that helps
+            cand = h.copy()
+            cand[j] = max(0.0, cand[j] + sign * step[j])
+            if (c := loss(cand)) < best:
+                best, h = c, cand
+                break
+        else:  # none helps at this size
             step = step / 2
     return h
 

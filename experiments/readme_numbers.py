@@ -782,6 +782,62 @@ def _span(v, spec: str, unit: str = "") -> str:
     return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
 
 
+
+def _accuracy_words(acc, df: pd.DataFrame, check: str, study: str) -> str:
+    """'N of M within 5 % (worst ±x.x %, MODE R)' over the unsaturated points of one check of an
+    async.csv (``acc``: experiments/sim/accuracy.py)."""
+    pp = acc.per_point(df[(df["check"] == check) & (df["study"] == study)])
+    u = pp[pp["saturated_meas_share"] <= 0.5]
+    worst = u.loc[u["mean_e2e_ms_err"].abs().idxmax()]
+    return (f"{int((u['mean_e2e_ms_err'].abs() <= 0.05).sum())} of {len(u)} within 5 % (worst "
+            f"{_signed(100 * worst['mean_e2e_ms_err'], '+.1f')} %, {worst['mode'].upper()} {worst['rate']:g})")
+
+
+def multiturn_spans_says_block(results: Path = RESULTS) -> str:
+    """h200-multiturn-spans against h200-multiturn (the same sessions on another lease), and the
+    simulator's default-engine forms on it (sim-accuracy/async.csv, async-forms/async.csv)."""
+    acc = _script("experiments/sim/accuracy.py")
+    now = pd.read_csv(results / "h200-multiturn-spans" / "summary.csv")
+    then = pd.read_csv(results / "h200-multiturn" / "summary.csv")
+    e2e_now, e2e_then = (t.groupby(["mode", "rate"])["mean_e2e_ms"].mean() for t in (now, then))
+    diff = 100 * (e2e_now[e2e_then.index] / e2e_then - 1)
+    side = "below" if (diff < 0).all() else "above" if (diff > 0).all() else "off"
+    timing = pd.read_parquet(results / "h200-multiturn-spans" / "iterations.parquet", columns=["timing"])["timing"]
+    timed = (f"Every one of its {len(timing):,} engine steps is timed on the GPU" if (timing == "gpu-span").all() else
+             f"{(timing == 'gpu-span').sum():,} of its {len(timing):,} engine steps are timed on the GPU")
+    forms = {"linear": pd.read_csv(results / "sim-accuracy" / "async.csv"),
+             "piecewise": pd.read_csv(results / "sim-accuracy" / "async-forms" / "async.csv")}
+
+    def checks(df):
+        return (f"held out by point {_accuracy_words(acc, df, 'held-out point', 'h200-multiturn-spans')}; by repeat "
+                f"{_accuracy_words(acc, df, 'held-out repeat', 'h200-multiturn-spans')}; fitted on h200-tp1 "
+                f"{_accuracy_words(acc, df, 'another workload', 'h200-multiturn-spans')}")
+
+    return _block("h200-multiturn-spans-says", [
+        f"**What it says.** {timed}, with the host's stamps beside. At the rates both runs share "
+        f"({' and '.join(f'{r:g}' for r in sorted(then['rate'].unique()))} sessions/s), its mean E2E is "
+        f"{_span(diff.abs(), '.1f', ' %')} {side} h200-multiturn's (ON and OFF, the repeats' means): the same sessions "
+        "and vLLM on another lease's H200s, one GPU per arm there and one for both here. The simulator's "
+        "default-engine model, calibrated on these steps, predicts "
+        f"its mean E2E as follows. The committed linear form: {checks(forms['linear'])}. The piecewise form of "
+        f"`experiments/sim/async_forms.py`: {checks(forms['piecewise'])}. Calibrated here, the linear form puts "
+        f"h200-multiturn {_accuracy_words(acc, forms['linear'], 'another run', 'h200-multiturn')} and the "
+        f"piecewise form {_accuracy_words(acc, forms['piecewise'], 'another run', 'h200-multiturn')}: what "
+        "separates the two runs is their machines and setup, which a calibration on one of them cannot see. "
+        f"{_lag_over_words(now)}"])
+
+
+def _lag_over_words(summ: pd.DataFrame) -> str:
+    """The points whose dispatch-lag p99 is over 1 ms, and what share of their mean E2E it is at most."""
+    over = summ[summ["dispatch_lag_p99_ms"] > 1.0]
+    if over.empty:
+        return "Every point's dispatch-lag p99 is under 1 ms."
+    modes = " and ".join(sorted({m.upper() for m in over["mode"]}))
+    share = (over["dispatch_lag_p99_ms"] / over["mean_e2e_ms"]).max()
+    return (f"{len(over)} of {len(summ)} points ({modes}, at {_span(over['rate'], 'g')} sessions/s) have a dispatch-lag "
+            f"p99 over 1 ms, up to {over['dispatch_lag_p99_ms'].max():.2f} ms: read their latencies as including up "
+            f"to that much client-side delay, at most {100 * share:.2f} % of their mean E2E.")
+
 def tp2_fit_block(results: Path = RESULTS) -> str:
     fit = _manifest("h200-tp2", results)["step_fit"]
     return _block("h200-tp2-fit", [f"Step-cost fit over {fit['n']:,} busy steps: {fit_formula(fit)}."])
@@ -1381,14 +1437,16 @@ RENDER = {"h200-offload": offload_table, "tier-cost": lambda _: tier_cost_table(
           "tp8-model": lambda _: tp8_table(), "tp8-says": lambda _: tp8_says_block(),
           "seed-says": lambda _: seed_says_block(), "h200-tp1-slo-says": lambda _: slo_says_block(),
           "h200-shared-fraction-says": lambda _: shared_fraction_block(),
-          "h200-sglang-says": lambda _: sglang_block()}
+          "h200-sglang-says": lambda _: sglang_block(),
+          "h200-multiturn-spans-says": lambda _: multiturn_spans_says_block()}
 TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp1-hit-rate-throughput", "h200-tp1-slo-says",
                                   "h200-shared-fraction-says", "h200-sglang-says",
                                   "h200-tp1-sync", "h200-tp1-sync-steps", "h200-tp1-sync-says",
                                   "h200-tp1-async-split", "h200-tp1-async-gpu", "h200-tp1-async-effect",
                                   "h200-tp2-fit", "h200-tp2", "h200-tp2-says", "h200-tp1-ray-checks", "h200-tp1-ray",
                                   "h200-tp1-ray-says", "h200-cache-pressure", "h200-cache-pressure-says",
-                                  "h200-multiturn", "h200-multiturn-says", "h200-multiturn-sync", "h200-offload",
+                                  "h200-multiturn", "h200-multiturn-says", "h200-multiturn-sync",
+                                  "h200-multiturn-spans", "h200-multiturn-spans-says", "h200-offload",
                                   "tier-cost", "h200-tp1-gc", "h200-smoke-after-layout", "fidelity",
                                   "h200-threeway-says", "tp8-model", "tp8-says", "cpu-replicas-says",
                                   "cpu-default-says", "knees"),

@@ -39,23 +39,26 @@ from prefixstudy.sim.cost import async_recorded, busy_steps, fit, load_steps  # 
 RESULTS = Path("experiments/results")
 # Other default-engine runs of the same workload, priced by the calibration fitted on all of its
 # steps: h200-tp1-fixed-order (six rates, the same day), h200-tp1-async (1 and 16 req/s, host
-# stamps only, another day) and h200-tp1-slo (the rates an SLO search probed, another day).
-OTHER_RUNS = {"h200-tp1": ["h200-tp1-fixed-order", "h200-tp1-async", "h200-tp1-slo"]}
+# stamps only, another day) and h200-tp1-slo (the rates an SLO search probed, another day); and for
+# h200-multiturn-spans, h200-multiturn (the same sessions on two H200s of another lease, host stamps only).
+OTHER_RUNS = {"h200-tp1": ["h200-tp1-fixed-order", "h200-tp1-async", "h200-tp1-slo"],
+              "h200-multiturn-spans": ["h200-multiturn"]}
 CHECKS = ("held-out point", "held-out repeat", "another run", "another workload")
 WORKLOAD_CALIBRATION = "h200-tp1"
 
 
 def other_workloads(results: Path = RESULTS) -> list[str]:
     """Default-engine studies of other workloads: the H200 cache-pressure sweeps (async scheduling at
-    vLLM's default, their steps stamped on the host), the multi-turn sessions (h200-multiturn; its
-    one-step-at-a-time twin h200-multiturn-sync is not the default engine) and the shared-fraction
-    cells (h200-tp1's lengths, a hit rate of their own)."""
+    vLLM's default, their steps stamped on the host), the multi-turn sessions (h200-multiturn, and
+    h200-multiturn-spans with its steps timed on the GPU; the one-step-at-a-time twin
+    h200-multiturn-sync is not the default engine) and the shared-fraction cells (h200-tp1's lengths,
+    a hit rate of their own)."""
     def key(d: Path) -> tuple:
         return (d.parent.name, float(d.name.split("-")[1]))
 
     sweeps = sorted(results.glob("h200-cache-pressure/groups-*/blocks-*"), key=key)
     shared = sorted(results.glob("h200-shared-fraction/shared_fraction-*"), key=key)
-    return [str(d.relative_to(results)) for d in sweeps] + ["h200-multiturn"] + \
+    return [str(d.relative_to(results)) for d in sweeps] + ["h200-multiturn", "h200-multiturn-spans"] + \
         [str(d.relative_to(results)) for d in shared]
 
 

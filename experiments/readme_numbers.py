@@ -801,6 +801,7 @@ def multiturn_spans_says_block(results: Path = RESULTS) -> str:
     then = pd.read_csv(results / "h200-multiturn" / "summary.csv")
     e2e_now, e2e_then = (t.groupby(["mode", "rate"])["mean_e2e_ms"].mean() for t in (now, then))
     diff = 100 * (e2e_now[e2e_then.index] / e2e_then - 1)
+    slower = like_steps_slower(results / "h200-multiturn", results / "h200-multiturn-spans")
     side = "below" if (diff < 0).all() else "above" if (diff > 0).all() else "off"
     timing = pd.read_parquet(results / "h200-multiturn-spans" / "iterations.parquet", columns=["timing"])["timing"]
     timed = (f"Every one of its {len(timing):,} engine steps is timed on the GPU" if (timing == "gpu-span").all() else
@@ -817,7 +818,9 @@ def multiturn_spans_says_block(results: Path = RESULTS) -> str:
         f"**What it says.** {timed}, with the host's stamps beside. At the rates both runs share "
         f"({' and '.join(f'{r:g}' for r in sorted(then['rate'].unique()))} sessions/s), its mean E2E is "
         f"{_span(diff.abs(), '.1f', ' %')} {side} h200-multiturn's (ON and OFF, the repeats' means): the same sessions "
-        "and vLLM on another lease's H200s, one GPU per arm there and one for both here. The simulator's "
+        "and vLLM on another lease's H200s, one GPU per arm there and one for both here. Like for like, "
+        f"h200-multiturn's decode-only steps took {_span(100 * slower, '.1f', ' %')} longer ({len(slower)} groups of "
+        "a mode, a rate and a batch size, the median host-stamped step of each). The simulator's "
         "default-engine model, calibrated on these steps, predicts "
         f"its mean E2E as follows. The committed linear form: {checks(forms['linear'])}. The piecewise form of "
         f"`experiments/sim/async_forms.py`: {checks(forms['piecewise'])}. Calibrated here, the linear form puts "
@@ -825,6 +828,24 @@ def multiturn_spans_says_block(results: Path = RESULTS) -> str:
         f"piecewise form {_accuracy_words(acc, forms['piecewise'], 'another run', 'h200-multiturn')}: what "
         "separates the two runs is their machines and setup, which a calibration on one of them cannot see. "
         f"{_lag_over_words(now)}"])
+
+
+def like_steps_slower(then: Path, now: Path, min_steps: int = 30) -> pd.Series:
+    """How much longer ``then``'s decode-only steps took than ``now``'s, like for like: per mode, rate
+    both ran, and bin of decoders (1-8, 9-16, 17-32, ...), the ratio of the two median host-stamped
+    step times less one, over the bins with ``min_steps`` steps or more in both runs.  Host stamps
+    (``host_step_ms`` where the GPU timed the steps) are shifted a step under async scheduling, but
+    a run of decode-only steps of one size tiles the same wall time either way."""
+    bins = [0, 8, 16, 32, 64, 128, 256, 512]
+    med = []
+    for d in (then, now):
+        t = pd.read_parquet(d / "iterations.parquet")
+        col = "host_step_ms" if "host_step_ms" in t else "step_ms"
+        t = t[(t["prefill_tokens"] == 0) & (t["decode_tokens"] > 0) & (t[col] > 0)]
+        g = t.groupby(["mode", "rate", pd.cut(t["decode_tokens"], bins)], observed=True)[col]
+        med.append(g.median()[g.size() >= min_steps])
+    both = med[0].index.intersection(med[1].index)
+    return med[0][both] / med[1][both] - 1
 
 
 def _lag_over_words(summ: pd.DataFrame) -> str:

@@ -5,6 +5,8 @@ accuracy check fails here, as the replaced h200-tp1 once went unnoticed."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -157,10 +159,22 @@ def test_the_multi_turn_sentences_are_the_two_forms_csvs(accuracy_async):
            for s in ("h200-multiturn-spans", "h200-multiturn")]
     below = 100 * (1 - e2e[0][e2e[1].index] / e2e[1])
     assert (f"{below.min():.1f}", f"{below.max():.1f}") == ("3.1", "5.6")
+    slower = load_script("experiments/readme_numbers.py").like_steps_slower(
+        REPO / "experiments/results/h200-multiturn", REPO / "experiments/results/h200-multiturn-spans")
+    assert (len(slower), f"{100 * slower.min():.1f}", f"{100 * slower.max():.1f}") == (10, "3.9", "7.3")
     text = " ".join((REPO / "docs/simulator.md").read_text().split())
     assert ("within 5 % at all 8 unsaturated points with the point held out (worst +3.1 %) and with the repeat "
             "held out (+2.4 %)") in text
     assert ("there the piecewise form is within 5 % at all 8 points held out by point, by repeat and from h200-tp1's "
             "fit (worst −2.5 %), closer than the linear form (+3.2 %). Its measured mean E2E is 3.1–5.6 % below "
             "h200-multiturn's at the same rates, and calibrated on it either form puts h200-multiturn short "
-            "(piecewise −6.0 % at worst, linear −5.0 %)") in text
+            "(piecewise −6.0 % at worst, linear −5.0 %). Like for like, h200-multiturn's decode-only steps took "
+            "3.9–7.3 % longer than this run's") in text
+    starts = [json.loads(p.read_text())["started_at"] for p in
+              (REPO / "experiments/results").glob("h200-cache-pressure/groups-*/blocks-*/manifest.json")]
+    ends = [json.loads(p.read_text())["ended_at"] for p in
+            (REPO / "experiments/results").glob("h200-cache-pressure/groups-*/blocks-*/manifest.json")]
+    mt = json.loads((REPO / "experiments/results/h200-multiturn/manifest.json").read_text())
+    assert (min(starts + [mt["started_at"]]), max(ends + [mt["ended_at"]])) == \
+        ("2026-11-30T19:17:46+00:00", "2026-11-30T19:42:54+00:00")
+    assert "the same half hour as h200-multiturn (2026-11-30 19:17–19:43 UTC)" in text

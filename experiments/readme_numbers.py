@@ -782,7 +782,6 @@ def _span(v, spec: str, unit: str = "") -> str:
     return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
 
 
-
 def _accuracy_words(acc, df: pd.DataFrame, check: str, study: str) -> str:
     """'N of M within 5 % (worst ±x.x %, MODE R)' over the unsaturated points of one check of an
     async.csv (``acc``: experiments/sim/accuracy.py)."""
@@ -858,6 +857,7 @@ def _lag_over_words(summ: pd.DataFrame) -> str:
     return (f"{len(over)} of {len(summ)} points ({modes}, at {_span(over['rate'], 'g')} sessions/s) have a dispatch-lag "
             f"p99 over 1 ms, up to {over['dispatch_lag_p99_ms'].max():.2f} ms: read their latencies as including up "
             f"to that much client-side delay, at most {100 * share:.2f} % of their mean E2E.")
+
 
 def tp2_fit_block(results: Path = RESULTS) -> str:
     fit = _manifest("h200-tp2", results)["step_fit"]

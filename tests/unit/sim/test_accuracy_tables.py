@@ -178,3 +178,7 @@ def test_the_multi_turn_sentences_are_the_two_forms_csvs(accuracy_async):
     assert (min(starts + [mt["started_at"]]), max(ends + [mt["ended_at"]])) == \
         ("2026-11-30T19:17:46+00:00", "2026-11-30T19:42:54+00:00")
     assert "the same half hour as h200-multiturn (2026-11-30 19:17–19:43 UTC)" in text
+    held = accuracy_async.per_point(pd.read_csv(lin))
+    held = held[(held["study"] == "h200-multiturn-spans") & held["check"].str.startswith("held-out")]
+    assert len(held) == 16 and (held["saturated_meas_share"] == 0).all() and (held["saturated_sim_share"] == 0).all()
+    assert "h200-multiturn-spans saturates at none of its rates, in the measurement and in the simulation" in text

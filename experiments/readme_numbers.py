@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments/results"
@@ -838,8 +839,9 @@ def like_steps_slower(then: Path, now: Path, min_steps: int = 30) -> pd.Series:
     bins = [0, 8, 16, 32, 64, 128, 256, 512]
     med = []
     for d in (then, now):
-        t = pd.read_parquet(d / "iterations.parquet")
-        col = "host_step_ms" if "host_step_ms" in t else "step_ms"
+        names = pq.read_schema(next((d / "iterations.parquet").glob("*.parquet"))).names
+        col = "host_step_ms" if "host_step_ms" in names else "step_ms"
+        t = pd.read_parquet(d / "iterations.parquet", columns=["mode", "rate", "prefill_tokens", "decode_tokens", col])
         t = t[(t["prefill_tokens"] == 0) & (t["decode_tokens"] > 0) & (t[col] > 0)]
         g = t.groupby(["mode", "rate", pd.cut(t["decode_tokens"], bins)], observed=True)[col]
         med.append(g.median()[g.size() >= min_steps])

@@ -170,12 +170,10 @@ def test_the_multi_turn_sentences_are_the_two_forms_csvs(accuracy_async):
             "h200-multiturn's at the same rates, and calibrated on it either form puts h200-multiturn short "
             "(piecewise −6.0 % at worst, linear −5.0 %). Like for like, h200-multiturn's decode-only steps took "
             "3.9–7.3 % longer than this run's") in text
-    starts = [json.loads(p.read_text())["started_at"] for p in
-              (REPO / "experiments/results").glob("h200-cache-pressure/groups-*/blocks-*/manifest.json")]
-    ends = [json.loads(p.read_text())["ended_at"] for p in
-            (REPO / "experiments/results").glob("h200-cache-pressure/groups-*/blocks-*/manifest.json")]
-    mt = json.loads((REPO / "experiments/results/h200-multiturn/manifest.json").read_text())
-    assert (min(starts + [mt["started_at"]]), max(ends + [mt["ended_at"]])) == \
+    runs = [json.loads(p.read_text()) for p in (REPO / "experiments/results").glob(
+        "h200-cache-pressure/groups-*/blocks-*/manifest.json")]
+    runs.append(json.loads((REPO / "experiments/results/h200-multiturn/manifest.json").read_text()))
+    assert (min(m["started_at"] for m in runs), max(m["ended_at"] for m in runs)) == \
         ("2026-11-30T19:17:46+00:00", "2026-11-30T19:42:54+00:00")
     assert "the same half hour as h200-multiturn (2026-11-30 19:17–19:43 UTC)" in text
     held = accuracy_async.per_point(pd.read_csv(lin))

@@ -61,7 +61,7 @@ class Simulator:
         # The decode lane (``sim.lane``) keeps steadily decoding requests out of vLLM's per-request
         # loops; ``stepwise`` keeps every step on vLLM's own scheduler, to check it against.
         self.lane = None if stepwise else DecodeLane.for_scheduler(scheduler)
-        # vLLM's async scheduling, as the scheduler was built (the lane declines such a scheduler)
+        # vLLM's async scheduling, as the scheduler was built
         self.pipelined = bool(getattr(scheduler.scheduler_config, "async_scheduling", False))
         self.in_flight: InFlight | None = None
 
@@ -92,6 +92,7 @@ class Simulator:
             if self.clock_s > deadline_s:
                 self.in_flight = None  # its tokens are past the deadline: the runner has cancelled
                 if lane is not None:
+                    lane.in_flight = None
                     lane.give_back_all(traces)
                 self._abort([r.request_id for r in pending[:i]])
                 for tr in traces.values():  # the real runner cancels at the deadline: later tokens never arrive
@@ -134,14 +135,7 @@ class Simulator:
             return self.step_pipelined(traces, record)
         start_s = self.clock_s
         lane = self.lane
-        if lane is None:
-            so = self.sched.schedule()
-        else:
-            lane.before_schedule(traces)
-            try:
-                so = self.sched.schedule()
-            finally:
-                lane.after_schedule()
+        so = self._schedule(traces)
         feats, sampled_ids, new_ids = self.features(so)
         if lane is not None:
             feats = lane.held_features(feats)
@@ -162,8 +156,11 @@ class Simulator:
         then wait for the in-flight step to end and apply its output.  With nothing in flight (the
         first step after an idle spell) the next turn schedules again at once, as vLLM does with
         its queue not yet full.  Returns the requests the applied step finished."""
-        so = self.sched.schedule()
+        lane = self.lane
+        so = self._schedule(traces)
         feats, sampled_ids, new_ids = self.features(so)
+        if lane is not None:
+            feats = lane.held_features(feats)
         busy = feats.prefill_tokens + feats.decode_tokens
         step_ms = float(self.cost_ms(feats)) if busy else 0.0
         prev = self.in_flight
@@ -173,6 +170,8 @@ class Simulator:
         if record and busy:
             self.steps.append(self.step_row(start_s, step_ms, feats))
         new = InFlight(so, sampled_ids, start_s + step_ms / 1e3)
+        if lane is not None:
+            lane.step_priced(new.end_s)
         done: list[str] = []
         if prev is not None:
             self.clock_s = prev.end_s
@@ -182,7 +181,21 @@ class Simulator:
         else:  # nothing to run: its (empty) output is there at once
             self.in_flight = None
             done += self._apply(new, traces)
+        if lane is not None:
+            lane.after_turn(self.in_flight)
         return done
+
+    def _schedule(self, traces: dict[str, SimTrace]):
+        """vLLM's ``schedule()``, with the lane's held requests out of ``running`` and their
+        allocations made first."""
+        lane = self.lane
+        if lane is None:
+            return self.sched.schedule()
+        lane.before_schedule(traces)
+        try:
+            return self.sched.schedule()
+        finally:
+            lane.after_schedule()
 
     @staticmethod
     def _stamp_scheduled(new_ids: dict[str, int], traces: dict[str, SimTrace], at_s: float) -> None:

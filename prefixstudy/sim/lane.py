@@ -29,6 +29,18 @@ is.  While nothing is visible (nothing waits and every running request is held) 
 stretch of steps without ``schedule()`` at all, up to the next arrival, the point's deadline, the
 next release or the step whose allocations would exceed the free blocks.
 
+Under vLLM's async scheduling (an ``AsyncScheduler``, the default engine) step N+1 is scheduled
+before step N's output is applied, so a decoding request is always in the step in flight, with one
+output placeholder and one token in flight.  The lane takes it out of that step's
+``SchedulerOutput`` (its token there is the lane's first), keeps its placeholder and in-flight
+counts at one (each step adds one and applies one), and gives it back into the step in flight, at
+its place in ``running``'s order, so that vLLM applies that token and finishes the request where it
+would, and frees it in the order it would.  Its known tokens lag its computed ones by that token, so
+``allocate_slots`` caches a filled block one step late: at the step that opens the next one.  A
+stretch also skips ``update_from_output()``: the step in flight when it starts holds no request of
+vLLM's, and the one in flight when it ends is an empty ``SchedulerOutput``, into which the held go
+back.
+
 Only schedulers without the features whose per-step state the lane does not replay take it
 (``for_scheduler``); ``--stepwise`` turns it off.  ``tests/unit/sim/test_fast_path.py`` checks
 that both give the same requests and steps, bit for bit.
@@ -41,10 +53,17 @@ import math
 
 from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepClock, StepFeatures
 
+# The vLLM releases on which the lane's async path has passed the bit-for-bit comparisons
+# (tests/unit/sim/test_fast_path.py; benchmarks/lane_check.py runs them where pytest is missing).
+# The AsyncScheduler's per-request bookkeeping changes between releases, so on any other release
+# the lane declines an AsyncScheduler and every step goes through vLLM's scheduler.
+ASYNC_CHECKED_RELEASES = ("0.32.",)
+
 
 class Held:
     """One held request: at the start of lane step g its computed tokens are ``base + g``; its
-    sampled tokens are appended up to step ``appended``; it was taken at step ``since``."""
+    sampled tokens are appended up to step ``appended``; its first token of the lane's is step
+    ``since``'s (the step it was taken at; async, the step then in flight)."""
 
     __slots__ = ("req", "base", "since", "appended", "rank")
 
@@ -54,10 +73,10 @@ class Held:
 
 class DecodeLane:
     """The lane for one scheduler.  ``g`` counts the scheduler's steps; the driver calls
-    ``before_schedule`` / ``after_step`` around each step it gives vLLM, and ``advance`` for a
-    stretch without it."""
+    ``before_schedule`` / ``after_step`` (async: ``step_priced`` / ``after_turn``) around each step
+    it gives vLLM, and ``advance`` for a stretch without it."""
 
-    def __init__(self, scheduler, manager):
+    def __init__(self, scheduler, manager, pipelined: bool = False):
         from vllm.v1.request import RequestStatus
 
         self.sched = scheduler
@@ -72,6 +91,10 @@ class DecodeLane:
             else "max_num_running_reqs"
         self.waiting_queues = [q for q in ("waiting", "kv_holding_waiting", "skipped_waiting")
                                if hasattr(scheduler, q)]
+        # Async scheduling: a held request's token of the step in flight is the lane's, and goes back
+        # with it (``in_flight``: that step, as the driver last handed it over).
+        self.pipelined = pipelined
+        self.in_flight = None
         self.g = 0
         self.held: dict[str, Held] = {}
         self.by_phase: list[dict[str, Held]] = [{} for _ in range(self.block_size)]  # base % block size
@@ -96,8 +119,16 @@ class DecodeLane:
         vc = scheduler.vllm_config
         coordinator = getattr(scheduler.kv_cache_manager, "coordinator", None)
         managers = getattr(coordinator, "single_type_managers", ())
+        pipelined = bool(getattr(vc.scheduler_config, "async_scheduling", False))
+        if pipelined:
+            import vllm
+
+            if not str(vllm.__version__).startswith(ASYNC_CHECKED_RELEASES):
+                return None
         if (vc.speculative_config is not None or getattr(vc, "lora_config", None) is not None
-                or getattr(vc.scheduler_config, "async_scheduling", False)
+                # a decode more than one step after the last (pipeline stages) the lane does not replay
+                or (pipelined and getattr(scheduler, "use_v2_model_runner", False)
+                    and getattr(scheduler, "decode_stagger", 1) != 1)
                 or getattr(vc.scheduler_config, "long_prefill_token_threshold", 0)
                 or getattr(scheduler, "policy", SchedulingPolicy.FCFS) != SchedulingPolicy.FCFS
                 or getattr(scheduler.kv_cache_manager, "watermark_blocks", 0)
@@ -109,7 +140,7 @@ class DecodeLane:
                 or len(managers) != 1 or type(managers[0]).__name__ != "FullAttentionManager"
                 or managers[0].block_size < 2):  # a block of one token opens and fills at once
             return None
-        return cls(scheduler, managers[0])
+        return cls(scheduler, managers[0], pipelined)
 
     @property
     def num_held(self) -> int:
@@ -120,13 +151,24 @@ class DecodeLane:
     def _limit(self, req, n: int) -> int:
         """Steps the request decodes without finishing, or -1 where it is not simply decoding."""
         s = self.sched
-        if (req.status != self.running_status or n < req.num_prompt_tokens or req.num_tokens != n + 1
-                or req.spec_token_ids or getattr(req, "num_output_placeholders", 0)
-                or getattr(req, "next_decode_eligible_step", 0) > getattr(s, "current_step", 0)
+        # Async: its one token in flight is in the step in flight, and not yet among its tokens.
+        lag, flying = (0, 1) if self.pipelined else (1, 0)
+        if (req.status != self.running_status or n < req.num_prompt_tokens or req.num_tokens != n + lag
+                or req.spec_token_ids or getattr(req, "num_output_placeholders", 0) != flying
+                or getattr(req, "num_in_flight_tokens", flying) != flying
+                or getattr(req, "num_stale_output_tokens", 0)
+                or getattr(req, "next_decode_eligible_step", 0) > getattr(s, "current_step", 0) + flying
                 or req.has_encoder_inputs or req.use_structured_output
                 or len(self.req_to_blocks.get(req.request_id, ())) != -(-n // self.block_size)):
             return -1
-        # update_from_output's check_stop at step j sees num_tokens n + j + 2, outputs o + j + 1.
+        if flying:
+            f = self.in_flight
+            if f is None or f.so.num_scheduled_tokens.get(req.request_id) != 1 or req.request_id not in f.sampled:
+                return -1
+        # One step at a time, update_from_output's check_stop at step j sees num_tokens n + j + 2,
+        # outputs o + j + 1.  Async, the step that schedule() would skip (its token in flight being
+        # its last) is as many steps from its outputs; the model-length bound is then a step earlier
+        # than it needs to be, and going back early is always exact.
         return min(req.max_tokens - req.num_output_tokens - 1, s.max_model_len - n - 2)
 
     def take(self) -> None:
@@ -147,9 +189,17 @@ class DecodeLane:
                 new_ranks[rid] = r
                 keep.append(req)
                 continue
-            if not self.held:
-                self.times, self.times_g0 = [], g
-            h = Held(req, n - g, g, r)
+            if self.pipelined:  # its token in the step in flight (g - 1) is now the lane's
+                if not self.held:
+                    self.times, self.times_g0 = [self.in_flight.end_s], g - 1
+                h = Held(req, n - g, g - 1, r)
+                h.appended = g
+                del self.in_flight.so.num_scheduled_tokens[rid]
+                self.in_flight.sampled.discard(rid)
+            else:
+                if not self.held:
+                    self.times, self.times_g0 = [], g
+                h = Held(req, n - g, g, r)
             self.held[rid] = h
             self.by_phase[h.base % bs][rid] = h
             self.base_sum += h.base
@@ -169,7 +219,9 @@ class DecodeLane:
 
     def _give_back(self, hs: list[Held], traces: dict[str, SimTrace]) -> None:
         """Put held requests back into running at their places, caught up, their token times
-        recorded."""
+        recorded; async, each with its token in the step in flight."""
+        flying = self.in_flight if self.pipelined else None
+        last = self.g - (1 if self.pipelined else 0)  # the first step whose token is not the lane's
         for h in hs:
             self._catch_up(h)
             rid = h.req.request_id
@@ -178,8 +230,16 @@ class DecodeLane:
             self.base_sum -= h.base
             tr = traces.get(rid)
             if tr is not None:
-                tr.token_times.extend(self.times[h.since - self.times_g0:self.g - self.times_g0])
+                tr.token_times.extend(self.times[h.since - self.times_g0:last - self.times_g0])
             self.rank[rid] = h.rank
+            if flying is not None:
+                flying.so.num_scheduled_tokens[rid] = 1
+                flying.sampled.add(rid)
+        if flying is not None:  # vLLM applies (and finishes, and frees) in the order it scheduled: running's
+            scheduled = flying.so.num_scheduled_tokens
+            ordered = sorted(scheduled.items(), key=lambda kv: self.rank.get(kv[0], -1))
+            scheduled.clear()
+            scheduled.update(ordered)
         if not self.held:
             self.releases, self.max_rank, self.times, self.times_g0 = [], -1, [], self.g
         merged = sorted([h.req for h in hs] + self.sched.running, key=lambda r: self.rank[r.request_id])
@@ -202,10 +262,11 @@ class DecodeLane:
     def _block_events(self, g: int) -> tuple[int, list[Held]]:
         """Step g's held allocations: how many blocks it takes, and the requests whose state the
         KV cache manager must see (a token opening a block allocates it; with prefix caching on,
-        one filling a block caches it), in running's order."""
+        one filling a block caches it, async at the step that opens the next), in running's
+        order."""
         bs = self.block_size
         opening = self.by_phase[-g % bs]
-        filling = self.by_phase[(-g - 1) % bs] if self.caching else None
+        filling = self.by_phase[(-g - 1) % bs] if self.caching and not self.pipelined else None
         if not filling:
             return len(opening), sorted(opening.values(), key=lambda h: h.rank)
         return len(opening), sorted([*opening.values(), *filling.values()], key=lambda h: h.rank)
@@ -215,11 +276,14 @@ class DecodeLane:
         decoding request of a full-attention model whose allocation cannot fail: a block opened is
         allocated (every full block before it is already cached), a block filled is cached."""
         coordinator, kvm, bs, g = self.kvm.coordinator, self.kvm, self.block_size, self.g
+        cache_late = self.pipelined and self.caching
         for h in events:
             self._catch_up(h)
             n = h.base + g + 1  # the request's tokens with a slot once this step's token has one
             if n % bs == 1:
                 coordinator.allocate_new_blocks(h.req.request_id, n, n)
+                if cache_late:  # async: its known tokens end with the block before (min(n, num_tokens))
+                    kvm.cache_blocks(h.req, n - 1)
             else:
                 kvm.cache_blocks(h.req, n)
 
@@ -277,6 +341,19 @@ class DecodeLane:
         self.g += 1
         self.take()
 
+    def step_priced(self, end_s: float) -> None:
+        """Async: the step just scheduled ends at ``end_s`` (its held tokens reach the client
+        then)."""
+        if self.held:
+            self.times.append(end_s)
+            self.steps += 1
+
+    def after_turn(self, in_flight) -> None:
+        """Async: after the step in flight was handed over and the one before it applied."""
+        self.in_flight = in_flight
+        self.g += 1
+        self.take()
+
     # -- a stretch without vLLM's scheduler ---------------------------------------------------
 
     def advance(self, sim: StepClock, record: bool, stop_s: float) -> int:
@@ -288,11 +365,16 @@ class DecodeLane:
         if not n or s.running or any(len(getattr(s, q)) for q in self.waiting_queues) \
                 or n > self.token_budget:
             return 0
+        flying = sim.in_flight if self.pipelined else None
+        if self.pipelined and (flying is None or flying.so.num_scheduled_tokens or flying.sampled
+                               or not hasattr(type(flying.so), "make_empty")):
+            return 0
         free = self.kvm.block_pool.get_num_free_blocks()
         last = self.releases[0][0] if self.releases else math.inf  # the first step not taken here
         new_step = getattr(self.kvm, "new_step_starts", None)
         counts_steps = hasattr(s, "current_step")
         used = j = 0
+        flying_end = flying.end_s if flying is not None else math.nan
         while self.g < last:
             start_s = sim.clock_s
             if j and not start_s < stop_s:
@@ -308,17 +390,24 @@ class DecodeLane:
             self._allocate(events)
             feats = StepFeatures(0, n, self.base_sum + n * (self.g + 1), n)
             step_ms = float(sim.cost_ms(feats))
-            sim.clock_s = start_s + step_ms / 1e3
+            if flying is not None:  # async: scheduled now, it runs once the step in flight ends
+                start_s = flying_end
+                flying_end = start_s + step_ms / 1e3
+                sim.clock_s = start_s
+            else:
+                sim.clock_s = start_s + step_ms / 1e3
             sim.num_steps += 1
             if record:
                 sim.steps.append(sim.step_row(start_s, step_ms, feats))
-            self.times.append(sim.clock_s)
+            self.times.append(flying_end if flying is not None else sim.clock_s)
             self.steps += 1
             self.stretch_steps += 1
             self.g += 1
             j += 1
         if j:
             self._after_steps()
+            if flying is not None:
+                sim.in_flight = self.in_flight = type(flying)(type(flying.so).make_empty(), set(), flying_end)
         return j
 
     def _after_steps(self) -> None:

@@ -46,5 +46,6 @@ class StepClock(Protocol):
     num_steps: int
     steps: list[dict]
     cost_ms: StepCost
+    in_flight: object  # async scheduling: the step scheduled whose output is not applied yet, or None
 
     def step_row(self, start_s: float, step_ms: float, feats: StepFeatures) -> dict: ...

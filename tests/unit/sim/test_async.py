@@ -91,12 +91,23 @@ def test_pipelined_alone_a_request_runs_as_one_step_at_a_time(make_sim):
     scheduler skips a fourth step, sure that the third reached max_tokens.  Back to back on the GPU,
     the tokens come when each step ends: as without async scheduling (test_driver)."""
     sim = make_sim("on", async_scheduling=True)
-    assert sim.pipelined and sim.lane is None
+    assert sim.pipelined and sim.lane.pipelined
     tr = sim.run([SimRequest("a", list(range(100, 200)), 3, 0.0)])["a"]
     assert tr.token_times == pytest.approx([0.002, 0.0031, 0.0042]) and tr.scheduled_s == 0.0
     assert [s["step_ms"] for s in sim.steps] == pytest.approx([2.0, 1.1, 1.1])
     assert [s["step_start_s"] for s in sim.steps] == pytest.approx([0.0, 0.002, 0.0031])
     assert sim.in_flight is None and not sim.unfinished()
+
+
+def test_on_a_vllm_release_the_async_lane_has_not_been_checked_on_every_step_is_vllms(make_sim, monkeypatch):
+    """The AsyncScheduler's bookkeeping differs between releases: the lane takes it only on the
+    releases its comparisons passed on, and still takes a one-step-at-a-time scheduler."""
+    from prefixstudy.sim import lane
+
+    assert lane.ASYNC_CHECKED_RELEASES == ("0.32.",)
+    monkeypatch.setattr(lane, "ASYNC_CHECKED_RELEASES", ("0.26.",))
+    assert make_sim("on", async_scheduling=True).lane is None
+    assert make_sim("on").lane is not None
 
 
 def test_an_arrival_during_a_step_joins_one_step_later_than_without_async(make_sim):

@@ -1,9 +1,11 @@
 """The decode lane (``sim.lane``) against the step-by-step path (``--stepwise``): the same point,
-simulated both ways on the shipped configs and the committed h200-tp1 calibration, gives the
-same requests and the same steps, bit for bit.  The points cover a sweep where most steps are in
-the lane, a saturated one (a queue, max_num_seqs running), LRU eviction of prefixes under cache
-pressure, preemption in a small KV cache and multi-turn sessions (turns released by their
-parent's last token)."""
+simulated both ways on the shipped configs, gives the same requests and the same steps, bit for
+bit, on both committed h200-tp1 calibrations: one engine step at a time (``h200-tp1-sync``) and
+vLLM's default engine (``h200-tp1``: async scheduling, so vLLM's AsyncScheduler, whose decoders
+carry an output placeholder and cache a filled block one step late).  The points cover a sweep where
+most steps are in the lane, a saturated one (a queue, max_num_seqs running), LRU eviction of
+prefixes under cache pressure, preemption in a small KV cache and multi-turn sessions (turns
+released by their parent's last token)."""
 
 from __future__ import annotations
 
@@ -20,17 +22,20 @@ from prefixstudy.sim.study import RowFacts, SimSession, scheduler_spec
 from prefixstudy.workloads import load_rows
 
 REPO = Path(__file__).resolve().parents[3]
-CALIBRATION = REPO / "experiments/results/h200-tp1-sync"
+# one engine step at a time, and vLLM's default engine (async scheduling)
+CALIBRATIONS = {"sync": REPO / "experiments/results/h200-tp1-sync", "async": REPO / "experiments/results/h200-tp1"}
 SHORT = {"sweep.min_duration_s": 6, "sweep.num_requests": 40}
 
 
-def both_ways(config: str, overrides: dict, gpu: str | None, tp: int | None, mode: str, rate: float):
-    """(fast PointResult, stepwise PointResult, the fast one's lane)."""
+def both_ways(config: str, overrides: dict, gpu: str | None, tp: int | None, mode: str, rate: float,
+              engine: str = "sync"):
+    """(fast PointResult, stepwise PointResult, the fast one's lane), calibrated on ``engine``'s
+    h200-tp1 study."""
     from prefixstudy.sim.vllm_setup import vllm_config
 
     cfg = load_config(resolve_config(config), overrides)
     rows = load_rows(cfg)
-    target = make_target(cfg, CALIBRATION, gpu, tp, rows)
+    target = make_target(cfg, CALIBRATIONS[engine], gpu, tp, rows)
     vc, facts = vllm_config(scheduler_spec(cfg, target, mode)), RowFacts.of(rows)
     out = []
     for stepwise in (False, True):
@@ -38,6 +43,7 @@ def both_ways(config: str, overrides: dict, gpu: str | None, tp: int | None, mod
         out.append(session.run_point(rate, 0))
         if not stepwise:
             lane = session.sim.lane
+    assert lane.pipelined == (engine == "async") == session.sim.pipelined
     return out[0], out[1], lane
 
 
@@ -51,9 +57,10 @@ def assert_identical(fast, stepwise) -> None:
 
 
 @pytest.mark.slow  # each point twice, once without the lane
-def test_the_seed_sweep_mostly_in_the_lane_is_step_for_step_the_same():
+@pytest.mark.parametrize("engine", ["sync", "async"])
+def test_the_seed_sweep_mostly_in_the_lane_is_step_for_step_the_same(engine):
     """ON at 16 req/s on 8 x A100: 96 requests of 143 tokens, most steps pure decode."""
-    fast, step, lane = both_ways("seed-a100x8-tp8", SHORT, "A100-SXM4-40GB", 8, "on", 16)
+    fast, step, lane = both_ways("seed-a100x8-tp8", SHORT, "A100-SXM4-40GB", 8, "on", 16, engine)
     assert_identical(fast, step)
     assert len(step.iterations) == fast.meta["sim_steps"] and lane.steps > len(step.iterations) // 2
     assert lane.stretch_steps > 0 and lane.steps - lane.stretch_steps > 0  # both kinds of held step
@@ -61,9 +68,10 @@ def test_the_seed_sweep_mostly_in_the_lane_is_step_for_step_the_same():
 
 
 @pytest.mark.slow  # each point twice, once without the lane
-def test_a_saturated_point_is_the_same():
+@pytest.mark.parametrize("engine", ["sync", "async"])
+def test_a_saturated_point_is_the_same(engine):
     """OFF at 64 req/s: the queue grows, 256 requests run, the lane only between finishes."""
-    fast, step, lane = both_ways("seed-a100x8-tp8", SHORT, "A100-SXM4-40GB", 8, "off", 64)
+    fast, step, lane = both_ways("seed-a100x8-tp8", SHORT, "A100-SXM4-40GB", 8, "off", 64, engine)
     assert_identical(fast, step)
     it = step.iterations
     assert it.num_running.max() == 256 and it.num_waiting.max() > 100
@@ -71,22 +79,24 @@ def test_a_saturated_point_is_the_same():
 
 
 @pytest.mark.slow  # each point twice, once without the lane
-def test_lru_eviction_under_cache_pressure_is_the_same():
+@pytest.mark.parametrize("engine", ["sync", "async"])
+def test_lru_eviction_under_cache_pressure_is_the_same(engine):
     """40 groups of 112-block prefixes in 4400 blocks at 24 req/s: prefixes are evicted, so the
     hit rate falls below the bound; which blocks go depends on every allocation's order."""
     over = {"engine.extra_args.num_gpu_blocks_override": 4400}
-    fast, step, lane = both_ways("h200-cache-pressure", over, None, None, "on", 24)
+    fast, step, lane = both_ways("h200-cache-pressure", over, None, None, "on", 24, engine)
     assert_identical(fast, step)
     m = step.requests[~step.requests.warmup]
     assert 0 < m.num_cached_tokens.sum() < m.expected_cached_tokens.sum() and lane.steps > 0
 
 
 @pytest.mark.slow  # each point twice, once without the lane
-def test_preemption_in_a_small_cache_is_the_same():
+@pytest.mark.parametrize("engine", ["sync", "async"])
+def test_preemption_in_a_small_cache_is_the_same(engine):
     """OFF at 64 req/s in 1200 blocks (14 requests' worth): running requests are preempted and
     recompute their prompts, so more prompt tokens are computed than were sent."""
     over = {**SHORT, "engine.extra_args": {"num_gpu_blocks_override": 1200}}
-    fast, step, lane = both_ways("seed-a100x8-tp8", over, "A100-SXM4-40GB", 8, "off", 64)
+    fast, step, lane = both_ways("seed-a100x8-tp8", over, "A100-SXM4-40GB", 8, "off", 64, engine)
     assert_identical(fast, step)
     m = step.requests[~step.requests.warmup]
     assert step.iterations.prefill_tokens.sum() > m.prompt_tokens[m.ttft_ms.notna()].sum()
@@ -94,12 +104,13 @@ def test_preemption_in_a_small_cache_is_the_same():
 
 
 @pytest.mark.slow  # each point twice, once without the lane
-def test_a_token_budget_shorter_than_a_prompt_is_the_same():
+@pytest.mark.parametrize("engine", ["sync", "async"])
+def test_a_token_budget_shorter_than_a_prompt_is_the_same(engine):
     """A 512-token budget and 1214-token prompts at 32 req/s: prompts are computed in chunks, and
     where a chunk would take the budget that a held request ahead of it in ``running`` needs, every
     held request goes back for that step."""
     over = {**SHORT, "engine.max_num_batched_tokens": 512}
-    fast, step, lane = both_ways("seed-a100x8-tp8", over, "A100-SXM4-40GB", 8, "off", 32)
+    fast, step, lane = both_ways("seed-a100x8-tp8", over, "A100-SXM4-40GB", 8, "off", 32, engine)
     assert_identical(fast, step)
     it = step.iterations
     assert it.prefill_tokens.max() <= 512 and (it.prefill_tokens % 1214 != 0).any()
@@ -107,9 +118,10 @@ def test_a_token_budget_shorter_than_a_prompt_is_the_same():
 
 
 @pytest.mark.slow  # each point twice, once without the lane
-def test_multi_turn_sessions_are_the_same():
+@pytest.mark.parametrize("engine", ["sync", "async"])
+def test_multi_turn_sessions_are_the_same(engine):
     """Later turns arrive think time after their parent's last token, which the lane produces."""
-    fast, step, lane = both_ways("h200-multiturn", {}, None, None, "on", 6)
+    fast, step, lane = both_ways("h200-multiturn", {}, None, None, "on", 6, engine)
     assert_identical(fast, step)
     assert (step.requests.parent_index >= 0).sum() == 90 and lane.steps > 0
 
@@ -133,3 +145,63 @@ def test_the_lane_stops_before_an_allocation_that_would_preempt(make_sim):
     # b was preempted: it computed its prompt (and its tokens so far) twice
     assert sum(s["prefill_tokens"] for s in step_steps) > 64
     assert [len(t.token_times) for t in step.values()] == [40, 40]
+
+
+def _both_ways_by_arrival(make_sim, async_scheduling: bool, requests_at) -> tuple[list, list]:
+    """For each arrival time of ``requests_at(t)``'s requests: (lane's traces and its held steps,
+    stepwise traces), from fresh simulators."""
+    fast, step = [], []
+    for t in requests_at.times:
+        for stepwise, out in ((False, fast), (True, step)):
+            sim = make_sim("on", async_scheduling=async_scheduling)
+            if stepwise:
+                sim.lane = None
+            assert sim.pipelined == async_scheduling
+            traces = sim.run(requests_at(t))
+            out.append((traces, sim.lane.steps if sim.lane else None))
+    return fast, step
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_prompt_that_repeats_a_decoders_tokens_finds_the_blocks_it_filled_at_the_same_step(
+        make_sim, async_scheduling):
+    """b's prompt is a's prompt and then a's sampled tokens: what b finds cached is the blocks a's
+    decode has filled by the step that admits b, which the lane caches itself while it holds a
+    (async scheduling: one step late, at the step that opens the next block).  A cache one step
+    early or late changes b's hits at some of its 40 arrival times."""
+    from prefixstudy.sim.driver import SimRequest
+    from prefixstudy.sim.step import SAMPLED_TOKEN_ID
+
+    def requests_at(t):
+        return [SimRequest("a", list(range(1, 33)), 80, 0.0),
+                SimRequest("b", list(range(1, 33)) + [SAMPLED_TOKEN_ID] * 64 + [999] * 4, 2, t)]
+    requests_at.times = [0.004 + 0.0011 * k for k in range(40)]
+
+    fast, step = _both_ways_by_arrival(make_sim, async_scheduling, requests_at)
+    assert [f[0] for f in fast] == [s[0] for s in step]
+    assert all(held == 78 for _, held in fast)  # a is held from its first decode to its last step
+    assert [f[0]["b"].num_cached_tokens for f in fast] == [32] * 12 + [48] * 16 + [64] * 12
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_requests_that_finish_in_one_step_free_their_blocks_in_running_order(make_sim, async_scheduling):
+    """a (held until its last step) and b (two tokens, never held) finish in one step at some of
+    b's arrival times; vLLM frees them in running's order, a's blocks first, so a's prompt blocks
+    are nearer the head of the free queue, where c's long prompt evicts, and d (a's prompt again)
+    finds 16 of its 32 tokens instead of 32.  Async, the lane gives a back into the step in flight,
+    which must keep running's order."""
+    from prefixstudy.sim.driver import SimRequest
+
+    def requests_at(t):
+        return [SimRequest("a", list(range(1, 33)), 40, 0.0), SimRequest("b", list(range(1000, 1048)), 2, t),
+                SimRequest("c", list(range(2000, 2943)), 1, 0.2), SimRequest("d", list(range(1, 35)), 1, 0.4)]
+    requests_at.times = [0.030 + 0.0003 * k for k in range(50)]
+
+    fast, step = _both_ways_by_arrival(make_sim, async_scheduling, requests_at)
+    assert [f[0] for f in fast] == [s[0] for s in step]
+    assert all(held > 0 for _, held in fast)
+    together = [f[0]["a"].token_times[-1] == f[0]["b"].token_times[-1] for f in fast]
+    hits = [f[0]["d"].num_cached_tokens for f in fast]
+    first = 37 if not async_scheduling else 33  # async: b's tokens come a step later
+    assert together == [False] * first + [True] * 4 + [False] * (46 - first)
+    assert hits == [32] * first + [16] * (50 - first)

@@ -21,6 +21,10 @@ def test_the_default_engine_sentence_is_the_last_lines_side_by_side_run():
     text = " ".join((REPO / "docs/simulator.md").read_text().split())
     assert (f"{med['branch']['sim_s']:.2f} s of points' own seconds against {med['stepwise']['sim_s']:.2f} s with "
             f"`--stepwise`, **{last['ratio_sim']:.2f}×**, results identical") in text
+    assert (f"{med['branch']['points_phase_s']:.2f} s against {med['stepwise']['points_phase_s']:.2f} s "
+            f"({last['ratio_points_phase']:.2f}×) and the whole command {med['branch']['wall_s']:.1f} s against "
+            f"{med['stepwise']['wall_s']:.1f} s ({last['ratio_wall']:.2f}×)") in text
+    assert f"the code at {last['branch_commit'].split()[0]} and only that file" in text
 
 
 def test_the_lane_table_quotes_its_own_line():

@@ -59,9 +59,9 @@ def main() -> int:
 
     logging.getLogger("vllm").setLevel(logging.ERROR)
     print("vllm", vllm.__version__, flush=True)
-    from prefixstudy.sim import lane
+    from prefixstudy.sim import lane_scope
 
-    lane.ASYNC_CHECKED_RELEASES += (str(vllm.__version__),)
+    lane_scope.ASYNC_CHECKED_RELEASES += (str(vllm.__version__),)
     conftest = importlib.import_module("tests.unit.sim.conftest")
     tests = importlib.import_module("tests.unit.sim.test_fast_path")
     fixtures = {}

@@ -42,7 +42,7 @@ vLLM's, and the one in flight when it ends is an empty ``SchedulerOutput``, into
 back.
 
 Only schedulers without the features whose per-step state the lane does not replay take it
-(``for_scheduler``); ``--stepwise`` turns it off.  ``tests/unit/sim/test_fast_path.py`` checks
+(``sim.lane_scope``); ``--stepwise`` turns it off.  ``tests/unit/sim/test_fast_path.py`` checks
 that both give the same requests and steps, bit for bit.
 """
 
@@ -51,13 +51,8 @@ from __future__ import annotations
 import heapq
 import math
 
+from prefixstudy.sim.lane_scope import lane_scope
 from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepClock, StepFeatures
-
-# The vLLM releases on which the lane's async path has passed the bit-for-bit comparisons
-# (tests/unit/sim/test_fast_path.py; benchmarks/lane_check.py runs them where pytest is missing).
-# The AsyncScheduler's per-request bookkeeping changes between releases, so on any other release
-# the lane declines an AsyncScheduler and every step goes through vLLM's scheduler.
-ASYNC_CHECKED_RELEASES = ("0.32.",)
 
 
 class Held:
@@ -114,33 +109,8 @@ class DecodeLane:
     def for_scheduler(cls, scheduler) -> "DecodeLane | None":
         """The lane, or None where the scheduler uses a feature with per-step state the lane
         does not replay, or decides by something the held requests would change."""
-        from vllm.v1.core.sched.request_queue import SchedulingPolicy
-
-        vc = scheduler.vllm_config
-        coordinator = getattr(scheduler.kv_cache_manager, "coordinator", None)
-        managers = getattr(coordinator, "single_type_managers", ())
-        pipelined = bool(getattr(vc.scheduler_config, "async_scheduling", False))
-        if pipelined:
-            import vllm
-
-            if not str(vllm.__version__).startswith(ASYNC_CHECKED_RELEASES):
-                return None
-        if (vc.speculative_config is not None or getattr(vc, "lora_config", None) is not None
-                # a decode more than one step after the last (pipeline stages) the lane does not replay
-                or (pipelined and getattr(scheduler, "use_v2_model_runner", False)
-                    and getattr(scheduler, "decode_stagger", 1) != 1)
-                or getattr(vc.scheduler_config, "long_prefill_token_threshold", 0)
-                or getattr(scheduler, "policy", SchedulingPolicy.FCFS) != SchedulingPolicy.FCFS
-                or getattr(scheduler.kv_cache_manager, "watermark_blocks", 0)
-                or any(getattr(scheduler, a, None) is not None
-                       for a in ("connector", "ec_connector", "aux_output_connector"))
-                or getattr(scheduler, "defer_block_free", False)
-                or getattr(scheduler, "num_lookahead_tokens", 0)
-                or not hasattr(scheduler, "max_num_scheduled_tokens")
-                or len(managers) != 1 or type(managers[0]).__name__ != "FullAttentionManager"
-                or managers[0].block_size < 2):  # a block of one token opens and fills at once
-            return None
-        return cls(scheduler, managers[0], pipelined)
+        scope = lane_scope(scheduler)
+        return None if scope is None else cls(scheduler, *scope)
 
     @property
     def num_held(self) -> int:

@@ -102,10 +102,10 @@ def test_pipelined_alone_a_request_runs_as_one_step_at_a_time(make_sim):
 def test_on_a_vllm_release_the_async_lane_has_not_been_checked_on_every_step_is_vllms(make_sim, monkeypatch):
     """The AsyncScheduler's bookkeeping differs between releases: the lane takes it only on the
     releases its comparisons passed on, and still takes a one-step-at-a-time scheduler."""
-    from prefixstudy.sim import lane
+    from prefixstudy.sim import lane_scope
 
-    assert lane.ASYNC_CHECKED_RELEASES == ("0.32.",)
-    monkeypatch.setattr(lane, "ASYNC_CHECKED_RELEASES", ("0.26.",))
+    assert lane_scope.ASYNC_CHECKED_RELEASES == ("0.32.",)
+    monkeypatch.setattr(lane_scope, "ASYNC_CHECKED_RELEASES", ("0.26.",))
     assert make_sim("on", async_scheduling=True).lane is None
     assert make_sim("on").lane is not None
 

@@ -147,11 +147,11 @@ def test_the_lane_stops_before_an_allocation_that_would_preempt(make_sim):
     assert [len(t.token_times) for t in step.values()] == [40, 40]
 
 
-def _both_ways_by_arrival(make_sim, async_scheduling: bool, requests_at) -> tuple[list, list]:
-    """For each arrival time of ``requests_at(t)``'s requests: (lane's traces and its held steps,
-    stepwise traces), from fresh simulators."""
+def _both_ways_by_arrival(make_sim, async_scheduling: bool, requests_at, times: list[float]) -> tuple[list, list]:
+    """For each t of ``times``, ``requests_at(t)`` simulated on fresh simulators: (the lane's traces
+    and held steps, the stepwise traces)."""
     fast, step = [], []
-    for t in requests_at.times:
+    for t in times:
         for stepwise, out in ((False, fast), (True, step)):
             sim = make_sim("on", async_scheduling=async_scheduling)
             if stepwise:
@@ -175,9 +175,9 @@ def test_a_prompt_that_repeats_a_decoders_tokens_finds_the_blocks_it_filled_at_t
     def requests_at(t):
         return [SimRequest("a", list(range(1, 33)), 80, 0.0),
                 SimRequest("b", list(range(1, 33)) + [SAMPLED_TOKEN_ID] * 64 + [999] * 4, 2, t)]
-    requests_at.times = [0.004 + 0.0011 * k for k in range(40)]
 
-    fast, step = _both_ways_by_arrival(make_sim, async_scheduling, requests_at)
+    times = [0.004 + 0.0011 * k for k in range(40)]
+    fast, step = _both_ways_by_arrival(make_sim, async_scheduling, requests_at, times)
     assert [f[0] for f in fast] == [s[0] for s in step]
     assert all(held == 78 for _, held in fast)  # a is held from its first decode to its last step
     assert [f[0]["b"].num_cached_tokens for f in fast] == [32] * 12 + [48] * 16 + [64] * 12
@@ -195,9 +195,9 @@ def test_requests_that_finish_in_one_step_free_their_blocks_in_running_order(mak
     def requests_at(t):
         return [SimRequest("a", list(range(1, 33)), 40, 0.0), SimRequest("b", list(range(1000, 1048)), 2, t),
                 SimRequest("c", list(range(2000, 2943)), 1, 0.2), SimRequest("d", list(range(1, 35)), 1, 0.4)]
-    requests_at.times = [0.030 + 0.0003 * k for k in range(50)]
 
-    fast, step = _both_ways_by_arrival(make_sim, async_scheduling, requests_at)
+    times = [0.030 + 0.0003 * k for k in range(50)]
+    fast, step = _both_ways_by_arrival(make_sim, async_scheduling, requests_at, times)
     assert [f[0] for f in fast] == [s[0] for s in step]
     assert all(held > 0 for _, held in fast)
     together = [f[0]["a"].token_times[-1] == f[0]["b"].token_times[-1] for f in fast]

@@ -187,7 +187,8 @@ def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str]
         b += [("headline", t) for t in arm_report.sentences(d.study.arms)]
         b += [("table", arm_report.table(d.study.arms)), ("fig", f["arms"])]
     if len(d.head):
-        b += [("headline", t) for t in first_screen.why_sentences(d.head, d.arms)]
+        b += [("headline", t) for t in first_screen.why_sentences(d.head, d.arms,
+                                                                  first_screen.no_share_reason(d.study.manifest))]
         b += [("table", first_screen.headline_table(d.head, d.arms)), ("fig", f["e2e_intervals"])]
     b += [("headline", t) for t in tables.headline_paragraphs(d)]
     if d.slo:

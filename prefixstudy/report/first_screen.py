@@ -60,9 +60,26 @@ def headline_table(head: pd.DataFrame, arms: tuple[str, str] = MODES) -> pd.Data
     return pd.DataFrame(rows)
 
 
-def why_sentences(head: pd.DataFrame, arms: tuple[str, str] = MODES) -> list[str]:
+NO_STEPS = "This backend records no engine steps, so there is no engine-level prefill share."
+
+
+def no_share_reason(manifest: dict) -> str:
+    """Why a run's report has no engine-level prefill share, where it has none: its steps were
+    simulated, stamped on the host under async scheduling, or not recorded."""
+    if manifest.get("sim"):
+        return ("A simulated run prices its steps with the calibration's step-cost model rather than timing "
+                "them, so there is no engine-level prefill share.")
+    if "engine-async" in (manifest.get("step_timing") or []):
+        return ("Its engine ran with async scheduling and no GPU timer, so its host-stamped steps are not "
+                "per-step costs and there is no engine-level prefill share.")
+    return NO_STEPS
+
+
+def why_sentences(head: pd.DataFrame, arms: tuple[str, str] = MODES, no_share: str = NO_STEPS) -> list[str]:
     """The study's answer in two sentences, every number from headline.csv: what caching (or the
-    arm compared) saves over the baseline at the lowest rate and at the highest that kept up."""
+    arm compared) saves over the baseline at the lowest rate and at the highest that kept up.
+    ``no_share``: why there is no engine-level prefill share, where there is none
+    (``no_share_reason``)."""
     (a, b), lb = arms, arm_label(arms[1])
     who = "caching" if arms == MODES else arm_label(a)
     h = head.sort_values("arrival_rate")
@@ -88,7 +105,7 @@ def why_sentences(head: pd.DataFrame, arms: tuple[str, str] = MODES) -> list[str
     second = (f"At {hi['arrival_rate']:.2f} req/s, {where}, {engine}{who} cuts mean E2E by {_bound(hi, arms)}"
               f"{_ci(hi['gain_mean_e2e'], hi['gain_mean_e2e_lo'], hi['gain_mean_e2e_hi'], '.1f', 100, ' %')}.")
     if not engine:
-        second += " This backend records no engine steps, so there is no engine-level prefill share."
+        second += " " + no_share
     return [first, second]
 
 

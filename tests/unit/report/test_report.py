@@ -312,8 +312,9 @@ def test_points_table_marks_only_the_repeat_that_saturated(tmp_path):
 
 
 def test_why_sentences_without_engine_steps_print_no_dash():
-    """An echo or HTTP study has no engine prefill share: the sentences leave that clause out."""
-    from prefixstudy.report.first_screen import why_sentences
+    """An echo or HTTP study has no engine prefill share: the sentences leave that clause out, and
+    say why there is none."""
+    from prefixstudy.report.first_screen import no_share_reason, why_sentences
 
     nan = float("nan")
     head = pd.DataFrame({"rate": [1.0, 8.0], "arrival_rate": [0.724408, 8.1], "gain_mean_e2e": [0.05, 0.4],
@@ -326,6 +327,16 @@ def test_why_sentences_without_engine_steps_print_no_dash():
     assert second == ("At 8.10 req/s, the highest rate where neither mode saturated, caching cuts mean E2E by "
                       "40.0 % [30.0, 50.0]. This backend records no engine steps, so there is no engine-level "
                       "prefill share.")
+    # a simulated run has steps, priced rather than timed: the sentence says so, not "no steps"
+    sim = no_share_reason({"sim": {"gpu": "A100-SXM4-40GB"}, "step_timing": ["sim"]})
+    assert why_sentences(head, no_share=sim)[1].endswith(
+        "[30.0, 50.0]. A simulated run prices its steps with the calibration's step-cost model rather than timing "
+        "them, so there is no engine-level prefill share.")
+    assert no_share_reason({"step_timing": ["engine-async"]}) == (
+        "Its engine ran with async scheduling and no GPU timer, so its host-stamped steps are not per-step costs "
+        "and there is no engine-level prefill share.")
+    assert no_share_reason({"step_timing": ["request"]}) == no_share_reason({}) == (
+        "This backend records no engine steps, so there is no engine-level prefill share.")
 
 
 @pytest.mark.parametrize("on_sat, off_sat, mark", [(False, False, ""), (False, True, "≥ "), (True, False, "≤ "),

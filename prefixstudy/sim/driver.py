@@ -60,7 +60,7 @@ class Simulator:
         self.num_steps = 0
         # The decode lane (``sim.lane``) keeps steadily decoding requests out of vLLM's per-request
         # loops; ``stepwise`` keeps every step on vLLM's own scheduler, to check it against.
-        self.lane = None if stepwise else DecodeLane.for_scheduler(scheduler)
+        self.lane = None if stepwise else DecodeLane.for_scheduler(scheduler, self)
         # vLLM's async scheduling, as the scheduler was built
         self.pipelined = bool(getattr(scheduler.scheduler_config, "async_scheduling", False))
         self.in_flight: InFlight | None = None
@@ -92,7 +92,6 @@ class Simulator:
             if self.clock_s > deadline_s:
                 self.in_flight = None  # its tokens are past the deadline: the runner has cancelled
                 if lane is not None:
-                    lane.in_flight = None
                     lane.give_back_all(traces)
                 self._abort([r.request_id for r in pending[:i]])
                 for tr in traces.values():  # the real runner cancels at the deadline: later tokens never arrive
@@ -182,7 +181,7 @@ class Simulator:
             self.in_flight = None
             done += self._apply(new, traces)
         if lane is not None:
-            lane.after_turn(self.in_flight)
+            lane.after_turn()
         return done
 
     def _schedule(self, traces: dict[str, SimTrace]):

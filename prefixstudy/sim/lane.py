@@ -71,7 +71,7 @@ class DecodeLane:
     ``before_schedule`` / ``after_step`` (async: ``step_priced`` / ``after_turn``) around each step
     it gives vLLM, and ``advance`` for a stretch without it."""
 
-    def __init__(self, scheduler, manager, pipelined: bool = False):
+    def __init__(self, scheduler, manager, pipelined: bool = False, clock: StepClock | None = None):
         from vllm.v1.request import RequestStatus
 
         self.sched = scheduler
@@ -87,9 +87,8 @@ class DecodeLane:
         self.waiting_queues = [q for q in ("waiting", "kv_holding_waiting", "skipped_waiting")
                                if hasattr(scheduler, q)]
         # Async scheduling: a held request's token of the step in flight is the lane's, and goes back
-        # with it (``in_flight``: that step, as the driver last handed it over).
-        self.pipelined = pipelined
-        self.in_flight = None
+        # with it (``in_flight``: that step, as the driver, ``clock``, holds it).
+        self.pipelined, self.clock = pipelined, clock
         self.g = 0
         self.held: dict[str, Held] = {}
         self.by_phase: list[dict[str, Held]] = [{} for _ in range(self.block_size)]  # base % block size
@@ -106,11 +105,17 @@ class DecodeLane:
         self.lowered = 0
 
     @classmethod
-    def for_scheduler(cls, scheduler) -> "DecodeLane | None":
-        """The lane, or None where the scheduler uses a feature with per-step state the lane
-        does not replay, or decides by something the held requests would change."""
+    def for_scheduler(cls, scheduler, clock: StepClock | None = None) -> "DecodeLane | None":
+        """The lane for the driver ``clock``, or None where the scheduler uses a feature with
+        per-step state the lane does not replay, or decides by something the held requests would
+        change."""
         scope = lane_scope(scheduler)
-        return None if scope is None else cls(scheduler, *scope)
+        return None if scope is None else cls(scheduler, *scope, clock=clock)
+
+    @property
+    def in_flight(self):
+        """Async: the step scheduled whose output vLLM has not applied yet, or None."""
+        return None if self.clock is None else self.clock.in_flight
 
     @property
     def num_held(self) -> int:
@@ -305,22 +310,17 @@ class DecodeLane:
                             f.num_reqs + n, f.cached_tokens, f.num_prefill_reqs, f.prompt_tokens_new)
 
     def after_step(self, end_s: float) -> None:
-        if self.held:
-            self.times.append(end_s)
-            self.steps += 1
-        self.g += 1
-        self.take()
+        self.step_priced(end_s)
+        self.after_turn()
 
     def step_priced(self, end_s: float) -> None:
-        """Async: the step just scheduled ends at ``end_s`` (its held tokens reach the client
-        then)."""
+        """The step just scheduled ends at ``end_s`` (its held tokens reach the client then)."""
         if self.held:
             self.times.append(end_s)
             self.steps += 1
 
-    def after_turn(self, in_flight) -> None:
-        """Async: after the step in flight was handed over and the one before it applied."""
-        self.in_flight = in_flight
+    def after_turn(self) -> None:
+        """After a step was handed over (async: and the one before it applied)."""
         self.g += 1
         self.take()
 
@@ -377,7 +377,7 @@ class DecodeLane:
         if j:
             self._after_steps()
             if flying is not None:
-                sim.in_flight = self.in_flight = type(flying)(type(flying.so).make_empty(), set(), flying_end)
+                sim.in_flight = type(flying)(type(flying.so).make_empty(), set(), flying_end)
         return j
 
     def _after_steps(self) -> None:

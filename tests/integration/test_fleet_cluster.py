@@ -3,7 +3,7 @@
 ``ray.cluster_utils.Cluster`` starts a head (2 CPUs: the router's actor and one replica) and a
 second node (1 CPU: the other replica), each its own raylet, as ``ray start --address`` would.
 One study, caching ON, two replicas of the tiny vLLM CPU engine routed round robin (deterministic),
-three prompt groups; replica 1's actor is SIGKILLed during the 1 req/s point.  Three engine starts
+three prompt groups; replica 1's actor is SIGKILLed at its first decode step of the 1 req/s point.  Three engine starts
 (two replicas and replica 1's replacement), about 2-4 minutes on 2 cores.
 """
 
@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 from prefixstudy.cli import main
+from prefixstudy.engines.step_log import read_steps
 
 REPO = Path(__file__).resolve().parents[2]
 ARGS = ["--modes", "on", "--rates", "1,2", "--num-requests", "10",
@@ -32,9 +33,12 @@ ARGS = ["--modes", "on", "--rates", "1,2", "--num-requests", "10",
 
 
 def _kill_replica_during_first_point(out: Path, seen: dict, stop: threading.Event) -> None:
-    """SIGKILL replica 1's actor 3 s into the first point (primes take well under 1 s; the 10
-    arrivals at 1 req/s span about 10 s).  Pids come from the manifest; no Ray call from here."""
-    gen = rep = None
+    """SIGKILL replica 1's actor at its first decode step: the cold-start probe and the primes ask
+    for one token each, so only a measured request of the first point decodes.  The step log is the
+    replica's own file (``engines.ipc.own_step_log``, named for its pid); the pid comes from the
+    manifest.  No clock and no Ray call from here: however slow the probe and primes, the kill lands
+    in the point."""
+    rep = None
     while not stop.is_set():
         time.sleep(0.05)
         if rep is None:
@@ -44,18 +48,13 @@ def _kill_replica_during_first_point(out: Path, seen: dict, stop: threading.Even
                 except ValueError:
                     continue
                 if engines:
-                    gen, rep = engines[0]["pid"], engines[0]["replicas"][1]["pid"]
+                    rep = engines[0]["replicas"][1]["pid"]
             continue
-        try:
-            with open(f"/proc/{gen}/cmdline") as f:
-                running = "run_point" in f.read()
-        except FileNotFoundError:
-            return
-        if running:
-            time.sleep(3.0)
-            seen["pid"] = rep
-            os.kill(rep, signal.SIGKILL)
-            return
+        for log in Path(tempfile.gettempdir()).glob(f"prefixstudy-steps-*-{rep}-*-on.bin"):
+            if any(s.decode_tokens > 0 for s in read_steps(str(log))[0]):
+                seen["pid"] = rep
+                os.kill(rep, signal.SIGKILL)
+                return
 
 
 @pytest.fixture(scope="module")

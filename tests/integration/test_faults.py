@@ -57,7 +57,8 @@ def sockets_under(d: Path) -> list[str]:
 
 
 def wait_for_point(proc: subprocess.Popen, marker: str, timeout: float = 300) -> list[str]:
-    """Read the progress output until the bar shows ``marker`` (the point has begun)."""
+    """Read the progress output until it shows ``marker`` (a point's name: it has begun; a count:
+    that many requests are done)."""
     seen, buf, t0 = [], "", time.monotonic()
     while time.monotonic() - t0 < timeout:
         ch = proc.stdout.read(1)
@@ -110,7 +111,9 @@ def _killed_interrupted_resumed(tmp_path: Path, env: dict) -> None:
     proc = start(["--modes", "on", "--rates", "1,4,8", "--num-requests", "8", "--set", "dataset.output_len=64"],
                  tmp_path, env)
     wait_for_point(proc, "cache ON @ 1 req/s")
-    time.sleep(3)  # a few requests in flight
+    # The first measured request done: the probe, prime and warm-up are past, so the kill lands in
+    # the point however long they took; the other seven are in flight or still to come.
+    wait_for_point(proc, " 1/24 [")
     engine_core(proc).send_signal(signal.SIGKILL)
     wait_for_point(proc, "cache ON @ 8 req/s")
     proc.send_signal(signal.SIGINT)

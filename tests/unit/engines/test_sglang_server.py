@@ -124,8 +124,11 @@ async def _measure(engine: SglangServerEngine) -> tuple[list[RequestTrace], dict
         await engine.begin_point()
         traces = [await engine.generate(PREFIX + [7000 + i] * 8, 4, f"r{i}", RequestTrace(0.0)) for i in range(2)]
         meta = await engine.end_point()
-        slow = asyncio.ensure_future(engine.generate(PREFIX + [9000] * 8, 30, "r2", RequestTrace(0.0)))
-        await asyncio.sleep(0.2)  # r2 streams for ~0.6 s: the first flushes answer 400 and are asked again
+        streaming = RequestTrace(0.0)
+        slow = asyncio.ensure_future(engine.generate(PREFIX + [9000] * 8, 30, "r2", streaming))
+        # r2's first token is out, 29 more 0.02 s apart: the first flushes answer 400 and are asked again
+        while not streaming.token_times and not slow.done():
+            await asyncio.sleep(0.005)
         await engine.reset_prefix_cache()
         assert slow.done() and slow.result().error == ""
         return traces, meta, argv

@@ -44,7 +44,7 @@ from prefixstudy.metrics.engine_fit import nnls
 from prefixstudy.results import read_summary
 from prefixstudy.results.store import read_table
 from prefixstudy.sim.cost import CostModel, busy_steps, load_steps
-from prefixstudy.sim.study import SimSession, SimTarget, sessions
+from prefixstudy.sim.study import SimSession, SimTarget, frozen_heap, sessions
 
 TERMS = ("prefill_tokens", "num_prefill_reqs", "decode_tokens")  # fitted besides c0
 MIN_RATES = 2
@@ -262,6 +262,12 @@ def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame,
     points = fit_points(req, summary, max_requests)
     check_loads(points, source)
     x0 = first_guess(req, points, max_requests)
+    with frozen_heap():
+        return _fit(cfg, rows, target, req, points, x0, source, max_requests, max_evals, offset, progress)
+
+
+def _fit(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame, points: pd.DataFrame, x0: dict[str, float],
+         source: str, max_requests: int, max_evals: int, offset: bool, progress: bool) -> CostModel:
     sim = PointSimulator(cfg, rows, target, points, max_requests)
     # A zero coefficient moves by what moves c0 by a tenth at the points' typical step.
     new = (req["prompt_tokens"] - req["num_cached_tokens"]).clip(lower=1).mean()

@@ -6,11 +6,14 @@ one session per mode rather than building one per point, because building one al
 KV block object.  Workers are forked from a fork server that has already imported
 vLLM and resolved a config once (``sim.preload``), so no worker pays the import; the fork server
 is a clean process, where the parent may already hold vLLM's threads, so the parent never forks.
+A worker's heap stays frozen (``sim.study.frozen_heap``: the fork server's, then the rows, then each
+session's blocks), so the collector walks only what a point allocates; the worker ends with the run.
 ``start`` is called once the calibration is fitted, so a refused calibration starts no worker.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from typing import Iterator
@@ -27,6 +30,7 @@ def _init(cfg: StudyConfig) -> None:
 
     rows = load_rows(cfg)
     _WORKER.update(cfg=cfg, rows=rows, facts=RowFacts.of(rows))
+    gc.freeze()  # the rows
 
 
 def _ready() -> None:
@@ -40,8 +44,9 @@ def _point(target: SimTarget, mode: str, rate: float, repeat: int) -> PointResul
     if "vc" not in w:  # one resolution per worker; build_scheduler re-pins what differs by mode
         w["vc"] = vllm_config(scheduler_spec(w["cfg"], target, w["cfg"].sweep.modes[0]))
     sessions = w.setdefault("sessions", {})
-    if mode not in sessions:  # building one allocates every KV block: 0.5 s at 122,000 blocks
+    if mode not in sessions:  # building one allocates every KV block object (122,224 for the seed)
         sessions[mode] = SimSession(w["cfg"], mode, w["rows"], target, w["vc"], w["facts"])
+        gc.freeze()  # its blocks, which live as long as the worker
     session = sessions[mode]
     session.restart()
     return session.run_point(rate, repeat)

@@ -4,6 +4,8 @@ seconds, and a worker forked after them starts without paying either."""
 
 from __future__ import annotations
 
+import gc
+
 from prefixstudy.configs import shipped_model_dir
 from prefixstudy.sim.vllm_setup import SchedulerSpec, build_scheduler, quiet_vllm, vllm_config
 
@@ -20,3 +22,4 @@ def _warm() -> None:
 
 quiet_vllm()
 _warm()
+gc.freeze()  # every worker forked from here starts with vLLM's objects frozen (sim.study.frozen_heap)

@@ -25,7 +25,8 @@ from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
 from prefixstudy.sim.cost import CostModel, fit_study
 from prefixstudy.sim.fit_requests import MAX_EVALS, fit_timestamps, has_step_records, load_run, why_no_step_fit
 from prefixstudy.sim.hardware import extrapolations, priced, same_model, transfer
-from prefixstudy.sim.study import DEFAULT_BLOCK_SIZE, SimTarget, block_count, model_dir_or_error, sessions
+from prefixstudy.sim.study import (DEFAULT_BLOCK_SIZE, SimTarget, block_count, frozen_heap, model_dir_or_error,
+                                   sessions)
 from prefixstudy.preflight import check_simulated
 from prefixstudy.study_run import Study, run_pending
 from prefixstudy.workloads import describe, load_rows
@@ -216,10 +217,11 @@ class SimExecutor:
         if self.pool is not None:
             from prefixstudy.sim.pool import run_points
 
-            results = run_points(self.pool, cfg, plan, self.target)
+            for res in run_points(self.pool, cfg, plan, self.target):
+                study.point_done(res)
         else:
-            results = (session.run_point(rate, repeat) for session in sessions(cfg, rows, self.target)
-                       for rate, repeat in plan.of(session.mode))
-        for res in results:
-            study.point_done(res)
+            with frozen_heap():
+                for session in sessions(cfg, rows, self.target):
+                    for rate, repeat in plan.of(session.mode):
+                        study.point_done(session.run_point(rate, repeat))
         study.writer.manifest["sim"]["wall_s"] = time.perf_counter() - wall0

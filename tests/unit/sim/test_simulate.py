@@ -82,6 +82,35 @@ def test_a_simulated_study_ends_as_a_measured_one(calibration, tmp_path, tiny_vl
     assert list(h.on_hit_rate) == pytest.approx([0.75, 0.75])
 
 
+def test_points_run_on_a_frozen_heap_and_the_caller_gets_it_back_unfrozen(calibration, tmp_path, tiny_vllm_config,
+                                                                          monkeypatch):
+    """The collector skips what was allocated before a point (sim.study.frozen_heap); called from
+    Python, the simulation unfreezes on the way out, so the sessions it dropped (their free-block
+    queues are cycles) are collected, not kept for the life of the caller's process."""
+    import gc
+
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+    from prefixstudy.sim.study import SimSession
+
+    def blocks() -> int:
+        gc.collect()
+        return sum(type(o) is KVCacheBlock for o in gc.get_objects())
+
+    scanned, run_point = [], SimSession.run_point
+
+    def counted(self, rate, repeat=0):  # the block objects the collector would walk (not the frozen ones)
+        scanned.append(sum(type(o) is KVCacheBlock for o in gc.get_objects()))
+        return run_point(self, rate, repeat)
+
+    monkeypatch.setattr(SimSession, "run_point", counted)
+    before = blocks()
+    simulate(load_config(None, OVERRIDES), calibration, out=tmp_path / "out")
+    assert scanned == [0] * 4  # both sessions' 64 blocks frozen at every point
+    assert gc.get_freeze_count() == 0
+    assert blocks() == before
+
+
 @pytest.mark.slow  # a fresh interpreter: vLLM's import
 def test_called_from_python_it_shows_none_of_vllm_s_notes(calibration, tmp_path):
     """A library call in a fresh interpreter, as the accuracy scripts make it: vLLM configures its

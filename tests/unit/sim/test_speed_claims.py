@@ -33,3 +33,28 @@ def test_the_lane_table_quotes_its_own_line():
     assert "the line measured at 2026-12-02T15:22Z" in text
     assert f"| {line['medians']['baseline']['sim_s']:.2f} s | {line['medians']['branch']['sim_s']:.2f} s | " \
            f"**{line['ratio_sim']:.2f}×** |" in text
+
+
+def test_the_frozen_heap_sentence_quotes_its_own_line():
+    (line,) = [x for x in _lines() if x["measured_at"] == "2026-12-05T02:07Z"]
+    assert (line["baseline_commit"], line["branch_commit"], line["runs_each"]) == ("592b6b8", "df02895", 3)
+    assert line["branch_vs_baseline_differing"] == {"requests.parquet": [], "iterations.parquet": []}
+    base, branch = line["medians"]["baseline"], line["medians"]["branch"]
+
+    def span(arm: str, key: str) -> tuple[float, float]:
+        values = [r[key] for r in line["runs"][arm]]
+        return min(values), max(values)
+
+    (b0, b1), (r0, r1) = span("baseline", "points_phase_s"), span("branch", "points_phase_s")
+    assert r1 < b0  # the phase: every run of the branch below every run of the baseline
+    text = " ".join((REPO / "docs/simulator.md").read_text().split())
+    assert (f"the line measured at 2026-12-05T02:07Z, 592b6b8 against df02895, the seed command with its report, 3 "
+            f"interleaved runs each, medians): the points' phase {base['points_phase_s']:.2f} s against "
+            f"{branch['points_phase_s']:.2f} s ({line['ratio_points_phase']:.2f}×; the runs span {b0:.2f}–{b1:.2f} s "
+            f"and {r0:.2f}–{r1:.2f} s), results identical") in text
+    # "moved less than their runs spread": the medians' change is below either arm's max - min
+    for key in ("sim_s", "wall_s"):
+        spreads = [hi - lo for lo, hi in (span("baseline", key), span("branch", key))]
+        assert abs(base[key] - branch[key]) < min(spreads), key
+    assert (f"The points' own seconds ({base['sim_s']:.2f} s, {branch['sim_s']:.2f} s) and the whole command "
+            f"({base['wall_s']:.2f} s, {branch['wall_s']:.2f} s) moved less than their runs spread") in text

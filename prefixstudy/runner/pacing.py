@@ -8,15 +8,32 @@ import gc
 import time
 
 
+# The frozen objects a full collection left, the last time settle_heap made one (None: never).
+_after_full: list[int | None] = [None]
+
+
 def settle_heap() -> None:
     """Collect, then freeze what is left, before a point is measured.  torch and vLLM leave ~0.7 M
     objects in this process; one full collection over them took 414 ms on the 2-core machine, and on
     2 x H200 the sending loop (and vLLM's output handling beside it) stalled 400-500 ms wherever one
-    fell inside a busy point.  Frozen objects are never scanned again; unfreezing first lets the
-    previous point's garbage go.  `vllm bench serve` and vLLM's engine core freeze their heaps too."""
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
+    fell inside a busy point.  Frozen objects are never scanned again.  `vllm bench serve` and vLLM's
+    engine core freeze their heaps too.
+
+    Most calls collect only what was allocated since the last freeze (the last point's garbage and
+    survivors), a few ms.  A full collection, unfreezing first so that cyclic garbage among the
+    frozen objects goes too, is made on the first call and once the frozen objects number a quarter
+    more or less than the last full one left: more is the rule CPython's own collector follows for
+    its oldest generation, so frozen garbage stays below a quarter of the heap; less is something
+    else unfreezing the heap (frozen objects freed by their reference counts go a few at a time)."""
+    frozen, last = gc.get_freeze_count(), _after_full[0]
+    if last is None or abs(frozen - last) > last / 4:
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        _after_full[0] = gc.get_freeze_count()
+    else:
+        gc.collect()
+        gc.freeze()
 
 
 # The longest single timer sleep.  A timer overshoots in proportion to its length: 0.1 % on this VM's

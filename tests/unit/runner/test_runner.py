@@ -112,28 +112,65 @@ def test_warmups_share_the_group_prefix_but_no_measured_suffix():
     assert not {tuple(w.prompt_token_ids[20:]) for w in warm} & measured
 
 
-def test_settle_heap_frees_cyclic_garbage_and_freezes_the_rest():
+class _Node:
+    """An object in a reference cycle with itself: only the collector can free it."""
+
+    def __init__(self):
+        self.self = self
+
+
+def test_settle_heap_frees_cyclic_garbage_and_freezes_the_rest(monkeypatch):
     """Before each point: garbage from the last one is collected, what lives is frozen, so no full
-    collection over the process heap (414 ms measured) can fall inside a measured point."""
+    collection over the process heap (414 ms measured) can fall inside a measured point.  The first
+    call is a full collection: it frees a cycle that was frozen while still referenced."""
     import gc
+    import weakref
 
-    from prefixstudy.runner import settle_heap
+    from prefixstudy.runner import pacing
 
-    class Node:
-        pass
-
-    keep, lost = Node(), Node()
-    keep.self = keep
-    lost.self = lost  # a cycle only the collector can free
+    monkeypatch.setattr(pacing, "_after_full", [None])
+    keep, lost = _Node(), _Node()
     gc.collect()
     gc.freeze()  # as the previous point left it: `lost` is frozen while still referenced
-    lost_ref = __import__("weakref").ref(lost)
+    lost_ref = weakref.ref(lost)
     del lost
     try:
-        settle_heap()
+        pacing.settle_heap()
         assert lost_ref() is None  # unfrozen, collected
         assert all(o is not keep for o in gc.get_objects())  # frozen: no collection scans it
         assert gc.get_freeze_count() > 10_000  # the interpreter, pandas, pytest: all frozen with it
+        assert pacing._after_full[0] == gc.get_freeze_count()
+    finally:
+        gc.unfreeze()
+
+
+def test_settle_heap_collects_what_came_since_the_last_freeze_and_all_once_the_heap_grows_by_a_quarter(monkeypatch):
+    """Between full collections a call walks only the objects allocated since the last freeze (a
+    point's own), so a young cycle goes and a frozen one waits; once the frozen objects are a quarter
+    more than the last full collection left, the next call is full again and frees it."""
+    import gc
+    import weakref
+
+    from prefixstudy.runner import pacing
+
+    monkeypatch.setattr(pacing, "_after_full", [None])
+    try:
+        pacing.settle_heap()  # full: sets the mark
+        mark = pacing._after_full[0]
+        old = _Node()
+        pacing.settle_heap()  # `old` is frozen now, still referenced
+        assert pacing._after_full[0] == mark  # not a full collection
+        young = _Node()
+        old_ref, young_ref = weakref.ref(old), weakref.ref(young)
+        del old, young
+        pacing.settle_heap()
+        assert young_ref() is None and old_ref() is not None  # the frozen cycle is the collector's no more
+        assert pacing._after_full[0] == mark
+        grown = [[] for _ in range(mark // 4 + 10_000)]  # a quarter more live objects than the mark, and some
+        pacing.settle_heap()  # they are frozen here (the count has not grown yet at the check)
+        assert old_ref() is not None
+        pacing.settle_heap()  # now it has: full
+        assert old_ref() is None and pacing._after_full[0] >= mark + len(grown) - 10_000  # they count in the mark
     finally:
         gc.unfreeze()
 

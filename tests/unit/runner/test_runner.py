@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 
 import pytest
 
@@ -289,3 +290,21 @@ def test_an_engine_that_does_not_start_stops_the_study_with_one_line(tmp_path, m
         run_study(cfg_with(**{"out": str(tmp_path / "apart"), "sweep.interleave_arms": False}), progress=False)
     run, = (tmp_path / "apart" / "default").iterdir()
     assert [p["mode"] for p in json.loads((run / "manifest.json").read_text())["points"]] == ["on"]
+
+
+def test_docs_quote_the_settle_benchmark_s_first_line():
+    """docs/performance.md and the settle's docstring give benchmarks/settle_heap.py's first line."""
+    import inspect
+    import json
+
+    from prefixstudy.runner import pacing
+
+    repo = Path(__file__).resolve().parents[3]
+    first = json.loads((repo / "benchmarks/results/settle_heap.jsonl").read_text().splitlines()[0])
+    assert first["full_between"] < first["between_points"]  # most calls between points were not full
+    text = " ".join((repo / "docs/performance.md").read_text().split())
+    assert (f"{first['first_s']:.3f} s for the first call with vLLM imported, a median "
+            f"{first['incremental_median_s']:.3f} s between stand-in points of {first['point_objects']:,} objects") in text
+    doc = " ".join(inspect.getdoc(pacing.settle_heap).split())
+    assert (f"{first['incremental_median_s'] * 1e3:.0f} ms after a stand-in point of {first['point_objects']:,} objects, "
+            f"against {first['first_s'] * 1e3:.0f} ms for the first, full call") in doc

@@ -206,10 +206,11 @@ def frozen_heap():
     """Python's cyclic collector leaves what is already allocated alone while a simulation runs.
     vLLM's import leaves about 0.8 M objects, and a scheduler allocates one per KV block (122,224
     for the seed's A100): a full collection walks them all, and allocating sets one off again and
-    again.  Building the seed's session took 0.40 s with them scanned and 0.07 s frozen (docs/
-    simulator.md has the whole command's gain).  What is frozen is never scanned; cyclic garbage
-    among it (a dropped session's free-block queue is a linked cycle) waits for the unfreeze on the
-    way out.  ``sessions`` freezes again after vLLM's import and after its schedulers are built."""
+    again.  Building the seed's session took 0.40 s with them scanned and 0.07 s frozen
+    (docs/simulator.md has the side-by-side gain on the seed's points).  What is frozen is never
+    scanned; cyclic garbage among it (a dropped session's free-block queue is a linked cycle) waits
+    for the unfreeze on the way out.  ``sessions`` freezes again after vLLM's import and after its
+    schedulers are built."""
     gc.freeze()
     try:
         yield
@@ -218,8 +219,8 @@ def frozen_heap():
 
 
 def sessions(cfg: StudyConfig, rows: list[DatasetRow], target: SimTarget) -> list[SimSession]:
-    """One session per mode; the VllmConfig is resolved once and shared (it takes seconds).  Call it
-    inside ``frozen_heap``, or in a process of its own (``sim.pool``'s workers)."""
+    """One session per mode; the VllmConfig is resolved once and shared (it takes seconds).  It
+    freezes the heap twice: call it inside ``frozen_heap``, which unfreezes on the way out."""
     lim = engine_limits(cfg)
     spec = scheduler_spec(cfg, target, cfg.sweep.modes[0])
     if lim["max_num_batched_tokens"] < lim["max_model_len"] and not lim["enable_chunked_prefill"]:

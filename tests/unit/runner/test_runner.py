@@ -139,8 +139,9 @@ def test_settle_heap_frees_cyclic_garbage_and_freezes_the_rest(monkeypatch):
         pacing.settle_heap()
         assert lost_ref() is None  # unfrozen, collected
         assert all(o is not keep for o in gc.get_objects())  # frozen: no collection scans it
-        assert gc.get_freeze_count() > 10_000  # the interpreter, pandas, pytest: all frozen with it
-        assert pacing._after_full[0] == gc.get_freeze_count()
+        # the interpreter, pandas, pytest: all frozen with it, and counted as the full collection's
+        # mark (frozen objects freed since, by any thread, only lower the count)
+        assert pacing._after_full[0] >= gc.get_freeze_count() > 10_000
     finally:
         gc.unfreeze()
 

@@ -3,8 +3,8 @@
 ``ray.cluster_utils.Cluster`` starts a head (2 CPUs: the router's actor and one replica) and a
 second node (1 CPU: the other replica), each its own raylet, as ``ray start --address`` would.
 One study, caching ON, two replicas of the tiny vLLM CPU engine routed round robin (deterministic),
-three prompt groups; replica 1's actor is SIGKILLed at its first decode step of the 1 req/s point.  Three engine starts
-(two replicas and replica 1's replacement), about 2-4 minutes on 2 cores.
+three prompt groups; replica 1's actor is SIGKILLed at its first decode step of the 1 req/s point.
+Three engine starts (two replicas and replica 1's replacement), about 2-4 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 from prefixstudy.cli import main
@@ -50,8 +51,13 @@ def _kill_replica_during_first_point(out: Path, seen: dict, stop: threading.Even
                 if engines:
                     rep = engines[0]["replicas"][1]["pid"]
             continue
+        try:
+            born = psutil.Process(rep).create_time()
+        except psutil.NoSuchProcess:
+            return
         for log in Path(tempfile.gettempdir()).glob(f"prefixstudy-steps-*-{rep}-*-on.bin"):
-            if any(s.decode_tokens > 0 for s in read_steps(str(log))[0]):
+            # not a file an earlier process with the same pid left behind
+            if log.stat().st_mtime >= born and any(s.decode_tokens > 0 for s in read_steps(str(log))[0]):
                 seen["pid"] = rep
                 os.kill(rep, signal.SIGKILL)
                 return

@@ -166,7 +166,7 @@ def test_settle_heap_collects_what_came_since_the_last_freeze_and_all_once_the_h
         old_ref, young_ref = weakref.ref(old), weakref.ref(young)
         del old, young
         pacing.settle_heap()
-        assert young_ref() is None and old_ref() is not None  # the frozen cycle is the collector's no more
+        assert young_ref() is None and old_ref() is not None  # the frozen cycle waits for a full collection
         assert pacing._after_full[0] == mark
         grown = [[] for _ in range(mark // 4 + 10_000)]  # a quarter more live objects than the mark, and some
         pacing.settle_heap()  # they are frozen here (the count has not grown yet at the check)

@@ -18,9 +18,13 @@ from prefixstudy.workloads import load_rows
 from prefixstudy.workloads.base import group_prefixes
 from tests.sweeps import capacity_sweep
 
+# One request open at a time: which blocks a request finds cached is then the arrival order's alone.
+# Echo answers at once, but on a loaded machine a 20 ms stall let two requests overlap, and their
+# blocks evicted a prefix the next request would have hit.
 GROUPS = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "arrivals.process": "constant",
           "dataset.kind": "groups", "dataset.groups": 6, "dataset.prefix_len": 32, "dataset.suffix_len": 4,
-          "dataset.output_len": 2, "sweep.num_requests": 12, "sweep.warmup_requests": 0, "sweep.rates": [50]}
+          "dataset.output_len": 2, "sweep.num_requests": 12, "sweep.warmup_requests": 0, "sweep.rates": [50],
+          "sweep.max_concurrency": 1}
 
 
 def test_parse_capacity_and_bad_values():

@@ -262,27 +262,22 @@ def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame,
     points = fit_points(req, summary, max_requests)
     check_loads(points, source)
     x0 = first_guess(req, points, max_requests)
-    with frozen_heap():
-        return _fit(cfg, rows, target, req, points, x0, source, max_requests, max_evals, offset, progress)
-
-
-def _fit(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame, points: pd.DataFrame, x0: dict[str, float],
-         source: str, max_requests: int, max_evals: int, offset: bool, progress: bool) -> CostModel:
-    sim = PointSimulator(cfg, rows, target, points, max_requests)
     # A zero coefficient moves by what moves c0 by a tenth at the points' typical step.
     new = (req["prompt_tokens"] - req["num_cached_tokens"]).clip(lower=1).mean()
     ref = {"c0": 0.1 * max(x0["c0"], 1e-3)}
     ref |= {"prefill_tokens": ref["c0"] / new, "num_prefill_reqs": ref["c0"], "decode_tokens": ref["c0"] / 8}
+    with frozen_heap():
+        sim = PointSimulator(cfg, rows, target, points, max_requests)
 
-    def evaluate(x):
-        run = sim.run(cost_model(x))
-        err = point_errors(run, points, client_offset_ms(run, points)) if offset else point_errors(run, points)
-        if progress:
-            print(f"  fit {sim.n_evals}: loss {loss(err):.4f} c0 {x['c0']:.3f} " +
-                  " ".join(f"{k} {v:.4g}" for k, v in x.items() if k != "c0"), file=sys.stderr)
-        return err
+        def evaluate(x):
+            run = sim.run(cost_model(x))
+            err = point_errors(run, points, client_offset_ms(run, points)) if offset else point_errors(run, points)
+            if progress:
+                print(f"  fit {sim.n_evals}: loss {loss(err):.4f} c0 {x['c0']:.3f} " +
+                      " ".join(f"{k} {v:.4g}" for k, v in x.items() if k != "c0"), file=sys.stderr)
+            return err
 
-    res = search(evaluate, x0, ref, max_evals=max_evals)
+        res = search(evaluate, x0, ref, max_evals=max_evals)
     cost = cost_model(res.x, source)
     cost.n_steps = 0
     cost.fit_error = {**error_summary(res.errors), "loss": res.loss,

@@ -793,41 +793,54 @@ def _accuracy_words(acc, df: pd.DataFrame, check: str, study: str) -> str:
             f"{_signed(100 * worst['mean_e2e_ms_err'], '+.1f')} %, {worst['mode'].upper()} {worst['rate']:g})")
 
 
-def multiturn_spans_says_block(results: Path = RESULTS) -> str:
-    """h200-multiturn-spans against h200-multiturn (the same sessions on another lease), and the
-    simulator's default-engine forms on it (sim-accuracy/async.csv, async-forms/async.csv)."""
+def spans_rerun_says_block(name: str, then_name: str, unit: str, same: str, results: Path = RESULTS) -> str:
+    """A default-engine study re-run with its steps timed on the GPU (``name``) against the committed
+    run it repeats (``then_name``, host stamps only, another lease), and the simulator's
+    default-engine forms on it (sim-accuracy/async.csv, async-forms/async.csv).  ``same``: what the
+    two runs share, in words."""
     acc = _script("experiments/sim/accuracy.py")
-    now = pd.read_csv(results / "h200-multiturn-spans" / "summary.csv")
-    then = pd.read_csv(results / "h200-multiturn" / "summary.csv")
+    now = pd.read_csv(results / name / "summary.csv")
+    then = pd.read_csv(results / then_name / "summary.csv")
     e2e_now, e2e_then = (t.groupby(["mode", "rate"])["mean_e2e_ms"].mean() for t in (now, then))
     diff = 100 * (e2e_now[e2e_then.index] / e2e_then - 1)
-    slower = like_steps_slower(results / "h200-multiturn", results / "h200-multiturn-spans")
-    side = "below" if (diff < 0).all() else "above" if (diff > 0).all() else "off"
-    timing = pd.read_parquet(results / "h200-multiturn-spans" / "iterations.parquet", columns=["timing"])["timing"]
+    slower = like_steps_slower(results / then_name, results / name)
+    below, above = diff[diff < 0].abs(), diff[diff >= 0]
+    side = (f"{_span(below, '.1f', ' %')} below {then_name}'s" if above.empty else
+            f"{_span(above, '.1f', ' %')} above {then_name}'s" if below.empty else
+            f"{_span(below, '.1f', ' %')} below {then_name}'s at {len(below)} of {len(diff)} points and "
+            f"{_span(above, '.1f', ' %')} above at {_points_words(above)}")
+    rates = [f"{r:g}" for r in sorted(then["rate"].unique())]
+    timing = pd.read_parquet(results / name / "iterations.parquet", columns=["timing"])["timing"]
     timed = (f"Every one of its {len(timing):,} engine steps is timed on the GPU" if (timing == "gpu-span").all() else
              f"{(timing == 'gpu-span').sum():,} of its {len(timing):,} engine steps are timed on the GPU")
     forms = {"linear": pd.read_csv(results / "sim-accuracy" / "async.csv"),
              "piecewise": pd.read_csv(results / "sim-accuracy" / "async-forms" / "async.csv")}
 
     def checks(df):
-        return (f"held out by point {_accuracy_words(acc, df, 'held-out point', 'h200-multiturn-spans')}; by repeat "
-                f"{_accuracy_words(acc, df, 'held-out repeat', 'h200-multiturn-spans')}; fitted on h200-tp1 "
-                f"{_accuracy_words(acc, df, 'another workload', 'h200-multiturn-spans')}")
+        return (f"held out by point {_accuracy_words(acc, df, 'held-out point', name)}; by repeat "
+                f"{_accuracy_words(acc, df, 'held-out repeat', name)}; fitted on h200-tp1 "
+                f"{_accuracy_words(acc, df, 'another workload', name)}")
 
-    return _block("h200-multiturn-spans-says", [
+    return _block(f"{name}-says", [
         f"**What it says.** {timed}, with the host's stamps beside. At the rates both runs share "
-        f"({' and '.join(f'{r:g}' for r in sorted(then['rate'].unique()))} sessions/s), its mean E2E is "
-        f"{_span(diff.abs(), '.1f', ' %')} {side} h200-multiturn's (ON and OFF, the repeats' means): the same sessions "
+        f"({', '.join(rates[:-1])} and {rates[-1]} {unit}), its mean E2E is {side} (ON and OFF, the repeats' "
+        f"means): {same} "
         "and vLLM on another lease's H200s, one GPU per arm there and one for both here. Like for like, "
-        f"h200-multiturn's decode-only steps took {_span(100 * slower, '.1f', ' %')} longer ({len(slower)} groups of "
+        f"{then_name}'s decode-only steps took {_span(100 * slower, '.1f', ' %')} longer ({len(slower)} groups of "
         "a mode, a rate and a batch size, the median host-stamped step of each). The simulator's "
         "default-engine model, calibrated on these steps, predicts "
         f"its mean E2E as follows. The committed linear form: {checks(forms['linear'])}. The piecewise form of "
         f"`experiments/sim/async_forms.py`: {checks(forms['piecewise'])}. Calibrated here, the linear form puts "
-        f"h200-multiturn {_accuracy_words(acc, forms['linear'], 'another run', 'h200-multiturn')} and the "
-        f"piecewise form {_accuracy_words(acc, forms['piecewise'], 'another run', 'h200-multiturn')}: what "
+        f"{then_name} {_accuracy_words(acc, forms['linear'], 'another run', then_name)} and the "
+        f"piecewise form {_accuracy_words(acc, forms['piecewise'], 'another run', then_name)}: what "
         "separates the two runs is their machines and setup, which a calibration on one of them cannot see. "
-        f"{_lag_over_words(now)}"])
+        f"{_lag_over_words(now, unit)}"])
+
+
+def _points_words(v: pd.Series) -> str:
+    """(mode, rate) points in words: "ON 24", "ON 24 and OFF 12"."""
+    words = [f"{m.upper()} {r:g}" for m, r in v.index]
+    return " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
 
 
 def like_steps_slower(then: Path, now: Path, min_steps: int = 30) -> pd.Series:
@@ -849,14 +862,14 @@ def like_steps_slower(then: Path, now: Path, min_steps: int = 30) -> pd.Series:
     return med[0][both] / med[1][both] - 1
 
 
-def _lag_over_words(summ: pd.DataFrame) -> str:
+def _lag_over_words(summ: pd.DataFrame, unit: str = "sessions/s") -> str:
     """The points whose dispatch-lag p99 is over 1 ms, and what share of their mean E2E it is at most."""
     over = summ[summ["dispatch_lag_p99_ms"] > 1.0]
     if over.empty:
         return "Every point's dispatch-lag p99 is under 1 ms."
     modes = " and ".join(sorted({m.upper() for m in over["mode"]}))
     share = (over["dispatch_lag_p99_ms"] / over["mean_e2e_ms"]).max()
-    return (f"{len(over)} of {len(summ)} points ({modes}, at {_span(over['rate'], 'g')} sessions/s) have a dispatch-lag "
+    return (f"{len(over)} of {len(summ)} points ({modes}, at {_span(over['rate'], 'g')} {unit}) have a dispatch-lag "
             f"p99 over 1 ms, up to {over['dispatch_lag_p99_ms'].max():.2f} ms: read their latencies as including up "
             f"to that much client-side delay, at most {100 * share:.2f} % of their mean E2E.")
 
@@ -1461,7 +1474,12 @@ RENDER = {"h200-offload": offload_table, "tier-cost": lambda _: tier_cost_table(
           "seed-says": lambda _: seed_says_block(), "h200-tp1-slo-says": lambda _: slo_says_block(),
           "h200-shared-fraction-says": lambda _: shared_fraction_block(),
           "h200-sglang-says": lambda _: sglang_block(),
-          "h200-multiturn-spans-says": lambda _: multiturn_spans_says_block()}
+          "h200-multiturn-spans-says": lambda _: spans_rerun_says_block(
+              "h200-multiturn-spans", "h200-multiturn", "sessions/s", "the same sessions"),
+          "h200-cache-pressure-spans-says": lambda _: spans_rerun_says_block(
+              "h200-cache-pressure-spans", "h200-cache-pressure/groups-48/blocks-6400", "req/s", "the same cell"),
+          "h200-cache-pressure-spans-4400-says": lambda _: spans_rerun_says_block(
+              "h200-cache-pressure-spans-4400", "h200-cache-pressure/groups-40/blocks-4400", "req/s", "the same cell")}
 TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp1-hit-rate-throughput", "h200-tp1-slo-says",
                                   "h200-shared-fraction-says", "h200-sglang-says",
                                   "h200-tp1-sync", "h200-tp1-sync-steps", "h200-tp1-sync-says",
@@ -1469,7 +1487,9 @@ TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp1-hit-rate-throughput", "h
                                   "h200-tp2-fit", "h200-tp2", "h200-tp2-says", "h200-tp1-ray-checks", "h200-tp1-ray",
                                   "h200-tp1-ray-says", "h200-cache-pressure", "h200-cache-pressure-says",
                                   "h200-multiturn", "h200-multiturn-says", "h200-multiturn-sync",
-                                  "h200-multiturn-spans", "h200-multiturn-spans-says", "h200-offload",
+                                  "h200-multiturn-spans", "h200-multiturn-spans-says",
+                                  "h200-cache-pressure-spans", "h200-cache-pressure-spans-says",
+                                  "h200-cache-pressure-spans-4400", "h200-cache-pressure-spans-4400-says", "h200-offload",
                                   "tier-cost", "h200-tp1-gc", "h200-smoke-after-layout", "fidelity",
                                   "h200-threeway-says", "tp8-model", "tp8-says", "cpu-replicas-says",
                                   "cpu-default-says", "knees"),

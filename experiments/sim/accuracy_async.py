@@ -40,16 +40,22 @@ RESULTS = Path("experiments/results")
 # Other default-engine runs of the same workload, priced by the calibration fitted on all of its
 # steps: h200-tp1-fixed-order (six rates, the same day), h200-tp1-async (1 and 16 req/s, host
 # stamps only, another day) and h200-tp1-slo (the rates an SLO search probed, another day); and for
-# h200-multiturn-spans, h200-multiturn (the same sessions on two H200s of another lease, host stamps only).
+# h200-multiturn-spans, h200-multiturn (the same sessions on two H200s of another lease, host stamps only);
+# for the two cache-pressure cells re-run with GPU-timed steps, the same cells of the sweeps (another
+# lease, host stamps only).
 OTHER_RUNS = {"h200-tp1": ["h200-tp1-fixed-order", "h200-tp1-async", "h200-tp1-slo"],
-              "h200-multiturn-spans": ["h200-multiturn"]}
+              "h200-multiturn-spans": ["h200-multiturn"],
+              "h200-cache-pressure-spans": ["h200-cache-pressure/groups-48/blocks-6400"],
+              "h200-cache-pressure-spans-4400": ["h200-cache-pressure/groups-40/blocks-4400"]}
 CHECKS = ("held-out point", "held-out repeat", "another run", "another workload")
 WORKLOAD_CALIBRATION = "h200-tp1"
 
 
 def other_workloads(results: Path = RESULTS) -> list[str]:
     """Default-engine studies of other workloads: the H200 cache-pressure sweeps (async scheduling at
-    vLLM's default, their steps stamped on the host), the multi-turn sessions (h200-multiturn, and
+    vLLM's default, their steps stamped on the host) and two of their cells re-run with every step timed
+    on the GPU (h200-cache-pressure-spans: 48 groups, 6400 blocks; -4400: 40 groups, 4400 blocks), the
+    multi-turn sessions (h200-multiturn, and
     h200-multiturn-spans with its steps timed on the GPU; the one-step-at-a-time twin
     h200-multiturn-sync is not the default engine) and the shared-fraction cells (h200-tp1's lengths,
     a hit rate of their own)."""
@@ -58,7 +64,8 @@ def other_workloads(results: Path = RESULTS) -> list[str]:
 
     sweeps = sorted(results.glob("h200-cache-pressure/groups-*/blocks-*"), key=key)
     shared = sorted(results.glob("h200-shared-fraction/shared_fraction-*"), key=key)
-    return [str(d.relative_to(results)) for d in sweeps] + ["h200-multiturn", "h200-multiturn-spans"] + \
+    return [str(d.relative_to(results)) for d in sweeps] + \
+        ["h200-cache-pressure-spans", "h200-cache-pressure-spans-4400", "h200-multiturn", "h200-multiturn-spans"] + \
         [str(d.relative_to(results)) for d in shared]
 
 

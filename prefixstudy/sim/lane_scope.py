@@ -5,10 +5,11 @@ requests would change.  The rest run every step through vLLM's scheduler, as ``-
 from __future__ import annotations
 
 # The vLLM releases on which the lane's async path has passed the bit-for-bit comparisons
-# (tests/unit/sim/test_fast_path.py; benchmarks/lane_check.py runs them where pytest is missing).
-# The AsyncScheduler's per-request bookkeeping changes between releases, so on any other release
-# the lane declines an AsyncScheduler and every step goes through vLLM's scheduler.
-ASYNC_CHECKED_RELEASES = ("0.32.",)
+# (tests/unit/sim/test_fast_path.py; benchmarks/lane_check.py runs them where pytest is missing:
+# vLLM 0.26 in benchmarks/results/lane_check_vllm026_20261205.txt).  The AsyncScheduler's
+# per-request bookkeeping changes between releases, so on any other release the lane declines an
+# AsyncScheduler and every step goes through vLLM's scheduler.
+ASYNC_CHECKED_RELEASES = ("0.26.", "0.32.")
 
 
 def lane_scope(scheduler) -> tuple[object, bool] | None:

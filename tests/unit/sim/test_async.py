@@ -104,10 +104,38 @@ def test_on_a_vllm_release_the_async_lane_has_not_been_checked_on_every_step_is_
     releases its comparisons passed on, and still takes a one-step-at-a-time scheduler."""
     from prefixstudy.sim import lane_scope
 
-    assert lane_scope.ASYNC_CHECKED_RELEASES == ("0.32.",)
+    assert lane_scope.ASYNC_CHECKED_RELEASES == ("0.26.", "0.32.")
     monkeypatch.setattr(lane_scope, "ASYNC_CHECKED_RELEASES", ("0.26.",))
     assert make_sim("on", async_scheduling=True).lane is None
     assert make_sim("on").lane is not None
+
+
+def test_every_checked_release_but_the_installed_one_has_a_lane_check_where_every_case_passed():
+    """The lane takes an AsyncScheduler only on releases its comparisons passed on.  The installed
+    release runs them in this suite (test_fast_path); any other needs a committed
+    benchmarks/lane_check.py record of that release (the newest) in which every case of test_fast_path,
+    each of its parameters, the async ones included, passed and none failed."""
+    import vllm
+
+    from prefixstudy.sim import lane_scope
+    from tests.unit.sim import test_fast_path
+
+    cases = set()
+    for name in dir(test_fast_path):
+        fn = getattr(test_fast_path, name)
+        if name.startswith("test_") and callable(fn):
+            params = [m.args for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
+            cases |= {name + f"[{v}]" for v in params[0][1]} if params else {name}
+    assert {c for c in cases if c.endswith("[async]")}  # the async path is among the cases
+    others = [r for r in lane_scope.ASYNC_CHECKED_RELEASES if not str(vllm.__version__).startswith(r)]
+    assert others == ["0.26."]
+    results = Path(__file__).resolve().parents[3] / "benchmarks/results"
+    for release in others:
+        record = sorted(results.glob(f"lane_check_vllm{release.replace('.', '')}_*.txt"))[-1]
+        lines = record.read_text().splitlines()
+        assert f"vllm {release}" in {line[:len(release) + 5] for line in lines}, record.name
+        assert not [line for line in lines if line.startswith("FAIL ")], record.name
+        assert {line.split()[1] for line in lines if line.startswith("PASS ")} == cases, record.name
 
 
 def test_an_arrival_during_a_step_joins_one_step_later_than_without_async(make_sim):

@@ -110,14 +110,8 @@ def test_on_a_vllm_release_the_async_lane_has_not_been_checked_on_every_step_is_
     assert make_sim("on").lane is not None
 
 
-def test_every_checked_release_but_the_installed_one_has_a_lane_check_where_every_case_passed():
-    """The lane takes an AsyncScheduler only on releases its comparisons passed on.  The installed
-    release runs them in this suite (test_fast_path); any other needs a committed
-    benchmarks/lane_check.py record of that release (the newest) in which every case of test_fast_path,
-    each of its parameters, the async ones included, passed and none failed."""
-    import vllm
-
-    from prefixstudy.sim import lane_scope
+def _lane_cases() -> set[str]:
+    """Every case benchmarks/lane_check.py runs: each test of test_fast_path, once per parameter."""
     from tests.unit.sim import test_fast_path
 
     cases = set()
@@ -126,16 +120,45 @@ def test_every_checked_release_but_the_installed_one_has_a_lane_check_where_ever
         if name.startswith("test_") and callable(fn):
             params = [m.args for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
             cases |= {name + f"[{v}]" for v in params[0][1]} if params else {name}
-    assert {c for c in cases if c.endswith("[async]")}  # the async path is among the cases
+    return cases
+
+
+def _lane_record_problems(text: str, release: str, cases: set[str]) -> list[str]:
+    lines = text.splitlines()
+    passed = {line.split()[1] for line in lines if line.startswith("PASS ")}
+    return ([] if f"vllm {release}" in {line[:len(release) + 5] for line in lines} else [f"not vLLM {release}"]) + \
+        [f"failed: {line.split()[1]}" for line in lines if line.startswith("FAIL ")] + \
+        [f"not run: {c}" for c in sorted(cases - passed)]
+
+
+def test_every_checked_release_but_the_installed_one_has_a_lane_check_where_every_case_passed():
+    """The lane takes an AsyncScheduler only on releases its comparisons passed on.  The installed
+    release runs them in this suite (test_fast_path); any other needs a committed
+    benchmarks/lane_check.py record of that release (the newest) in which every case of test_fast_path,
+    each of its parameters, the async ones included, passed and none failed.  The same record with a
+    case failed, or without the async cases (the older record of 0.26), is refused."""
+    import vllm
+
+    from prefixstudy.sim import lane_scope
+
+    cases = _lane_cases()
+    assert len([c for c in cases if c.endswith("[async]")]) == 6
     others = [r for r in lane_scope.ASYNC_CHECKED_RELEASES if not str(vllm.__version__).startswith(r)]
     assert others == ["0.26."]
     results = Path(__file__).resolve().parents[3] / "benchmarks/results"
-    for release in others:
-        record = sorted(results.glob(f"lane_check_vllm{release.replace('.', '')}_*.txt"))[-1]
-        lines = record.read_text().splitlines()
-        assert f"vllm {release}" in {line[:len(release) + 5] for line in lines}, record.name
-        assert not [line for line in lines if line.startswith("FAIL ")], record.name
-        assert {line.split()[1] for line in lines if line.startswith("PASS ")} == cases, record.name
+    records = sorted(results.glob("lane_check_vllm026_*.txt"))
+    text = records[-1].read_text()
+    assert _lane_record_problems(text, "0.26.", cases) == []
+    one_failed = text.replace("PASS test_multi_turn_sessions_are_the_same[async]",
+                              "FAIL test_multi_turn_sessions_are_the_same[async]")
+    assert _lane_record_problems(one_failed, "0.26.", cases) == [
+        "failed: test_multi_turn_sessions_are_the_same[async]",
+        "not run: test_multi_turn_sessions_are_the_same[async]"]
+    older = records[0].read_text()
+    assert records[0].name == "lane_check_vllm026_20261202.txt"
+    assert [p for p in _lane_record_problems(older, "0.26.", cases) if p.endswith("[async]")] == \
+        [f"not run: {c}" for c in sorted(c for c in cases if c.endswith("[async]"))]
+    assert _lane_record_problems(text, "0.25.", cases) == ["not vLLM 0.25."]
 
 
 def test_an_arrival_during_a_step_joins_one_step_later_than_without_async(make_sim):

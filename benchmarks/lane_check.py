@@ -50,6 +50,18 @@ def pytest_stand_in() -> None:
     sys.modules["pytest"] = mod
 
 
+def cases(tests: types.ModuleType) -> list[tuple[object, list[tuple[str, dict]]]]:
+    """Each test function of ``tests`` with its calls: (label, keyword arguments), once per value of
+    its ``parametrize`` mark (one parameter at most), labelled as pytest labels them."""
+    out = []
+    for name, fn in inspect.getmembers(tests, inspect.isfunction):
+        if name.startswith("test_"):
+            params = [m.args for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
+            calls = [{}] if not params else [{params[0][0]: v} for v in params[0][1]]
+            out.append((fn, [(name + "".join(f"[{v}]" for v in c.values()), c) for c in calls]))
+    return out
+
+
 def main() -> int:
     sys.path[:0] = [str(REPO)]
     pytest_stand_in()
@@ -66,9 +78,7 @@ def main() -> int:
     tests = importlib.import_module("tests.unit.sim.test_fast_path")
     fixtures = {}
     failed = 0
-    for name, fn in inspect.getmembers(tests, inspect.isfunction):
-        if not name.startswith("test_"):
-            continue
+    for fn, calls in cases(tests):
         kwargs = {}
         if "make_sim" in inspect.signature(fn).parameters:
             if "vc" not in fixtures:
@@ -76,10 +86,7 @@ def main() -> int:
                     if hasattr(conftest.tiny_vllm_config, "__wrapped__") else conftest.tiny_vllm_config()
             maker = conftest.make_sim.__wrapped__ if hasattr(conftest.make_sim, "__wrapped__") else conftest.make_sim
             kwargs["make_sim"] = maker(fixtures["vc"])
-        params = [m.args for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
-        calls = [{}] if not params else [{params[0][0]: v} for v in params[0][1]]  # one parameter at most
-        for call in calls:
-            label = name + "".join(f"[{v}]" for v in call.values())
+        for label, call in calls:
             t0 = time.perf_counter()
             try:
                 fn(**kwargs, **call)

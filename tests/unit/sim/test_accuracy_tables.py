@@ -145,15 +145,30 @@ def test_the_later_lease_sentence_is_async_csv_s(accuracy_async):
     assert "OFF at 16 req/s is +18.1 % on h200-tp1-slo and +19.9 to +20.6 % in the three cells" in text
 
 
+def _unsaturated(pp: pd.DataFrame, check: str, studies) -> pd.DataFrame:
+    studies = [studies] if isinstance(studies, str) else studies
+    return pp[(pp["check"] == check) & pp["study"].isin(studies) & (pp["saturated_meas_share"] <= 0.5)]
+
+
+def _within(pp: pd.DataFrame, check: str, studies) -> tuple[int, int]:
+    """Unsaturated points of ``check`` on ``studies`` within 5 %, and how many there are."""
+    u = _unsaturated(pp, check, studies)
+    return int((u["mean_e2e_ms_err"].abs() <= 0.05).sum()), len(u)
+
+
+def _worst(pp: pd.DataFrame, check: str, studies) -> float:
+    """The largest error, signed, in %, over those points."""
+    u = _unsaturated(pp, check, studies)
+    return round(u.loc[u["mean_e2e_ms_err"].abs().idxmax(), "mean_e2e_ms_err"] * 100, 1)
+
+
 def test_the_multi_turn_sentences_are_the_two_forms_csvs(accuracy_async):
     """docs/simulator.md on h200-multiturn-spans: the linear form held out on it (async.csv), the
     piecewise form held out, from h200-tp1 and on h200-multiturn (async-forms/async.csv), and how far
     the two runs' measured mean E2E lie apart (their summary.csv files)."""
     def rows(csv, check, study):
         pp = accuracy_async.per_point(pd.read_csv(csv))
-        u = pp[(pp["check"] == check) & (pp["study"] == study) & (pp["saturated_meas_share"] <= 0.5)]
-        worst = u.loc[u["mean_e2e_ms_err"].abs().idxmax()]
-        return int((u["mean_e2e_ms_err"].abs() <= 0.05).sum()), len(u), round(worst["mean_e2e_ms_err"] * 100, 1)
+        return *_within(pp, check, study), _worst(pp, check, study)
 
     lin, pw = ACC / "async.csv", ACC / "async-forms/async.csv"
     assert rows(lin, "held-out point", "h200-multiturn-spans") == (8, 8, 3.1)
@@ -200,18 +215,6 @@ def test_the_cache_pressure_rerun_sentences_are_the_two_forms_csvs(accuracy_asyn
              "h200-cache-pressure-spans-4400": "h200-cache-pressure/groups-40/blocks-4400"}
     lin, pw = (accuracy_async.per_point(pd.read_csv(ACC / f)) for f in ("async.csv", "async-forms/async.csv"))
 
-    def unsat(pp, check, study):
-        return pp[(pp["check"] == check) & pp["study"].isin([study] if isinstance(study, str) else study)
-                  & (pp["saturated_meas_share"] <= 0.5)]
-
-    def within(pp, check, study):
-        u = unsat(pp, check, study)
-        return int((u["mean_e2e_ms_err"].abs() <= 0.05).sum()), len(u)
-
-    def worst(pp, check, study):
-        u = unsat(pp, check, study)
-        return round(u.loc[u["mean_e2e_ms_err"].abs().idxmax(), "mean_e2e_ms_err"] * 100, 1)
-
     def on24(pp):
         at = pp[(pp["study"] == "h200-cache-pressure-spans") & (pp["mode"] == "on") & (pp["rate"] == 24)]
         at = at.set_index("check")
@@ -219,11 +222,11 @@ def test_the_cache_pressure_rerun_sentences_are_the_two_forms_csvs(accuracy_asyn
 
     six, four = cells
     checks = ("held-out point", "held-out repeat", "another workload")
-    assert [within(pw, c, six) for c in checks] == [(4, 5)] * 3
-    assert [within(lin, c, six) for c in checks] == [(2, 5), (1, 5), (3, 5)]
-    assert [within(pw, c, four) for c in checks[:2]] == [(4, 4)] * 2
-    assert [within(lin, c, four) for c in checks[:2]] == [(0, 4)] * 2
-    assert max(worst(lin, c, four) for c in checks[:2]) == 22.3
+    assert [_within(pw, c, six) for c in checks] == [(4, 5)] * 3
+    assert [_within(lin, c, six) for c in checks] == [(2, 5), (1, 5), (3, 5)]
+    assert [_within(pw, c, four) for c in checks[:2]] == [(4, 4)] * 2
+    assert [_within(lin, c, four) for c in checks[:2]] == [(0, 4)] * 2
+    assert max(_worst(lin, c, four) for c in checks[:2]) == 22.3
     assert on24(pw) == [-13.5, -12.7, -24.5] and on24(lin) == [17.1, 10.3, -15.8]
     summ = pd.read_csv(REPO / "experiments/results" / six / "summary.csv")
     on = summ[(summ["mode"] == "on") & (summ["rate"] == 24)].sort_values("repeat")
@@ -237,8 +240,8 @@ def test_the_cache_pressure_rerun_sentences_are_the_two_forms_csvs(accuracy_asyn
               for now, then in cells.items()]
     assert [(f"{100 * v.min():.1f}", f"{100 * v.max():.1f}") for v in slower] == [("3.4", "7.3"), ("1.0", "6.4")]
     sweeps = list(cells.values())
-    assert (within(pw, "another run", sweeps), worst(pw, "another run", sweeps)) == ((7, 9), -7.3)
-    assert (within(lin, "another run", sweeps), worst(lin, "another run", sweeps)) == ((3, 9), 28.3)
+    assert (_within(pw, "another run", sweeps), _worst(pw, "another run", sweeps)) == ((7, 9), -7.3)
+    assert (_within(lin, "another run", sweeps), _worst(lin, "another run", sweeps)) == ((3, 9), 28.3)
 
     def tally(pp, checks):
         u = pp[pp["check"].isin(checks) & (pp["saturated_meas_share"] <= 0.5)]
@@ -249,9 +252,9 @@ def test_the_cache_pressure_rerun_sentences_are_the_two_forms_csvs(accuracy_asyn
     assert (tally(pw, ["another run"]), tally(lin, ["another run"])) == ((24, 40), (18, 40))
     assert (tally(pw, ["another workload"]), tally(lin, ["another workload"])) == ((27, 54), (46, 54))
     fixed = "h200-tp1-fixed-order"
-    assert [within(pw, c, fixed) for c in held] == [(4, 8)] * 2
-    assert [within(lin, c, fixed) for c in held] == [(6, 8)] * 2
-    assert worst(pw, "held-out point", fixed) == 34.9
+    assert [_within(pw, c, fixed) for c in held] == [(4, 8)] * 2
+    assert [_within(lin, c, fixed) for c in held] == [(6, 8)] * 2
+    assert _worst(pw, "held-out point", fixed) == 34.9
     text = " ".join((REPO / "docs/simulator.md").read_text().split())
     assert ("Like for like, the sweeps' cells ran their decode-only steps 3.4–7.3 % and 1.0–6.4 % slower than the "
             "re-runs. Calibrated on the re-runs, the piecewise form puts the sweeps' two cells within 5 % at 7 of 9 "

@@ -14,6 +14,7 @@ from prefixstudy.sim.cost import CostModel, async_recorded, fit
 from prefixstudy.sim.driver import SimRequest
 from prefixstudy.sim.step import StepFeatures
 
+from tests.scripts import load_script
 from tests.unit.sim.conftest import unit_cost_ms
 
 REPO = Path(__file__).resolve().parents[3]
@@ -111,16 +112,11 @@ def test_on_a_vllm_release_the_async_lane_has_not_been_checked_on_every_step_is_
 
 
 def _lane_cases() -> set[str]:
-    """Every case benchmarks/lane_check.py runs: each test of test_fast_path, once per parameter."""
+    """Every case benchmarks/lane_check.py runs, labelled as it prints them."""
     from tests.unit.sim import test_fast_path
 
-    cases = set()
-    for name in dir(test_fast_path):
-        fn = getattr(test_fast_path, name)
-        if name.startswith("test_") and callable(fn):
-            params = [m.args for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
-            cases |= {name + f"[{v}]" for v in params[0][1]} if params else {name}
-    return cases
+    return {label for _, calls in load_script("benchmarks/lane_check.py").cases(test_fast_path)
+            for label, _ in calls}
 
 
 def _lane_record_problems(text: str, release: str, cases: set[str]) -> list[str]:

@@ -4,6 +4,7 @@ seconds, and a worker forked after them starts without paying either."""
 
 from __future__ import annotations
 
+import atexit
 import gc
 
 from prefixstudy.configs import shipped_model_dir
@@ -23,3 +24,7 @@ def _warm() -> None:
 quiet_vllm()
 _warm()
 gc.freeze()  # every worker forked from here starts with vLLM's objects frozen (sim.study.frozen_heap)
+# The fork server itself exits with its parent, through the interpreter's teardown.  Objects still
+# frozen then are never freed, and extension modules built with nanobind (triton's, which vLLM
+# imports) print a "leaked" report of them to the user's console.  Its workers exit by os._exit.
+atexit.register(gc.unfreeze)

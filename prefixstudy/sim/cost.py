@@ -9,12 +9,16 @@ A term the fit leaves at 0 is left out of ``coef_ms``; without a context term th
 carries the average KV read (``sim.hardware.transfer`` relies on that).
 
 A calibration that ran vLLM's async scheduling (its default engine: step N+1 is scheduled and
-launched on the host while step N runs on the GPU) has two parts.  ``c0_ms``/``coef_ms`` are fitted
-on the steps' GPU spans (``timing`` "gpu-span"), ``host`` on the host stamps the same records keep
-(``host_step_ms``: with async scheduling a host record runs from the previous one's end to this
-step's output, so it is the host's period, its waits for the GPU included); a step then costs
-max(GPU part, host part), the slower of the two overlapped pipelines.  Which model a calibration
-gets is read from what it recorded (``async_recorded``), never assumed.
+launched on the host while step N runs on the GPU) has two parts, and a step costs max(GPU part,
+host part), the slower of the two overlapped pipelines.  ``c0_ms``/``coef_ms`` are fitted on the
+steps' GPU spans (``timing`` "gpu-span").  ``host`` is the host's own work per step,
+h0 + h·decode_tokens + h'·num_prefill_reqs, fitted on the host stamps the same records keep
+(``host_step_ms``: a record runs from the previous one's end to this step's output).  One record
+alone is shifted: a prompt step's ends before its GPU work does, and the records after it carry
+the wait.  Over ``HOST_WINDOW_STEPS`` consecutive steps the shifts cancel, so the host part is the
+one whose max(measured GPU span, host part), summed over each such window, best matches the
+window's summed host records (``fit_host``).  Which model a calibration gets is read from what it
+recorded (``async_recorded``), never assumed.
 It reads iterations.parquet in both layouts: the engine-timed one (``timing`` "engine": step_ms is
 busy time measured in the engine core) and the old one (``timing`` "frontend" or no such column:
 step_ms is the gap between StatLogger records, so a step after an idle stretch carries the idle
@@ -55,8 +59,9 @@ class CostModel:
     # (``source``), the simulated ones (``target``), each term's scale factor (``scale``, 1 where
     # nothing changed) and what the transfer extrapolates (``extrapolations``).
     transfer: dict = field(default_factory=dict)
-    # The host part of an async-scheduling calibration (``c0_ms``, ``coef_ms``, ``r2``, ``n_steps``);
-    # empty for one that ran one step at a time.  The roofline transfer scales it as the GPU part
+    # The host part of an async-scheduling calibration (``c0_ms``, ``coef_ms``, and from ``fit_host``
+    # the R² of its window sums, ``n_steps``, ``n_windows``, ``binding_steps``); empty for one that
+    # ran one step at a time.  The roofline transfer scales it as the GPU part
     # (``sim.hardware.transfer``): the host records it is fitted on hold the waits for the GPU.
     host: dict = field(default_factory=dict)
     # A fit to request timestamps (``sim.fit_requests``): its error on the points it was fitted to.
@@ -154,11 +159,57 @@ def fit(df: pd.DataFrame, source: str = "", async_scheduling: bool = False) -> C
         raise UserError(f"--calibration {source}: only {len(steps)} busy steps, too few to fit a step cost")
     c0, coef, f = _fit_part(X, y)
     timing = ",".join(sorted(set(steps["timing"])))
-    host = {}
-    if async_scheduling:
-        h0, hcoef, hf = _fit_part(X, steps["host_step_ms"].to_numpy(dtype=float))
-        host = {"c0_ms": h0, "coef_ms": hcoef, "r2": hf.r2, "n_steps": hf.n}
+    host = fit_host(steps) if async_scheduling else {}
     return CostModel(c0, coef, f.r2, f.n, f.residual_ms, source, timing, host=host)
+
+
+HOST_TERMS = ("decode_tokens", "num_prefill_reqs")
+HOST_WINDOW_STEPS = 16  # consecutive busy steps of one point: long enough that a record's shift stays inside
+
+
+def host_windows(steps: pd.DataFrame) -> np.ndarray:
+    """Each busy step's window (``busy_steps`` order): ``HOST_WINDOW_STEPS`` consecutive steps of one engine
+    series (point, replica)."""
+    series = steps.groupby(engine_fit.engine_keys(steps), sort=False).ngroup().to_numpy()
+    pos = steps.groupby(series).cumcount().to_numpy()
+    return pd.factorize(series * 1_000_000 + pos // HOST_WINDOW_STEPS)[0]
+
+
+def fit_host(steps: pd.DataFrame) -> dict:
+    """The host part of an async-scheduling calibration from its busy steps (``busy_steps``): the
+    non-negative (h0, h, h') minimising, over the windows, the squared error of the summed
+    max(GPU span, host part) against the summed host records.  Coordinate search: each coefficient
+    moved up or down by its step, the first move that lowers the error taken, every step halved when
+    none does.  It starts at the median host record with no slopes, so that the host part is the
+    larger at about half the steps and the error moves with every coefficient.  Where the host is
+    never the slower pipeline the error cannot tell, and the part stays at or below the GPU spans:
+    ``binding_steps`` says how many steps it is the larger at."""
+    period, gpu = steps["host_step_ms"].to_numpy(dtype=float), steps["step_ms"].to_numpy(dtype=float)
+    X = np.column_stack([np.ones(len(steps))] + [steps[t].to_numpy(dtype=float) for t in HOST_TERMS])
+    win = host_windows(steps)
+    n = int(win.max()) + 1
+    target = np.bincount(win, period, n)
+
+    def loss(h: np.ndarray) -> float:
+        return float(((np.bincount(win, np.maximum(gpu, X @ h), n) - target) ** 2).sum())
+
+    h = np.zeros(X.shape[1])
+    h[0] = float(np.median(period))
+    step = np.array([h[0] / 4] + [0.05] * len(HOST_TERMS))
+    best = loss(h)
+    while step.max() > 1e-5:
+        for j, sign in ((j, sign) for j in range(len(h)) for sign in (1, -1)):
+            cand = h.copy()
+            cand[j] = max(0.0, cand[j] + sign * step[j])
+            if (c := loss(cand)) < best:
+                best, h = c, cand
+                break
+        else:
+            step = step / 2
+    ss = float(((target - target.mean()) ** 2).sum())
+    return {"c0_ms": float(h[0]), "coef_ms": {t: float(c) for t, c in zip(HOST_TERMS, h[1:], strict=True) if c > 0},
+            "r2": 1.0 - best / ss if ss > 0 else math.nan, "n_steps": len(steps), "n_windows": n,
+            "binding_steps": int((X @ h > gpu).sum())}
 
 
 def fit_study(study_dir: Path) -> CostModel:

@@ -182,7 +182,7 @@ SAYS = {
                           "OFF at 8 req/s saturated in 1 repeat of 2 (a bound, ≥ 2219 ms)"],
     "h200-tp1-hit-rate-throughput": ["16 req/s: ON 2,208 against OFF 2,193 output tok/s (+0.7 %)",
                                      "56 req/s: ON 7,464 against OFF 2,620 output tok/s (+184.9 %)"],
-    "seed-says": ["mean E2E ON / OFF 488.5 ± 244.4 / 511.5 ± 262.1 ms at 1 req/s (4.5 % saved)",
+    "seed-says": ["mean E2E ON / OFF 487.8 ± 244.1 / 510.8 ± 261.8 ms at 1 req/s (4.5 % saved)",
                   "OFF saturates from 48 req/s (knee 32), ON does not saturate up to 64 req/s",
                   "The simulated saving, 23.0 ms, is near it"],
     "h200-tp1-slo-says": ["8, 16 (missed), 11.3, 13.4, 14.6 (missed), 13.4 (missed), 12.3, 12.3",

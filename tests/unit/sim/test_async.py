@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from prefixstudy.errors import UserError
-from prefixstudy.sim.cost import CostModel, async_recorded, fit
+from prefixstudy.sim.cost import CostModel, async_recorded, busy_steps, fit, host_windows
 from prefixstudy.sim.driver import SimRequest
 from prefixstudy.sim.step import StepFeatures
 
@@ -30,25 +30,55 @@ def test_a_step_costs_the_slower_of_the_gpu_and_the_host():
 
 
 def gpu_span_steps():
-    """GPU span 2 + 0.01 prefill + 0.05 decode; host record 3 + 0.02 decode."""
-    df = pd.DataFrame([(100, 0), (0, 4), (50, 2), (0, 8), (1000, 1), (0, 1), (0, 30)],
-                      columns=["prefill_tokens", "decode_tokens"])
+    """Four windows of 16 steps, each a 1000-token prompt beside ``base`` decoders, then decode-only
+    steps of base .. base + 14 decoders.  GPU span 2 + 0.01 prefill + 0.05 decode; the host's own
+    work 3 + 0.02 decode, so the decode-only steps (under 34 decoders) are the host's.  A step takes
+    the slower of the two, and its host record is shifted as vLLM's are: the prompt step's record
+    ends 4 ms before its GPU work does, and the next record carries the wait."""
+    rows = []
+    for base in (1, 6, 11, 16):
+        rows += [(1000, 1, base)] + [(0, 0, base + j) for j in range(15)]
+    df = pd.DataFrame(rows, columns=["prefill_tokens", "num_prefill_reqs", "decode_tokens"])
     df["context_tokens"] = 0
     df["step_ms"] = 2 + 0.01 * df.prefill_tokens + 0.05 * df.decode_tokens
-    df["host_step_ms"] = 3 + 0.02 * df.decode_tokens
+    wall = df.step_ms.clip(lower=3 + 0.02 * df.decode_tokens)
+    shift = 4.0 * (df.prefill_tokens > 0)
+    df["host_step_ms"] = wall - shift + shift.shift(1, fill_value=0.0)
+    df["t_s"] = wall.cumsum() / 1000
     df["mode"], df["rate"], df["repeat"], df["timing"] = "on", 1.0, 0, "gpu-span"
     return df
 
 
-def test_the_async_fit_prices_the_gpu_on_the_spans_and_the_host_on_the_host_stamps():
+def test_the_async_fit_prices_the_gpu_on_the_spans_and_the_host_on_the_windows_of_host_stamps():
     m = fit(gpu_span_steps(), async_scheduling=True)
     assert m.c0_ms == pytest.approx(2.0) and m.coef_ms == pytest.approx({"prefill_tokens": 0.01, "decode_tokens": 0.05})
-    assert m.host["c0_ms"] == pytest.approx(3.0) and m.host["coef_ms"] == pytest.approx({"decode_tokens": 0.02})
-    assert (m.host["n_steps"], m.timing) == (7, "gpu-span")
+    assert m.host["c0_ms"] == pytest.approx(3.0, abs=1e-3)
+    assert m.host["coef_ms"] == pytest.approx({"decode_tokens": 0.02}, abs=1e-4)
+    assert (m.host["n_steps"], m.host["n_windows"], m.host["binding_steps"], m.timing) == (64, 4, 60, "gpu-span")
     # a 1000-token prefill is the GPU's (12 ms against 3), eight decodes the host's (3.16 against 2.4)
-    assert m(StepFeatures(1000, 0, 0, 1)) == pytest.approx(12.0)
-    assert m(StepFeatures(0, 8, 0, 8)) == pytest.approx(3.16)
+    assert m(StepFeatures(1000, 0, 0, 1, num_prefill_reqs=1)) == pytest.approx(12.0)
+    assert m(StepFeatures(0, 8, 0, 8)) == pytest.approx(3.16, abs=1e-3)
     assert fit(gpu_span_steps()).host == {}  # the same steps, fitted as one step at a time
+
+
+def test_the_shifted_host_records_fitted_one_by_one_would_miss_the_host_s_own_work():
+    """The wrong data for the window fit: the same records, each taken as its own step's host time
+    (least squares over the steps, as a one-step-at-a-time fit would).  The wait a prompt's record
+    hands to the next one lands on a decode-only step, and the fit smears it into the fixed cost:
+    3.58 ms a step, decoders free, where the host takes 3 ms + 0.02 ms a decoder."""
+    from prefixstudy.metrics import engine_fit
+
+    steps = gpu_span_steps()
+    f = engine_fit.fit_arrays(engine_fit.design(steps), steps["host_step_ms"].to_numpy(float))
+    one_by_one = dict(zip(("c0",) + engine_fit.TERMS, f.coef.round(4).tolist(), strict=True))
+    assert one_by_one == {"c0": 3.5767, "prefill_tokens": 0.0048, "num_prefill_reqs": 0.0, "decode_tokens": 0.0,
+                          "context_tokens": 0.0}
+
+
+def test_a_host_window_is_16_steps_of_one_point_in_time_order():
+    steps = pd.concat([gpu_span_steps().head(20).assign(rate=r) for r in (2.0, 1.0)], ignore_index=True)
+    assert host_windows(busy_steps(steps)).tolist() == [0] * 16 + [1] * 4 + [2] * 16 + [3] * 4
+    assert (busy_steps(steps)["rate"].tolist()[:20], busy_steps(steps)["rate"].tolist()[20:]) == ([1.0] * 20, [2.0] * 20)
 
 
 def test_an_async_calibration_without_gpu_spans_is_refused():

@@ -1,10 +1,9 @@
-"""The other default-engine step-cost form (experiments/sim/async_forms.py): its design and host fit on
-numbers worked by hand, and its committed tables (experiments/results/sim-accuracy/async-forms/) are
+"""The other default-engine step-cost form (experiments/sim/async_forms.py): its design on numbers
+worked by hand, and its committed tables (experiments/results/sim-accuracy/async-forms/) are
 what its async.csv gives."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -26,16 +25,6 @@ def test_a_step_s_gemm_rows_fill_the_segments_in_order(forms):
     row = forms.gpu_design([1214], [1], [20])[0]
     assert row.tolist() == [1, 64, 64, 128, 256, 512, 210, 0, 0, 0, 20, 1, 1]
     assert forms.gpu_design([0], [0], [100])[0].tolist() == [1, 64, 36, 0, 0, 0, 0, 0, 0, 0, 100, 0, 0]
-
-
-def test_the_host_part_is_what_the_windows_wall_time_holds_beyond_the_gpu(forms):
-    """GPU spans of 5 ms and a host that takes 4 + 0.05 ms per decoder: the steps with more than 20
-    decoders are the host's, and the fit finds it from the windows' sums alone."""
-    d = np.tile(np.arange(0, 160, 10, dtype=float), 8)  # 128 steps, 8 windows of 16
-    gpu = np.full(len(d), 5.0)
-    period = np.maximum(gpu, 4 + 0.05 * d)
-    h = forms.fit_host(period, gpu, forms.host_design(np.zeros(len(d)), d), np.repeat(np.arange(8), 16))
-    assert np.round(h, 3).tolist() == [4.0, 0.05, 0.0]
 
 
 def test_its_tables_are_what_its_async_csv_gives(forms, tmp_path):

@@ -20,9 +20,10 @@ bf16; P = the decoder layers' projection weights, V·h = lm_head, L layers, hidd
 it to the target's roofline, so each coefficient is multiplied by ``roofline(target) /
 roofline(source)``; the part of ``c0`` the roofline does not explain (CPU scheduling, sampling,
 kernel launches) is carried over unchanged.  The host part of an async-scheduling calibration
-(``CostModel.host``) is carried the same way: its host records are the engine loop's period, the
-waits for the GPU included, so its terms scale with the GPU's, and what its fixed cost holds beyond
-the source's roofline stays.  ``extrapolations`` names what the calibration's data cannot check about
+(``CostModel.host``) is carried the same way, each term by the GPU part's ratio and its fixed cost
+beyond the source's roofline kept.  The host's own work on the target is not measured; scaled with
+the GPU part, the host stays the slower pipeline at the steps where it was (small decode-only steps),
+which is an assumption, not a measurement.  ``extrapolations`` names what the calibration's data cannot check about
 such a transfer.
 """
 

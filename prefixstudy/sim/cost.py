@@ -62,7 +62,7 @@ class CostModel:
     # The host part of an async-scheduling calibration (``c0_ms``, ``coef_ms``, and from ``fit_host``
     # the R² of its window sums, ``n_steps``, ``n_windows``, ``binding_steps``); empty for one that
     # ran one step at a time.  The roofline transfer scales it as the GPU part
-    # (``sim.hardware.transfer``): the host records it is fitted on hold the waits for the GPU.
+    # (``sim.hardware.transfer`` says why).
     host: dict = field(default_factory=dict)
     # A fit to request timestamps (``sim.fit_requests``): its error on the points it was fitted to.
     fit_error: dict = field(default_factory=dict)
@@ -180,10 +180,10 @@ def fit_host(steps: pd.DataFrame) -> dict:
     non-negative (h0, h, h') minimising, over the windows, the squared error of the summed
     max(GPU span, host part) against the summed host records.  Coordinate search: each coefficient
     moved up or down by its step, the first move that lowers the error taken, every step halved when
-    none does.  It starts at the median host record with no slopes, so that the host part is the
-    larger at about half the steps and the error moves with every coefficient.  Where the host is
-    never the slower pipeline the error cannot tell, and the part stays at or below the GPU spans:
-    ``binding_steps`` says how many steps it is the larger at."""
+    none does.  It starts at the median host record with no slopes, a host part above some GPU spans,
+    so that the error moves with every coefficient from the start.  Where the host is never the
+    slower pipeline the error cannot tell one host part from another below the GPU spans, and the
+    search ends at one of them: ``binding_steps`` says at how many steps the part is the larger."""
     period, gpu = steps["host_step_ms"].to_numpy(dtype=float), steps["step_ms"].to_numpy(dtype=float)
     X = np.column_stack([np.ones(len(steps))] + [steps[t].to_numpy(dtype=float) for t in HOST_TERMS])
     win = host_windows(steps)

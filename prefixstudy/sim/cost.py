@@ -172,7 +172,7 @@ def host_windows(steps: pd.DataFrame) -> np.ndarray:
     series (point, replica)."""
     series = steps.groupby(engine_fit.engine_keys(steps), sort=False).ngroup().to_numpy()
     pos = steps.groupby(series).cumcount().to_numpy()
-    return pd.factorize(series * 1_000_000 + pos // HOST_WINDOW_STEPS)[0]
+    return steps.groupby([series, pos // HOST_WINDOW_STEPS], sort=False).ngroup().to_numpy()
 
 
 def fit_host(steps: pd.DataFrame) -> dict:

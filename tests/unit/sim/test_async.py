@@ -76,9 +76,9 @@ def test_the_shifted_host_records_fitted_one_by_one_would_miss_the_host_s_own_wo
 
 
 def test_a_host_window_is_16_steps_of_one_point_in_time_order():
-    steps = pd.concat([gpu_span_steps().head(20).assign(rate=r) for r in (2.0, 1.0)], ignore_index=True)
-    assert host_windows(busy_steps(steps)).tolist() == [0] * 16 + [1] * 4 + [2] * 16 + [3] * 4
-    assert (busy_steps(steps)["rate"].tolist()[:20], busy_steps(steps)["rate"].tolist()[20:]) == ([1.0] * 20, [2.0] * 20)
+    steps = busy_steps(pd.concat([gpu_span_steps().head(20).assign(rate=r) for r in (2.0, 1.0)], ignore_index=True))
+    assert host_windows(steps).tolist() == [0] * 16 + [1] * 4 + [2] * 16 + [3] * 4
+    assert (steps["rate"].tolist()[:20], steps["rate"].tolist()[20:]) == ([1.0] * 20, [2.0] * 20)
 
 
 def test_an_async_calibration_without_gpu_spans_is_refused():

@@ -23,10 +23,13 @@ from prefixstudy.study import run_study
 # Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
 pytestmark = pytest.mark.slow
 
+# One request open at a time (max_concurrency 1): the blocks a request finds are then the arrival
+# order's alone.  Echo answers at once, but on a loaded machine a stall let two requests overlap,
+# and the pinned blocks changed what the pool evicted (ON's GPU hits 304 tokens, not 272).
 ECHO = {"engine": {"kind": "echo", "block_size": 16, "num_blocks": 8}, "executor": "local",
         "arrivals.process": "constant", "dataset.kind": "groups", "dataset.groups": 2, "dataset.prefix_len": 64,
         "dataset.suffix_len": 16, "dataset.output_len": 1, "dataset.mix": {"order": "round_robin"},
-        "sweep.num_requests": 8, "sweep.warmup_requests": 0, "sweep.rates": [50, 100]}
+        "sweep.num_requests": 8, "sweep.warmup_requests": 0, "sweep.rates": [50, 100], "sweep.max_concurrency": 1}
 
 
 def study(tmp_path, tier_blocks: int):

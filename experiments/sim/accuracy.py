@@ -42,9 +42,9 @@ TRANSFERS = (("h200-tp1", "h200-tp2"), ("h200-tp2", "h200-tp1"), ("h200-tp1-ray"
 METRICS = ("mean_e2e_ms", "p90_e2e_ms", "mean_ttft_ms", "mean_tpot_ms", "hit_rate_measured", "saturated")
 
 
-def simulate_points(study_dir: Path, cost_for_point, check: str, repeats=None) -> list[dict]:
-    """Simulate every measured (mode, rate, repeat) of ``study_dir`` (only ``repeats`` where given);
-    ``cost_for_point(mode, rate)`` prices it."""
+def simulate_points(study_dir: Path, cost_for_point, check: str, repeats=None, points=None) -> list[dict]:
+    """Simulate every measured (mode, rate, repeat) of ``study_dir`` (only ``repeats`` and only the
+    (mode, rate) ``points`` where given); ``cost_for_point(mode, rate)`` prices it."""
     cfg = load_config(study_dir / "config.yaml")
     rows = load_rows(cfg)
     gpu, tp, _ = calibration_hardware(study_dir)
@@ -52,6 +52,8 @@ def simulate_points(study_dir: Path, cost_for_point, check: str, repeats=None) -
     measured = read_summary(study_dir / "summary.csv")
     if repeats is not None:
         measured = measured[measured["repeat"].isin(repeats)]
+    if points is not None:
+        measured = measured[[(m, float(r)) in points for m, r in zip(measured["mode"], measured["rate"], strict=True)]]
     base = SimTarget(gpu.name, tp, block_count(cfg, arch, gpu, tp, DEFAULT_BLOCK_SIZE), DEFAULT_BLOCK_SIZE,
                      cost_for_point("on", measured.rate.iloc[0]))
     vc = vllm_config(scheduler_spec(cfg, base, "on"))
@@ -81,12 +83,17 @@ def held_out(study_dir: Path) -> list[dict]:
     return simulate_points(study_dir, cost, "held-out point")
 
 
-def transferred(src_dir: Path, dst_dir: Path) -> list[dict]:
+def transfer_model(src_dir: Path, dst_dir: Path):
+    """The fit on all of ``src_dir``'s steps, moved to ``dst_dir``'s GPU and TP degree."""
     cfg = load_config(dst_dir / "config.yaml")
     arch = load_arch(cfg.model)
     src = Deployment(arch, *calibration_hardware(src_dir)[:2])
     dst = Deployment(arch, *calibration_hardware(dst_dir)[:2])
-    model = transfer(fit(load_steps(src_dir), source=str(src_dir)), src, dst, mean_context_tokens(load_rows(cfg)))
+    return transfer(fit(load_steps(src_dir), source=str(src_dir)), src, dst, mean_context_tokens(load_rows(cfg)))
+
+
+def transferred(src_dir: Path, dst_dir: Path) -> list[dict]:
+    model = transfer_model(src_dir, dst_dir)
     return simulate_points(dst_dir, lambda mode, rate: model, f"transfer from {src_dir.name}")
 
 

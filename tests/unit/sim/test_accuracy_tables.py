@@ -47,6 +47,35 @@ def test_the_tables_are_what_accuracy_csv_gives(accuracy, tmp_path):
         assert (tmp_path / name).read_text() == (ACC / name).read_text(), name
 
 
+CANARY = {("on", 1.0), ("off", 16.0), ("off", 24.0)}
+
+
+@pytest.mark.slow
+def test_the_table_is_what_the_code_gives_on_the_tp1_to_tp2_transfer(accuracy):
+    """The tables above are checked against accuracy.csv; this checks accuracy.csv against the code on
+    the one-step-at-a-time path (``sim.cost.fit`` without a host part, ``sim.hardware.transfer``):
+    three of h200-tp2's points (ON at 1 req/s, OFF at 16 and at 24, the last before its knee)
+    re-simulated from the fit on all of h200-tp1-sync, moved to TP 2 (virtual time: the same
+    numbers).  The transferred model with its fixed cost 1 % higher is the wrong data the check must
+    refuse, on ON's 1 req/s point."""
+    src, dst = REPO / accuracy.STUDIES["h200-tp1"], REPO / accuracy.STUDIES["h200-tp2"]
+    model = accuracy.transfer_model(src, dst)
+    committed = pd.read_csv(ACC / "accuracy.csv").query("check == 'transfer from h200-tp1' and study == 'h200-tp2'")
+    want = committed.set_index(["mode", "rate", "repeat"])["mean_e2e_ms_sim"].sort_index()
+    want = want[[(m, r) in CANARY for m, r, _ in want.index]]
+
+    def simulated(m, points=CANARY):
+        rows = accuracy.simulate_points(dst, lambda mode, rate: m, "transfer from h200-tp1", points=points)
+        return pd.DataFrame(rows).set_index(["mode", "rate", "repeat"])["mean_e2e_ms_sim"].sort_index()
+
+    assert len(want) == 3
+    pd.testing.assert_series_equal(simulated(model), want, check_exact=False, rtol=1e-9, obj=(
+        "accuracy.csv against the code: re-run experiments/sim/accuracy.py, timestamps.py and error_budget.py"))
+    model.c0_ms *= 1.01
+    wrong = simulated(model, points={("on", 1.0)})
+    assert len(wrong) == 1 and wrong.iloc[0] > want.loc[("on", 1.0, 0)] * 1.005
+
+
 @pytest.fixture(scope="module")
 def accuracy_async():
     return load_script("experiments/sim/accuracy_async.py")

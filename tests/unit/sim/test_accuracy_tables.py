@@ -50,6 +50,11 @@ def test_the_tables_are_what_accuracy_csv_gives(accuracy, tmp_path):
 CANARY = {("on", 1.0), ("off", 16.0), ("off", 24.0)}
 
 
+def _e2e_sim(rows: list[dict]) -> pd.Series:
+    """simulate_points' rows as the simulated mean E2E by (mode, rate, repeat)."""
+    return pd.DataFrame(rows).set_index(["mode", "rate", "repeat"])["mean_e2e_ms_sim"].sort_index()
+
+
 @pytest.mark.slow
 def test_the_table_is_what_the_code_gives_on_the_tp1_to_tp2_transfer(accuracy):
     """The tables above are checked against accuracy.csv; this checks accuracy.csv against the code on
@@ -65,8 +70,7 @@ def test_the_table_is_what_the_code_gives_on_the_tp1_to_tp2_transfer(accuracy):
     want = want[[(m, r) in CANARY for m, r, _ in want.index]]
 
     def simulated(m, points=CANARY):
-        rows = accuracy.simulate_points(dst, lambda mode, rate: m, "transfer from h200-tp1", points=points)
-        return pd.DataFrame(rows).set_index(["mode", "rate", "repeat"])["mean_e2e_ms_sim"].sort_index()
+        return _e2e_sim(accuracy.simulate_points(dst, lambda mode, rate: m, "transfer from h200-tp1", points=points))
 
     assert len(want) == 3
     pd.testing.assert_series_equal(simulated(model), want, check_exact=False, rtol=1e-9, obj=(
@@ -116,8 +120,7 @@ def test_the_default_engine_table_is_what_the_code_gives_on_h200_tp1_async(accur
     committed = pd.read_csv(ACC / "async.csv").query("study == 'h200-tp1-async' and check == 'another run'")
 
     def simulated(m):
-        rows = accuracy_async.simulate_points(results / "h200-tp1-async", lambda mode, rate: m, "another run")
-        return pd.DataFrame(rows).set_index(["mode", "rate", "repeat"])["mean_e2e_ms_sim"].sort_index()
+        return _e2e_sim(accuracy_async.simulate_points(results / "h200-tp1-async", lambda mode, rate: m, "another run"))
 
     want = committed.set_index(["mode", "rate", "repeat"])["mean_e2e_ms_sim"].sort_index()
     assert len(want) == 8

@@ -1,6 +1,6 @@
-"""Another step-cost form for vLLM's default engine, put through the same checks as the simulator's.
+"""Other step-cost forms for vLLM's default engine, put through the same checks as the simulator's.
 
-    PYTHONPATH=. python experiments/sim/async_forms.py [--out experiments/results/sim-accuracy/async-forms]
+    PYTHONPATH=. python experiments/sim/async_forms.py [--form piecewise|roofline] [--out DIR]
 
 ``sim.cost.fit`` prices a default-engine step as max(GPU part, host part), the GPU part linear in the
 step's prompt tokens, prompt requests and decode tokens, fitted on the GPU spans.  The form here keeps
@@ -11,7 +11,20 @@ show (experiments/sim/step_terms.py):
 
 where T = prompt + decode tokens (the rows of every GEMM) and g is piecewise linear and non-decreasing,
 with knots at 64, 128, ..., 16384 tokens (each segment's slope a non-negative least-squares
-coefficient), fitted on the GPU spans.
+coefficient), fitted on the GPU spans.  Its tables go to sim-accuracy/async-forms.
+
+``--form roofline`` gives the GPU part the shape of a roofline instead: a step is bound either by
+reading the weights and KV (a fixed cost, decode tokens and prompt requests) or by computing its GEMM
+rows (prompt tokens, prompt requests and decode tokens, with no fixed cost), whichever is slower:
+
+    max(c0 + m_decode·decode_tokens + m_req·prefill_requests,
+        p_prefill·prefill_tokens + p_req·prefill_requests + p_decode·decode_tokens)
+
+so a step computing a whole prompt does not pay the fixed cost on top (the linear form prices OFF's
+single 1214-token prompt steps on h200-tp1 15 % long for that reason, step-terms.md).  It is fitted
+on the GPU spans by alternation: each step is given to the branch that prices it higher, each
+branch's coefficients are the non-negative least squares on its steps, until no step changes branch
+(``fit_roofline``).  Its tables go to sim-accuracy/async-forms-roofline.
 
 Then every check of ``accuracy_async.py`` is run with this form in place of ``sim.cost.fit``, and its
 tables are written to ``--out``.  The form is not the simulator's: it is what the table in
@@ -45,6 +58,50 @@ def gpu_design(prefill, reqs, decode) -> np.ndarray:
     return np.column_stack([np.ones_like(p), *segments, d, r, (p > 0).astype(float)])
 
 
+MEMORY_TERMS = ("decode_tokens", "num_prefill_reqs")  # beside the fixed cost
+COMPUTE_TERMS = ("prefill_tokens", "num_prefill_reqs", "decode_tokens")
+ROOFLINE_START_PROMPT_TOKENS = 512  # the first split: steps computing more prompt tokens start compute-bound
+ROOFLINE_ROUNDS = 100
+
+
+def roofline_branches(prefill, reqs, decode) -> tuple[np.ndarray, np.ndarray]:
+    """The memory branch's rows (1, decode tokens, prompt requests) and the compute branch's (prompt
+    tokens, prompt requests, decode tokens), one per step."""
+    p, r, d = (np.asarray(a, float) for a in (prefill, reqs, decode))
+    return np.column_stack([np.ones_like(p), d, r]), np.column_stack([p, r, d])
+
+
+class RooflineCost(CostModel):
+    """``sim.cost.CostModel`` with the roofline GPU part above (``memory``, ``compute``: each branch's
+    coefficients) and the simulator's host part."""
+
+    def gpu_roofline_ms(self, prefill, reqs, decode) -> np.ndarray:
+        mem, comp = roofline_branches(prefill, reqs, decode)
+        return np.maximum(mem @ self.memory, comp @ self.compute)
+
+    def __call__(self, f) -> float:
+        gpu = float(self.gpu_roofline_ms([f.prefill_tokens], [f.num_prefill_reqs], [f.decode_tokens])[0])
+        return max(gpu, self.host_ms(f))
+
+
+def fit_roofline(steps: pd.DataFrame, source: str) -> RooflineCost:
+    base = fit(steps, source=source, async_scheduling=True)
+    b = busy_steps(steps)
+    y = b["step_ms"].to_numpy(float)
+    mem, comp = roofline_branches(b["prefill_tokens"], b["num_prefill_reqs"], b["decode_tokens"])
+    bound = b["prefill_tokens"].to_numpy() > ROOFLINE_START_PROMPT_TOKENS  # compute-bound steps
+    for _ in range(ROOFLINE_ROUNDS):
+        coef = nnls(np.column_stack([mem * ~bound[:, None], comp * bound[:, None]]), y)
+        m, c = coef[:mem.shape[1]], coef[mem.shape[1]:]
+        now = comp @ c > mem @ m
+        if (now == bound).all():
+            break
+        bound = now
+    out = RooflineCost(**{k: getattr(base, k) for k in ("c0_ms", "coef_ms", "r2", "n_steps", "source", "timing", "host")})
+    out.memory, out.compute = m, c
+    return out
+
+
 class PiecewiseCost(CostModel):
     """``sim.cost.CostModel`` with the GPU part above (``gpu``, its coefficients) and the simulator's host part."""
 
@@ -63,10 +120,13 @@ def fit_piecewise(steps: pd.DataFrame, source: str) -> PiecewiseCost:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=accuracy_async.RESULTS / "sim-accuracy/async-forms")
+    ap.add_argument("--form", choices=("piecewise", "roofline"), default="piecewise")
+    ap.add_argument("--out", type=Path, help="default: experiments/results/sim-accuracy/async-forms[-roofline]")
     a = ap.parse_args()
+    fitter, folder = {"piecewise": (fit_piecewise, "async-forms"), "roofline": (fit_roofline, "async-forms-roofline")}[a.form]
+    a.out = a.out or accuracy_async.RESULTS / "sim-accuracy" / folder
     a.out.mkdir(parents=True, exist_ok=True)
-    accuracy_async._fit = fit_piecewise
+    accuracy_async._fit = fitter
     sys.argv = [sys.argv[0], "--out", str(a.out)]
     accuracy_async.main()
 

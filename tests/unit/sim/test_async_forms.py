@@ -1,15 +1,17 @@
-"""The other default-engine step-cost form (experiments/sim/async_forms.py): its design on numbers
-worked by hand, and its committed tables (experiments/results/sim-accuracy/async-forms/) are
-what its async.csv gives."""
+"""The other default-engine step-cost forms (experiments/sim/async_forms.py): their designs on numbers
+worked by hand, the roofline fit recovering known coefficients, and their committed tables
+(experiments/results/sim-accuracy/async-forms/ and async-forms-roofline/) are what their async.csv
+gives."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from tests.scripts import REPO, load_script
 
-OUT = REPO / "experiments/results/sim-accuracy/async-forms"
+ACC = REPO / "experiments/results/sim-accuracy"
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +29,76 @@ def test_a_step_s_gemm_rows_fill_the_segments_in_order(forms):
     assert forms.gpu_design([0], [0], [100])[0].tolist() == [1, 64, 36, 0, 0, 0, 0, 0, 0, 0, 100, 0, 0]
 
 
-def test_its_tables_are_what_its_async_csv_gives(forms, tmp_path):
+MEMORY = [4.0, 0.05, 2.0]  # fixed ms, ms per decode token, ms per prompt request
+COMPUTE = [0.02, 1.0, 0.07]  # ms per prompt token, per prompt request, per decode token
+
+
+def roofline(forms, host_ms=3.0):
+    m = forms.RooflineCost(c0_ms=0.0, coef_ms={}, host={"c0_ms": host_ms, "coef_ms": {}})
+    m.memory, m.compute = np.array(MEMORY), np.array(COMPUTE)
+    return m
+
+
+def step(prefill, reqs, decode):
+    from prefixstudy.sim.step import StepFeatures
+
+    return StepFeatures(prefill, decode, 0, reqs + decode, num_prefill_reqs=reqs)
+
+
+def test_a_roofline_step_pays_the_slower_branch_and_never_both(forms):
+    m = roofline(forms)
+    # one 1214-token prompt beside 20 decoders: memory 4 + 1 + 2 = 7 ms, compute 24.28 + 1 + 1.4 = 26.68 ms
+    assert m(step(1214, 1, 20)) == pytest.approx(26.68, abs=1e-12)
+    # 100 decoders: memory 4 + 5 = 9 ms against compute 7 ms
+    assert m(step(0, 0, 100)) == pytest.approx(9.0, abs=1e-12)
+    # one decoder: memory 4.05 ms, below the host's 6 ms, which binds
+    assert roofline(forms, host_ms=6.0)(step(0, 0, 1)) == 6.0
+
+
+def test_the_roofline_fit_recovers_the_branches_that_made_the_steps(forms):
+    rng = np.random.default_rng(0)
+    n = 400
+    prompt = rng.random(n) < 0.3
+    reqs = np.where(prompt, rng.integers(1, 5, n), 0)
+    prefill = np.where(prompt, reqs * rng.integers(20, 2000, n), 0)
+    decode = rng.integers(1, 250, n)
+    truth = roofline(forms).gpu_roofline_ms(prefill, reqs, decode)
+    steps = pd.DataFrame({"mode": "off", "rate": 1.0, "repeat": 0, "timing": "gpu-span", "t_s": np.arange(n) * 0.1,
+                          "step_ms": truth, "host_step_ms": truth, "prefill_tokens": prefill,
+                          "num_prefill_reqs": reqs, "decode_tokens": decode, "context_tokens": 0,
+                          "num_running": 1, "num_waiting": 0})
+    fitted = forms.fit_roofline(steps, "made up")
+    np.testing.assert_allclose(fitted.memory, MEMORY, rtol=1e-6)
+    np.testing.assert_allclose(fitted.compute, COMPUTE, rtol=1e-6)
+    # The linear form fitted to the same steps misprices them: it cannot leave the fixed cost out.
+    linear = np.abs(forms.fit(steps, async_scheduling=True).predict(steps) / truth - 1)
+    assert linear.max() > 0.05
+
+
+@pytest.mark.parametrize("folder", ["async-forms", "async-forms-roofline"])
+def test_its_tables_are_what_its_async_csv_gives(folder, tmp_path):
     accuracy_async = load_script("experiments/sim/accuracy_async.py")
-    accuracy_async.write(pd.read_csv(OUT / "async.csv"), tmp_path)
+    accuracy_async.write(pd.read_csv(ACC / folder / "async.csv"), tmp_path)
     for name in ("async.md", "async-summary.md"):
-        assert (tmp_path / name).read_text() == (OUT / name).read_text(), name
+        assert (tmp_path / name).read_text() == (ACC / folder / name).read_text(), name
+
+
+def test_near_on_s_knee_the_slow_repeats_are_the_ones_whose_host_loop_ran_past_the_gpu():
+    """docs/simulator.md: at ON 32 and 56 req/s on h200-tp1 the measured repeats spread far more than
+    the simulated ones (each on its own arrivals), and the slower repeats are those whose host
+    records add up to more than their steps' GPU spans."""
+    from prefixstudy.sim.cost import load_steps
+
+    steps = load_steps(REPO / "experiments/results/h200-tp1")
+    on = steps[steps["mode"] == "on"]
+    host_past_gpu_s = ((on.groupby(["rate", "repeat"])["host_step_ms"].sum()
+                        - on.groupby(["rate", "repeat"])["step_ms"].sum()) / 1e3).round(2)
+    assert host_past_gpu_s.loc[32.0].tolist() == [0.27, 0.65, 0.55]
+    assert host_past_gpu_s.loc[56.0].tolist() == [0.20, 1.56, 1.23]
+    rows = pd.read_csv(ACC / "async-forms-roofline/async.csv")
+    rows = rows[(rows["check"] == "held-out point") & (rows["study"] == "h200-tp1") & (rows["mode"] == "on")]
+    for rate, fastest in ((32.0, 0), (56.0, 0)):
+        at = rows[rows["rate"] == rate].set_index("repeat")
+        meas, sim = at["mean_e2e_ms_meas"], at["mean_e2e_ms_sim"]
+        assert meas.idxmin() == fastest == host_past_gpu_s.loc[rate].idxmin()
+        assert meas.max() / meas.min() > 1.2 and sim.max() / sim.min() < 1.04

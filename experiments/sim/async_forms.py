@@ -23,8 +23,10 @@ rows (prompt tokens, prompt requests and decode tokens, with no fixed cost), whi
 so a step computing a whole prompt does not pay the fixed cost on top (the linear form prices OFF's
 single 1214-token prompt steps on h200-tp1 15 % long for that reason, step-terms.md).  It is fitted
 on the GPU spans by alternation: each step is given to the branch that prices it higher, each
-branch's coefficients are the non-negative least squares on its steps, until no step changes branch
-(``fit_roofline``).  Its tables go to sim-accuracy/async-forms-roofline.
+branch's coefficients are the non-negative least squares on its steps, until the split repeats one
+already tried (no step changes branch, or a few steps near the boundary swap back and forth); of the
+rounds, the one whose max prices the steps with the least squared error is kept (``fit_roofline``).
+Its tables go to sim-accuracy/async-forms-roofline.
 
 Then every check of ``accuracy_async.py`` is run with this form in place of ``sim.cost.fit``, and its
 tables are written to ``--out``.  The form is not the simulator's: it is what the table in
@@ -65,10 +67,13 @@ ROOFLINE_ROUNDS = 100
 
 
 def roofline_branches(prefill, reqs, decode) -> tuple[np.ndarray, np.ndarray]:
-    """The memory branch's rows (1, decode tokens, prompt requests) and the compute branch's (prompt
-    tokens, prompt requests, decode tokens), one per step."""
-    p, r, d = (np.asarray(a, float) for a in (prefill, reqs, decode))
-    return np.column_stack([np.ones_like(p), d, r]), np.column_stack([p, r, d])
+    """The memory branch's rows (1, then ``MEMORY_TERMS``) and the compute branch's
+    (``COMPUTE_TERMS``), one per step."""
+    terms = dict(zip(("prefill_tokens", "num_prefill_reqs", "decode_tokens"),
+                     (np.asarray(a, float) for a in (prefill, reqs, decode)), strict=True))
+    ones = np.ones_like(terms["prefill_tokens"])
+    return (np.column_stack([ones] + [terms[t] for t in MEMORY_TERMS]),
+            np.column_stack([terms[t] for t in COMPUTE_TERMS]))
 
 
 class RooflineCost(CostModel):
@@ -90,13 +95,18 @@ def fit_roofline(steps: pd.DataFrame, source: str) -> RooflineCost:
     y = b["step_ms"].to_numpy(float)
     mem, comp = roofline_branches(b["prefill_tokens"], b["num_prefill_reqs"], b["decode_tokens"])
     bound = b["prefill_tokens"].to_numpy() > ROOFLINE_START_PROMPT_TOKENS  # compute-bound steps
+    seen, best = set(), (np.inf, None, None)
     for _ in range(ROOFLINE_ROUNDS):
+        seen.add(np.packbits(bound).tobytes())
         coef = nnls(np.column_stack([mem * ~bound[:, None], comp * bound[:, None]]), y)
         m, c = coef[:mem.shape[1]], coef[mem.shape[1]:]
-        now = comp @ c > mem @ m
-        if (now == bound).all():
+        sse = float(((np.maximum(mem @ m, comp @ c) - y) ** 2).sum())
+        if sse < best[0]:
+            best = (sse, m, c)
+        bound = comp @ c > mem @ m
+        if np.packbits(bound).tobytes() in seen:  # settled, or back to an earlier split
             break
-        bound = now
+    _, m, c = best
     out = RooflineCost(**{k: getattr(base, k) for k in ("c0_ms", "coef_ms", "r2", "n_steps", "source", "timing", "host")})
     out.memory, out.compute = m, c
     return out

@@ -75,6 +75,28 @@ def test_the_roofline_fit_recovers_the_branches_that_made_the_steps(forms):
     assert linear.max() > 0.05
 
 
+@pytest.mark.parametrize("rounds", [99, 100])
+def test_the_roofline_fit_keeps_a_split_that_one_more_round_would_not_better(forms, rounds, monkeypatch):
+    """On h200-cache-pressure-spans the alternation swings: four steps near the boundary change branch
+    every round.  The fit keeps the better of the two whatever its round limit, so a further round
+    from its split prices the steps no closer."""
+    from prefixstudy.sim.cost import busy_steps, load_steps
+
+    monkeypatch.setattr(forms, "ROOFLINE_ROUNDS", rounds)
+
+    steps = load_steps(REPO / "experiments/results/h200-cache-pressure-spans")
+    fitted = forms.fit_roofline(steps, "h200-cache-pressure-spans")
+    b = busy_steps(steps)
+    y = b["step_ms"].to_numpy(float)
+    mem, comp = forms.roofline_branches(b["prefill_tokens"], b["num_prefill_reqs"], b["decode_tokens"])
+    sse = float(((fitted.gpu_roofline_ms(b["prefill_tokens"], b["num_prefill_reqs"], b["decode_tokens"]) - y) ** 2).sum())
+    bound = comp @ fitted.compute > mem @ fitted.memory
+    coef = forms.nnls(np.column_stack([mem * ~bound[:, None], comp * bound[:, None]]), y)
+    nxt = np.maximum(mem @ coef[:3], comp @ coef[3:])
+    assert (comp @ coef[3:] > mem @ coef[:3]).sum() != bound.sum()  # it does swing
+    assert float(((nxt - y) ** 2).sum()) >= sse
+
+
 @pytest.mark.parametrize("folder", ["async-forms", "async-forms-roofline"])
 def test_its_tables_are_what_its_async_csv_gives(folder, tmp_path):
     accuracy_async = load_script("experiments/sim/accuracy_async.py")
@@ -97,8 +119,11 @@ def test_near_on_s_knee_the_slow_repeats_are_the_ones_whose_host_loop_ran_past_t
     assert host_past_gpu_s.loc[56.0].tolist() == [0.20, 1.56, 1.23]
     rows = pd.read_csv(ACC / "async-forms-roofline/async.csv")
     rows = rows[(rows["check"] == "held-out point") & (rows["study"] == "h200-tp1") & (rows["mode"] == "on")]
-    for rate, fastest in ((32.0, 0), (56.0, 0)):
+    # the ranges docs/simulator.md quotes, measured and simulated, in ms
+    quoted = {32.0: ((913, 1125), (912, 920)), 56.0: ((1074, 1769), (1217, 1258))}
+    for rate, (meas_ms, sim_ms) in quoted.items():
         at = rows[rows["rate"] == rate].set_index("repeat")
         meas, sim = at["mean_e2e_ms_meas"], at["mean_e2e_ms_sim"]
-        assert meas.idxmin() == fastest == host_past_gpu_s.loc[rate].idxmin()
+        assert (round(meas.min()), round(meas.max())) == meas_ms and (round(sim.min()), round(sim.max())) == sim_ms
+        assert meas.idxmin() == 0 == host_past_gpu_s.loc[rate].idxmin()  # the fastest repeat had the least host excess
         assert meas.max() / meas.min() > 1.2 and sim.max() / sim.min() < 1.04

@@ -89,6 +89,14 @@ class RooflineCost(CostModel):
         return max(gpu, self.host_ms(f))
 
 
+def roofline_round(mem: np.ndarray, comp: np.ndarray, y: np.ndarray, bound: np.ndarray):
+    """One round of the alternation: each branch's non-negative least squares on the steps ``bound``
+    gives it (True: compute), the squared error of their max on ``y``, and the split they make."""
+    coef = nnls(np.column_stack([mem * ~bound[:, None], comp * bound[:, None]]), y)
+    m, c = coef[:mem.shape[1]], coef[mem.shape[1]:]
+    return m, c, float(((np.maximum(mem @ m, comp @ c) - y) ** 2).sum()), comp @ c > mem @ m
+
+
 def fit_roofline(steps: pd.DataFrame, source: str) -> RooflineCost:
     base = fit(steps, source=source, async_scheduling=True)
     b = busy_steps(steps)
@@ -98,12 +106,9 @@ def fit_roofline(steps: pd.DataFrame, source: str) -> RooflineCost:
     seen, best = set(), (np.inf, None, None)
     for _ in range(ROOFLINE_ROUNDS):
         seen.add(np.packbits(bound).tobytes())
-        coef = nnls(np.column_stack([mem * ~bound[:, None], comp * bound[:, None]]), y)
-        m, c = coef[:mem.shape[1]], coef[mem.shape[1]:]
-        sse = float(((np.maximum(mem @ m, comp @ c) - y) ** 2).sum())
+        m, c, sse, bound = roofline_round(mem, comp, y, bound)
         if sse < best[0]:
             best = (sse, m, c)
-        bound = comp @ c > mem @ m
         if np.packbits(bound).tobytes() in seen:  # settled, or back to an earlier split
             break
     _, m, c = best

@@ -125,3 +125,52 @@ def test_near_on_s_knee_the_slow_repeats_are_the_ones_whose_host_loop_ran_past_t
         assert (round(meas.min()), round(meas.max())) == meas_ms and (round(sim.min()), round(sim.max())) == sim_ms
         assert meas.idxmin() == 0 == host_past_gpu_s.loc[rate].idxmin()  # the fastest repeat had the least host excess
         assert meas.max() / meas.min() > 1.2 and sim.max() / sim.min() < 1.04
+
+
+def _prompt_and_decode_price_ratios(study: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per ON (rate, repeat): the GPU spans of its steps that carry a prompt, and of its decode-only
+    steps, summed against what the linear fit on all of the study's steps prices them; and each
+    repeat's engine (its start, in the order the run started them)."""
+    import json
+
+    from prefixstudy.sim.cost import busy_steps, fit, load_steps
+
+    d = REPO / "experiments/results" / study
+    steps = busy_steps(load_steps(d))
+    steps = steps.assign(priced=fit(steps, study, async_scheduling=True).predict(steps))
+    on = steps[steps["mode"] == "on"]
+    ratio = pd.DataFrame({kind: g.groupby(["rate", "repeat"]).apply(lambda x: x["step_ms"].sum() / x["priced"].sum())
+                          for kind, g in (("prompt", on[on["prefill_tokens"] > 0]), ("decode", on[on["prefill_tokens"] == 0]))})
+    points = [p for p in json.loads((d / "manifest.json").read_text())["points"] if p["mode"] == "on"]
+    starts = list(dict.fromkeys(p["engine_startup_s"] for p in points))
+    engine = pd.Series({(p["rate"], p["repeat"]): starts.index(p["engine_startup_s"]) for p in points})
+    summary = pd.read_csv(d / "summary.csv")
+    return ratio, summary[summary["mode"] == "on"].set_index(["rate", "repeat"]).assign(engine=engine)
+
+
+def test_near_on_s_knee_the_faster_repeat_is_the_one_whose_prompt_steps_ran_cheaper_on_the_gpu():
+    """docs/simulator.md: ON's steps that carry a prompt cost more, against one price, in some repeats
+    than in others, its decode-only steps do not, and within a point the repeat with the cheapest
+    prompt steps is the fastest."""
+    ratio, on = _prompt_and_decode_price_ratios("h200-tp1")
+    r = ratio.round(2)
+    assert r.loc[32.0, "prompt"].tolist() == [0.95, 1.38, 1.24] and r.loc[56.0, "prompt"].tolist() == [0.88, 1.13, 1.06]
+    assert r.loc[32.0, "decode"].tolist() == [0.98, 1.0, 0.99] and r.loc[56.0, "decode"].tolist() == [0.9, 0.91, 0.91]
+    # The slow repeats are those run after the resume, on fresh engines (ON's second start).
+    assert on.loc[[16.0, 32.0, 56.0], "engine"].tolist() == [0, 0, 1, 0, 1, 1, 0, 1, 1]
+    fixed_ratio, fixed = _prompt_and_decode_price_ratios("h200-tp1-fixed-order")
+    assert fixed_ratio.loc[56.0, "prompt"].round(2).tolist() == [1.1, 1.05, 0.89]
+    assert fixed.loc[56.0, "mean_e2e_ms"].round().tolist() == [1706, 1625, 1183]
+    # One engine served a slow and a fast repeat at 16 req/s.
+    assert fixed.loc[16.0, "engine"].tolist() == [0, 1, 1]
+    assert fixed_ratio.loc[16.0, "prompt"].round(2).tolist() == [1.16, 1.31, 0.92]
+    for ratios, points, rates in ((ratio, on, (16.0, 32.0, 56.0)), (fixed_ratio, fixed, (16.0, 32.0, 40.0, 56.0))):
+        for rate in rates:
+            at = points.loc[rate]
+            assert len(at) == 3 and not at["saturated"].any()
+            assert at["mean_e2e_ms"].idxmin() == ratios.loc[rate, "prompt"].idxmin(), rate
+        # The other unsaturated points: 1 req/s, where the repeats differ by under 1 %, and 80 (fixed
+        # order), where one repeat did not keep up.
+        others = sorted(set(points.index.get_level_values("rate")) - set(rates))
+        spread = {rate: points.loc[rate, "mean_e2e_ms"].max() / points.loc[rate, "mean_e2e_ms"].min() - 1 for rate in others}
+        assert spread[1.0] < 0.01 and all(points.loc[rate, "saturated"].any() for rate in others if rate > 1)

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python experiments/sim/error_budget.py [--check]
 
-A prediction's error has two parts, measured apart on the committed H200 studies:
+A prediction's error has two parts, measured apart on the committed studies (H200s; one H100 server run for request timestamps):
 
 * **calibration**: the step cost fitted on a run, predicting that run's engine at points the fit
   did not see (the held-out point checks), one entry per kind of calibration (the ``timing`` of
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -42,6 +43,12 @@ CALIBRATIONS = {
 TRANSFER = ("accuracy.csv", "transfer from", "TP 1 to TP 2 and back, on one H200")  # by the datasheet roofline
 
 
+def gpus(studies, results: Path = Path("experiments/results")) -> list[str]:
+    """The GPU kinds the studies ran on, from each manifest's device name ("NVIDIA H100 80GB HBM3": H100)."""
+    return sorted({re.search(r"\b([A-Z]\d{2,3})\b", json.loads((results / s / "manifest.json").read_text())["device"])[1]
+                   for s in studies})
+
+
 def errors(df: pd.DataFrame, table: str) -> dict:
     """The counts over one set of checked points (rows: one per point, repeat and check), and the
     studies they are of, by folder."""
@@ -53,7 +60,7 @@ def errors(df: pd.DataFrame, table: str) -> dict:
     labels = {"accuracy.csv": accuracy.STUDIES, "timestamps.csv": timestamps.STUDIES}.get(table, {})
     folders = {label: Path(path).name for label, path in labels.items()}  # the tables' study labels
     studies = {folders.get(s, s) for s in u.index.get_level_values("study")}
-    return {"studies": sorted(studies), "unsaturated_points": int(len(u)),
+    return {"studies": sorted(studies), "gpus": gpus(studies), "unsaturated_points": int(len(u)),
             "within_5pct": int((err.abs() <= 0.05).sum()), "within_10pct": int((err.abs() <= 0.10).sum()),
             "mean_abs_err": round(float(err.abs().mean()), 4), "predicted_high": int((err > 0).sum())}
 

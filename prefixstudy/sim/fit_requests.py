@@ -49,7 +49,7 @@ from prefixstudy.sim.study import SimSession, SimTarget, frozen_heap, sessions
 TERMS = ("prefill_tokens", "num_prefill_reqs", "decode_tokens")  # fitted besides c0
 MIN_RATES = 2
 MAX_REQUESTS = 200
-MAX_EVALS = 40  # simulations of the fitted points; the last moves change the loss by about 1 %
+MAX_EVALS = 40  # simulations of the fitted points: the cap binds (docs/simulator.md, timestamp calibration)
 TTFT_WEIGHT = 0.25
 TIMING = "request-timestamps"
 POINT = ["mode", "rate", "repeat"]

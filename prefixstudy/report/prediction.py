@@ -54,12 +54,6 @@ def _counts(e: dict, n_what: str = "unsaturated points") -> str:
             f"({', '.join(e['studies'])})")
 
 
-def _kinds(e: dict) -> str:
-    """The GPU kinds of an entry's studies, in words ("H100 and H200")."""
-    g = e.get("gpus") or ["H200"]
-    return " and ".join(g) if len(g) < 3 else ", ".join(g[:-1]) + " and " + g[-1]
-
-
 def calibration_sentence(sim: dict, cost: dict, budget: dict) -> str:
     timing = cost.get("timing") or "unknown"
     e = budget["calibration"].get(timing)
@@ -68,7 +62,7 @@ def calibration_sentence(sim: dict, cost: dict, budget: dict) -> str:
         text = (f"Calibration on {source} ({timing} records): no committed study checks a calibration of "
                 f"this kind held out, so its part of the error is unmeasured.")
     else:
-        text = (f"Calibration, a fit on {source}'s {e['what']}: held out on committed {_kinds(e)} studies, a "
+        text = (f"Calibration, a fit on {source}'s {e['what']}: held out on committed {' and '.join(e['gpus'])} studies, a "
                 f"calibration of this kind came {_counts(e)}.")
     fit = cost.get("fit_error") or {}
     if "e2e_mean_abs_err" in fit:

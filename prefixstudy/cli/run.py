@@ -123,7 +123,7 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
     cfg = load_config(config, overrides) if resume is None else None  # a bad config fails before pandas loads
     if dry_run and cfg is not None:
         from prefixstudy.engines.registry import capabilities
-        from prefixstudy.executors import executor_of
+        from prefixstudy.executors import resolve_executor
         from prefixstudy.preflight import check_installed, check_offload_device, check_plan, device_problem
         from prefixstudy.workloads import load_rows
 
@@ -133,7 +133,7 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         check_installed(cfg)
         virtual = capabilities(cfg.engine.kind).virtual_time  # no executor, no device of this machine's
         cannot = device_problem(cfg) if not virtual else ""
-        executor_name = executor_of(cfg)
+        executor_name = resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address)
         click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
                    + (f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s" if cfg.sweep.slo is None else
                       "SLO search " + ",".join(f"{k}:{v:g}" for k, v in cfg.sweep.slo.objectives.items()) + " ms")

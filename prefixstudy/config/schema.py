@@ -35,8 +35,7 @@ class StudyConfig(BaseModel):
     out: Path = Field(Path("results"), description="The folder the study's runs are written under.")
     executor: Literal["auto", "local", "ray"] = Field(
         "auto", description="Where the engines live: `local` in this process, `ray` one actor per arm; `auto` "
-        "ray when it imports (local for echo and http unless a cluster is named, and for in-process vLLM at one GPU "
-        "per engine where this machine has fewer GPUs than arms: there the arms take turns, timed on the GPU).")
+        "ray when it imports (local for echo and http unless a cluster is named).")
     engine: EngineConfig = Field(default_factory=VllmEngineConfig,
                                  description="The engine every arm runs; `kind` picks the backend and its fields "
                                  "(one section per kind below).")

@@ -38,9 +38,6 @@ class Capabilities:
     # Under Ray on GPUs the actor holds the engine's GPUs itself and the engine's own process
     # inherits them (executors.ray_plan.gpu_placement); else its Ray workers take them.
     gpus_in_process: bool = False
-    # In process on one GPU its steps are timed on the GPU (engines.vllm_gpu_timer), which its Ray
-    # path cannot do: executor `auto` keeps it local where Ray would run the arms one after the other.
-    gpu_step_spans: bool = False
     # Its requests take vLLM's per-request `cache_salt` (`sweep.cache_isolation: salt`): each point
     # and repeat then gets its own salt, for servers with no reset endpoint.
     cache_salt: bool = False
@@ -57,7 +54,7 @@ class Backend:
 BACKENDS: dict[str, Backend] = {
     "vllm": Backend("prefixstudy.engines.vllm", "VllmEngine", "VllmEngineConfig", Capabilities(
         needs_vllm=True, replicas=True, cpu_tier=True, capacity_units=("blocks", "bytes", "share", "offload_gib"),
-        gpu_step_spans=True, cache_salt=True)),
+        cache_salt=True)),
     "echo": Backend("prefixstudy.engines.echo", "EchoEngine", "EchoEngineConfig", Capabilities(
         replicas=True, capacity_units=("blocks", "tier_blocks"), local_by_default=True, cache_salt=True)),
     "http": Backend("prefixstudy.engines.http", "HttpEngine", "HttpEngineConfig", Capabilities(

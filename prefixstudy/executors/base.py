@@ -58,30 +58,11 @@ def resolve_executor(requested: str, engine_kind: str | None = None, address: st
     return "ray" if ray_installed() else "local"
 
 
-def executor_of(cfg: "StudyConfig") -> str:
-    """The executor ``cfg`` runs under: ``resolve_executor``'s, except that ``auto`` keeps an
-    engine that times its steps on the GPU in process (``gpu_step_spans``) where Ray would put its
-    arms one after the other on this machine: fewer GPUs here than arms, one GPU per engine, one
-    replica, no cluster named.  There the local executor lets the arms take turns point by point
-    and times each step on the GPU; Ray would confound the arms with time and record only the
-    host's stamps of an async engine."""
-    name = resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address)
-    if name != "ray" or cfg.executor != "auto" or not capabilities(cfg.engine.kind).gpu_step_spans:
-        return name
-    if cfg.ray.address != "local" or os.environ.get("RAY_ADDRESS") or cfg.ray.parallel == "on":
-        return name
-    if cfg.replicas != 1 or getattr(cfg.engine, "tensor_parallel_size", 1) != 1 or cfg.device == "cpu":
-        return name
-    from prefixstudy.results.provenance import gpu_count
-
-    return "local" if 0 < gpu_count() < len(cfg.sweep.modes) else name
-
-
 def engines_run_here(cfg: "StudyConfig") -> bool:
     """Whether the engines run on this machine's devices: the local executor, or a Ray cluster this
     run starts here.  Not when it joins one (``ray.address``, or ``local`` with RAY_ADDRESS set, as
     inside a Ray job): a KubeRay head runs the driver and has no GPU, its workers have them."""
-    if executor_of(cfg) != "ray":
+    if resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address) != "ray":
         return True
     return cfg.ray.address == "local" and not os.environ.get("RAY_ADDRESS")
 
@@ -91,7 +72,7 @@ def interleaved(cfg: "StudyConfig") -> bool:
     than one arm and one replica.  A Ray run's arms go side by side on their own GPUs, or one after
     the other."""
     return (cfg.sweep.interleave_arms and len(cfg.sweep.modes) > 1 and cfg.replicas == 1
-            and executor_of(cfg) == "local")
+            and resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address) == "local")
 
 
 def repeat_tag(cfg: "StudyConfig", repeat: int) -> str:

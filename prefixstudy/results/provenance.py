@@ -209,18 +209,6 @@ def device_name() -> str:
     return "cpu"
 
 
-def gpu_count() -> int:
-    """How many GPUs torch sees here (0 without a GPU driver, as ``device_name`` decides)."""
-    if "torch" not in sys.modules and not any(os.path.exists(p) for p in GPU_DEVICE_NODES):
-        return 0
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
-
-
 def gpu_name_via_nvml(use_gpu: bool) -> str:
     """The engine's device from a process that may hold no GPU itself (a Ray actor whose vLLM
     workers hold them): NVML sees every GPU of the node, torch only the visible ones."""

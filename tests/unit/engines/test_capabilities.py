@@ -23,8 +23,7 @@ REQUIRED = {"sim": {"calibration": "x"}, "http": {"targets": {"on": "http://127.
 
 EXPECTED = {
     "vllm": Capabilities(needs_vllm=True, replicas=True, cpu_tier=True,
-                         capacity_units=("blocks", "bytes", "share", "offload_gib"), gpu_step_spans=True,
-                         cache_salt=True),
+                         capacity_units=("blocks", "bytes", "share", "offload_gib"), cache_salt=True),
     "echo": Capabilities(replicas=True, capacity_units=("blocks", "tier_blocks"), local_by_default=True,
                          cache_salt=True),
     "http": Capabilities(local_by_default=True, cache_salt=True),
@@ -39,7 +38,7 @@ def test_each_backend_declares_exactly_this():
     assert {k: capabilities(k) for k in BACKENDS} == EXPECTED
     assert [f.name for f in fields(Capabilities)] == ["virtual_time", "needs_vllm", "replicas", "arm_overlays",
                                                      "cpu_tier", "capacity_units", "local_by_default",
-                                                     "gpus_in_process", "gpu_step_spans", "cache_salt"]
+                                                     "gpus_in_process", "cache_salt"]
     with pytest.raises(AttributeError):  # frozen: a declaration, not a setting
         capabilities("echo").replicas = False  # type: ignore[misc]
 

@@ -23,8 +23,8 @@ from prefixstudy.errors import StudyFailed, UserError, first_line
 from prefixstudy.executors.base import StudySink, point_line, repeat_tag
 from prefixstudy.executors.ray_actor import EngineActor, _gpus_in_process, actor_env
 from prefixstudy.executors.ray_cluster import NAMESPACE, alive_node_ids, alive_nodes, connect, ray_failure
-from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, plan_parallel,
-                                            summarize_actor_error)
+from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, one_after_the_other,
+                                            plan_parallel, summarize_actor_error)
 from prefixstudy.runner import run_until_signal
 from prefixstudy.schema import PointResult
 from prefixstudy.sweep.plan import RunPlan
@@ -261,6 +261,8 @@ class RayExecutor:
         plan = plan_parallel(cfg.ray.parallel, len(cfg.sweep.modes), nodes, self.use_gpu, tp,
                              cfg.ray.num_cpus_per_engine, cfg.replicas)
         self.parallel = plan["used"]
+        if warning := one_after_the_other(plan):
+            log.warning("%s", warning)
         if cfg.replicas > 1:  # which node each replica of each mode is aimed at
             ids = alive_node_ids()
             slots = [node_slots(n, self.use_gpu, tp, cfg.ray.num_cpus_per_engine) for n in nodes]

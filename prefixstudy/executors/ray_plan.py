@@ -80,6 +80,17 @@ def plan_parallel(requested: str, n_modes: int, nodes: list[dict], use_gpu: bool
                       "loop); modes run one after the other")
 
 
+def one_after_the_other(plan: dict) -> str:
+    """The console warning for a plan that ``auto`` made sequential for want of room ("" otherwise:
+    side by side, one arm, or ``--parallel off`` asked for).  Each arm's points then run at other
+    times than the other arm's, so a difference between arms also holds whatever changed between."""
+    if plan["used"] or not plan["reason"].startswith("auto:"):
+        return ""
+    return (f"ray executor: {plan['reason'].removeprefix('auto: ')}: the arms are measured at different times, "
+            "so their difference also holds what changed in between. --executor local runs every arm's engine "
+            "in this process, taking turns point by point, if they fit on this machine together")
+
+
 def plan_fleets(requested: str, n_modes: int, nodes: list[dict], use_gpu: bool, tp: int,
                 cpus_per_engine: int, replicas: int) -> dict:
     """As ``plan_parallel``, for fleets of ``replicas`` engines per mode.  A fleet must fit whole;

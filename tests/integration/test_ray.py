@@ -10,6 +10,7 @@ head node (tests/integration/conftest.py).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -204,6 +205,15 @@ def _kill_during_point(out: Path, mode: str, seen: dict, stop: threading.Event) 
 # with only the executor's own handle in use, the actor dies alone (3 of 3).
 
 
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 @pytest.fixture(scope="module")
 def ray_study(tmp_path_factory):
     """`prefixstudy run` (in this process, so the test can reach the actors) with the default executor
@@ -213,6 +223,8 @@ def ray_study(tmp_path_factory):
     seen: dict = {}
     stop = threading.Event()
     killer = threading.Thread(target=_kill_during_point, args=(out, "off", seen, stop), daemon=True)
+    warned = _Collect()
+    logging.getLogger("prefixstudy.executors.ray").addHandler(warned)
     t0 = time.monotonic()
     killer.start()
     try:
@@ -223,6 +235,8 @@ def ray_study(tmp_path_factory):
     finally:
         stop.set()
         killer.join(15)
+        logging.getLogger("prefixstudy.executors.ray").removeHandler(warned)
+    seen["warnings"] = [r.getMessage() for r in warned.records if r.levelno == logging.WARNING]
     (run_dir,) = (out / "default").iterdir()
     print(f"ray study: {time.monotonic() - t0:.0f} s; killed {seen}")
     return run_dir, done.value.code, seen
@@ -245,9 +259,14 @@ def test_ray_results_have_the_local_runners_schema(ray_study):
 
 @pytest.mark.engine
 def test_ray_study_values(ray_study):
-    run_dir, code, _ = ray_study
+    run_dir, code, seen = ray_study
     man, req, it, summ = _read_run(run_dir)
     assert code == 1  # a failed point: the CLI says so, after writing everything
+    # 2 CPUs hold one CPU engine at a time: the console says the arms ran one after the other.
+    assert [w for w in seen["warnings"] if "one after the other" in w] == [
+        f"ray executor: {man['parallel']['reason'].removeprefix('auto: ')}: the arms are measured at different "
+        "times, so their difference also holds what changed in between. --executor local runs every arm's engine in "
+        "this process, taking turns point by point, if they fit on this machine together"]
     assert man["executor"] == "ray" and man["status"] == "complete_with_failures"
     assert (man["ray"]["address"], man["ray"]["cluster_cpus"], man["ray"]["engine_resources"]) \
         == ("local", 2, {"CPU": 1})

@@ -41,7 +41,8 @@ _spec.loader.exec_module(accuracy)
 
 RESULTS = Path("experiments/results")
 STUDIES = {"h200-tp1": RESULTS / "h200-tp1-sync", "h200-tp2": RESULTS / "h200-tp2",
-           "h200-vllm-server": RESULTS / "h200-vllm-server", "h100-vllm-server": RESULTS / "h100-vllm-server"}
+           "h200-vllm-server": RESULTS / "h200-vllm-server", "h100-vllm-server": RESULTS / "h100-vllm-server",
+           "h100-tp1": RESULTS / "h100-tp1"}
 # A study without step records: the step-record calibration is another study's, of the same engine.
 STEP_RECORDS_OF = {"h200-vllm-server": RESULTS / "h200-tp1"}
 CALIBRATIONS = ("step records", "timestamps")
@@ -142,7 +143,7 @@ def claims(pp: pd.DataFrame) -> list[str]:
         u = g[g["saturated_meas_share"] <= 0.5]
         n = {c: int((u[u["check"] == c]["mean_e2e_ms_err"].abs() <= 0.10).sum()) for c in set(u["check"])}
         points = int((u["check"] == "timestamps").sum())
-        beside = f"step records: {n['step records']}" if "step records" in n else "no step records on this GPU"
+        beside = f"step records: {n['step records']}" if "step records" in n else "no step-record calibration on this GPU"
         out.append(f"{study}: timestamps only, within 10 % at {n['timestamps']} of {points} held-out points ({beside})")
     return out
 

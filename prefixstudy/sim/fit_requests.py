@@ -14,9 +14,11 @@ carried prompts), which only the scheduler knows.  So:
 2. **A coordinate search with the simulator inside** (``search``): each coefficient in turn is
    moved up and down by a step, every fitted point is simulated (vLLM's scheduler, on the point's
    own arrival schedule), and the move is kept if the error went down; the step halves once no
-   move helps.  The error is the root mean square, over the points, of log(simulated / measured)
-   mean TPOT and, at weight ``TTFT_WEIGHT``, mean TTFT: a client's TTFT also holds the server's
-   own latency (HTTP, detokenising), which the simulator does not model.
+   move helps, and the search ends when the step falls below ``min_step`` (``MAX_EVALS`` is only a
+   backstop: a search cut short ends wherever its start led it).  The error is the root mean
+   square, over the points, of log(simulated / measured) mean TPOT and, at weight
+   ``TTFT_WEIGHT``, mean TTFT: a client's TTFT also holds the server's own latency (HTTP,
+   detokenising), which the simulator does not model.
 
 To stay fast on a small machine the fit simulates a subsample: the first ``MAX_REQUESTS`` requests
 of one repeat of each unsaturated point (the arrival schedule's first requests are the same in a
@@ -49,7 +51,7 @@ from prefixstudy.sim.study import SimSession, SimTarget, frozen_heap, sessions
 TERMS = ("prefill_tokens", "num_prefill_reqs", "decode_tokens")  # fitted besides c0
 MIN_RATES = 2
 MAX_REQUESTS = 200
-MAX_EVALS = 40  # simulations of the fitted points: the cap binds (docs/simulator.md, timestamp calibration)
+MAX_EVALS = 200  # simulations of the fitted points: a backstop (module docstring, step 2)
 TTFT_WEIGHT = 0.25
 TIMING = "request-timestamps"
 POINT = ["mode", "rate", "repeat"]

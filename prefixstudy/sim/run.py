@@ -137,7 +137,7 @@ def calibration_cost(calibration: Path, arch: Arch, gpu: GPU | None, tp: int, bl
     cfg = load_config(calibration / "config.yaml")
     bs = cfg.engine.block_size or block_size or DEFAULT_BLOCK_SIZE
     target = SimTarget(gpu.name if gpu else "cpu", tp, _blocks(cfg, arch, gpu, tp, bs), bs, None)
-    log.warning("%s %s: fitting the step cost to its request timestamps (%d simulations of its points)",
+    log.warning("%s %s: fitting the step cost to its request timestamps (up to %d simulations of its points)",
                 calibration, why_no_step_fit(calibration), MAX_EVALS)
     return fit_timestamps(cfg, load_rows(cfg), target, req, summary, str(calibration))
 

@@ -1,7 +1,7 @@
 """The simulator calibrated from request timestamps alone, against the step-record calibration, on
 the same held-out points.
 
-    PYTHONPATH=. python experiments/sim/timestamps.py [--studies h200-tp1,h200-tp2,h200-vllm-server,h100-vllm-server]
+    PYTHONPATH=. python experiments/sim/timestamps.py [--studies h200-tp1,h200-tp2,h200-vllm-server,h100-vllm-server,h100-tp1]
                                                      [--out experiments/results/sim-accuracy] [--tables-only]
 
 For each study and each point (mode, rate): fit the step cost on the study's OTHER points (every
@@ -12,10 +12,12 @@ the fit on all the others), then simulate every repeat of the point on its own a
 (``accuracy.simulate_points``) and compare with the measurement.  ``h200-vllm-server`` (``vllm
 serve`` over HTTP) has no step records; its step-record column is the in-process study of the same
 engine and GPU, ``h200-tp1`` (vLLM's default engine, steps timed on the GPU), fitted on all its
-steps, none of which are the server's.  ``h100-vllm-server`` (the same server on an H100, where no
-in-process study ran) has the timestamp calibration only.  Writes timestamps.csv (one row per point, repeat and
-calibration), timestamps-summary.md (the table in docs/simulator.md) and timestamps.md (per point).  ``--studies``
-re-runs those studies and keeps the others' rows.
+steps, none of which are the server's.  ``h100-vllm-server`` (the same server on an H100) and
+``h100-tp1`` (the same engine in process on an H100, through Ray: host stamps only) have the
+timestamp calibration only, as no study on an H100 has steps timed on the GPU.  Writes
+timestamps.csv (one row per point, repeat and calibration), timestamps-summary.md (the table in
+docs/simulator.md) and timestamps.md (per point).  ``--studies`` re-runs those studies and keeps the
+others' rows.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ export PYTHONPATH=${CODE:+$CODE:}${SITE:-/tmp/site}:$PWD VLLM_USE_FLASHINFER_SAM
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}
 # SIGTERM before the device call's own limit: finished points are flushed, the run can be resumed.
+# A stop that lands on an engine start can outlast the limit; the console lines reach $OUT as they
+# are printed (grep --line-buffered below), so a call killed there still brings them back.
 ps() { timeout -s TERM "${STUDY_TIMEOUT:-560}" python3 -m prefixstudy "$@"; }
 RESULTS=${RESULTS:-/tmp/results}
 newest() {  # the newest run of any study under $RESULTS: run ids are timestamps, so sort by the id, not the path
@@ -59,7 +61,7 @@ case "$1" in
       cp -r .gpu/sgl-model /tmp/sgl-model &&
       PYTHONPATH=/tmp/sgl-site python3 -c "import sglang, torch; print('sglang', sglang.__version__, 'gpus', torch.cuda.device_count())" ;;
   study) shift; cfg=$1; shift
-    ps run "$cfg" --out "$RESULTS" --no-report --quiet "$@" 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/study.log"
+    ps run "$cfg" --out "$RESULTS" --no-report --quiet "$@" 2>&1 | grep --line-buffered -v "^INFO\|^(.*) INFO" | tee "$OUT/study.log"
     collect ;;
   split) shift; cfg=$1; shift
     # ON on GPU 0 and OFF on GPU 1, two in-process engines in two processes (own compile caches);
@@ -91,7 +93,7 @@ case "$1" in
     tar -czf "$OUT/cap-$tag.tgz" -C /tmp "cap-$tag" ;;
   resume)
     run=$(newest)
-    ps run --resume "$run" --no-report --quiet 2>&1 | grep -v "^INFO\|^(.*) INFO" | tee "$OUT/resume.log"
+    ps run --resume "$run" --no-report --quiet 2>&1 | grep --line-buffered -v "^INFO\|^(.*) INFO" | tee "$OUT/resume.log"
     collect ;;
   *) echo "usage: device.sh part NN | unpack | sglang | study CONFIG [ARGS] | split CONFIG [ARGS] | swap CONFIG MODE REPEATS [ARGS] | capsplit TAG CONFIG UNIT=V1,.. [ARGS] | resume" >&2; exit 2 ;;
 esac

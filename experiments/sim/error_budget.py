@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 import pandas as pd
+
+from prefixstudy.model.gpus import find_gpu
 
 sys.path.insert(0, str(Path(__file__).parent))
 import accuracy  # noqa: E402
@@ -44,8 +45,9 @@ TRANSFER = ("accuracy.csv", "transfer from", "TP 1 to TP 2 and back, on one H200
 
 
 def gpus(studies, results: Path = Path("experiments/results")) -> list[str]:
-    """The GPU kinds the studies ran on, from each manifest's device name ("NVIDIA H100 80GB HBM3": H100)."""
-    return sorted({re.search(r"\b([A-Z]\d{2,3})\b", json.loads((results / s / "manifest.json").read_text())["device"])[1]
+    """The GPU kinds the studies ran on: each manifest's device, as the GPU table names it
+    ("NVIDIA H100 80GB HBM3" is H100-SXM: H100)."""
+    return sorted({find_gpu(json.loads((results / s / "manifest.json").read_text())["device"]).name.split("-")[0]
                    for s in studies})
 
 

@@ -783,6 +783,13 @@ def _span(v, spec: str, unit: str = "") -> str:
     return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
 
 
+def _longer(pct: pd.Series) -> str:
+    """'3.9–7.3 % longer', or where some took less time, 'from 2.1 % less to 3.3 % more time'."""
+    if pct.min() >= 0:
+        return f"{_span(pct, '.1f', ' %')} longer"
+    return f"from {-pct.min():.1f} % less to {pct.max():.1f} % more time"
+
+
 def _accuracy_words(acc, df: pd.DataFrame, check: str, study: str) -> str:
     """'N of M within 5 % (worst ±x.x %, MODE R)' over the unsaturated points of one check of an
     async.csv (``acc``: experiments/sim/accuracy.py)."""
@@ -793,11 +800,16 @@ def _accuracy_words(acc, df: pd.DataFrame, check: str, study: str) -> str:
             f"{_signed(100 * worst['mean_e2e_ms_err'], '+.1f')} %, {worst['mode'].upper()} {worst['rate']:g})")
 
 
-def spans_rerun_says_block(name: str, then_name: str, unit: str, same: str, results: Path = RESULTS) -> str:
+ANOTHER_LEASE = "vLLM on another lease's H200s, one GPU per arm there and one for both here"
+
+
+def spans_rerun_says_block(name: str, then_name: str, unit: str, same: str, results: Path = RESULTS,
+                           machines: str = ANOTHER_LEASE, workload_fit: bool = True) -> str:
     """A default-engine study re-run with its steps timed on the GPU (``name``) against the committed
     run it repeats (``then_name``, host stamps only, another lease), and the simulator's
     default-engine forms on it (sim-accuracy/async.csv, async-forms/async.csv).  ``same``: what the
-    two runs share, in words."""
+    two runs share, in words; ``machines``: what they do not.  ``workload_fit``: the study is also
+    one of the workloads h200-tp1's fit predicts."""
     acc = _script("experiments/sim/accuracy.py")
     now = pd.read_csv(results / name / "summary.csv")
     then = pd.read_csv(results / then_name / "summary.csv")
@@ -817,16 +829,17 @@ def spans_rerun_says_block(name: str, then_name: str, unit: str, same: str, resu
              "piecewise": pd.read_csv(results / "sim-accuracy" / "async-forms" / "async.csv")}
 
     def checks(df):
-        return (f"held out by point {_accuracy_words(acc, df, 'held-out point', name)}; by repeat "
-                f"{_accuracy_words(acc, df, 'held-out repeat', name)}; fitted on h200-tp1 "
-                f"{_accuracy_words(acc, df, 'another workload', name)}")
+        words = (f"held out by point {_accuracy_words(acc, df, 'held-out point', name)}; by repeat "
+                 f"{_accuracy_words(acc, df, 'held-out repeat', name)}")
+        return words + (f"; fitted on h200-tp1 {_accuracy_words(acc, df, 'another workload', name)}"
+                        if workload_fit else "")
 
     return _block(f"{name}-says", [
         f"**What it says.** {timed}, with the host's stamps beside. At the rates both runs share "
         f"({', '.join(rates[:-1])} and {rates[-1]} {unit}), its mean E2E is {side} (ON and OFF, the repeats' "
         f"means): {same} "
-        "and vLLM on another lease's H200s, one GPU per arm there and one for both here. Like for like, "
-        f"{then_name}'s decode-only steps took {_span(100 * slower, '.1f', ' %')} longer ({len(slower)} groups of "
+        f"and {machines}. Like for like, "
+        f"{then_name}'s decode-only steps took {_longer(100 * slower)} ({len(slower)} groups of "
         "a mode, a rate and a batch size, the median host-stamped step of each). The simulator's "
         "default-engine model, calibrated on these steps, predicts "
         f"its mean E2E as follows. The committed linear form: {checks(forms['linear'])}. The piecewise form of "
@@ -1474,6 +1487,10 @@ RENDER = {"h200-offload": offload_table, "tier-cost": lambda _: tier_cost_table(
           "seed-says": lambda _: seed_says_block(), "h200-tp1-slo-says": lambda _: slo_says_block(),
           "h200-shared-fraction-says": lambda _: shared_fraction_block(),
           "h200-sglang-says": lambda _: sglang_block(),
+          "h100-tp1-spans-says": lambda _: spans_rerun_says_block(
+              "h100-tp1-spans", "h100-tp1", "req/s", "the same config", workload_fit=False,
+              machines="vLLM on another H100 the same day, there through Ray with one arm's sweep after the "
+                       "other's and host stamps only, here in process with the arms taking turns"),
           "h200-multiturn-spans-says": lambda _: spans_rerun_says_block(
               "h200-multiturn-spans", "h200-multiturn", "sessions/s", "the same sessions"),
           "h200-cache-pressure-spans-says": lambda _: spans_rerun_says_block(
@@ -1489,7 +1506,8 @@ TABLES = {RESULTS / "README.md": ("h200-tp1", "h200-tp1-hit-rate-throughput", "h
                                   "h200-multiturn", "h200-multiturn-says", "h200-multiturn-sync",
                                   "h200-multiturn-spans", "h200-multiturn-spans-says",
                                   "h200-cache-pressure-spans", "h200-cache-pressure-spans-says",
-                                  "h200-cache-pressure-spans-4400", "h200-cache-pressure-spans-4400-says", "h200-offload",
+                                  "h200-cache-pressure-spans-4400", "h200-cache-pressure-spans-4400-says",
+                                  "h100-tp1-spans", "h100-tp1-spans-says", "h200-offload",
                                   "tier-cost", "h200-tp1-gc", "h200-smoke-after-layout", "fidelity",
                                   "h200-threeway-says", "tp8-model", "tp8-says", "cpu-replicas-says",
                                   "cpu-default-says", "knees"),

@@ -44,9 +44,12 @@ _spec.loader.exec_module(accuracy)
 RESULTS = Path("experiments/results")
 STUDIES = {"h200-tp1": RESULTS / "h200-tp1-sync", "h200-tp2": RESULTS / "h200-tp2",
            "h200-vllm-server": RESULTS / "h200-vllm-server", "h100-vllm-server": RESULTS / "h100-vllm-server",
-           "h100-tp1": RESULTS / "h100-tp1"}
-# A study without step records: the step-record calibration is another study's, of the same engine.
-STEP_RECORDS_OF = {"h200-vllm-server": RESULTS / "h200-tp1"}
+           "h100-tp1": RESULTS / "h100-tp1", "h100-tp1-spans": RESULTS / "h100-tp1-spans"}
+# A study without step records that a step cost can be fitted on: the step-record calibration is
+# another study's, of the same engine on the same GPU kind (vLLM's default engine in process, steps
+# timed on the GPU).
+STEP_RECORDS_OF = {"h200-vllm-server": RESULTS / "h200-tp1", "h100-vllm-server": RESULTS / "h100-tp1-spans",
+                   "h100-tp1": RESULTS / "h100-tp1-spans"}
 CALIBRATIONS = ("step records", "timestamps")
 
 

@@ -73,7 +73,8 @@ def test_runs_found():
     pressure = [f"h200-cache-pressure/groups-{g}/blocks-{c}" for g, cs in ((40, (4400, 4800, 5200, 6400)),
                                                                          (48, (5600, 6400))) for c in cs]
     assert RUNS == ["cpu-default", "cpu-replicas/policy-prefix_affinity", "cpu-replicas/policy-round_robin",
-                    "h100-tp1", "h100-vllm-server", "h200-cache-pressure-spans", "h200-cache-pressure-spans-4400", *pressure,
+                    "h100-tp1", "h100-tp1-spans", "h100-vllm-server", "h200-cache-pressure-spans",
+                    "h200-cache-pressure-spans-4400", *pressure,
                     "h200-multiturn", "h200-multiturn-spans", "h200-multiturn-sync", "h200-offload",
                     "h200-offload-fits", "h200-sglang",
                     *(f"h200-shared-fraction/shared_fraction-{f}" for f in ("0", "0.5", "0.95")),

@@ -1,6 +1,6 @@
 """The step-timing invariants on committed records: the host stamps of vLLM's async engine
 (h200-tp1-async) fail them, the same engine's GPU spans (its gpu-spans trace, and h200-tp1, timed on
-the GPU) pass, and ``prefixstudy check`` says so with its exit status."""
+the GPU, on H200s and on an H100) pass, and ``prefixstudy check`` says so with its exit status."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ def test_the_same_engines_gpu_spans_pass_it():
 @pytest.mark.parametrize("study, off, on", [
     ("h200-tp1", (459, 0, 275), (1912, 15, 1369)),  # pairs, shorter by GPU span, shorter by host stamps
     ("h200-tp1-fixed-order", (471, 0, 275), (2769, 21, 1909)),
+    ("h100-tp1-spans", (1072, 0, 609), (2615, 39, 1993)),
 ])
 def test_the_headline_studies_timed_on_the_gpu_pass_every_check_and_their_host_stamps_would_not(study, off, on):
     it = _iterations(study)

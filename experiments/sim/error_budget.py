@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python experiments/sim/error_budget.py [--check]
 
-A prediction's error has two parts, measured apart on the committed studies (H200s; two H100 runs for request timestamps):
+A prediction's error has two parts, measured apart on the committed studies (H200s and H100s):
 
 * **calibration**: the step cost fitted on a run, predicting that run's engine at points the fit
   did not see (the held-out point checks), one entry per kind of calibration (the ``timing`` of

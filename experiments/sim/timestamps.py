@@ -1,7 +1,7 @@
 """The simulator calibrated from request timestamps alone, against the step-record calibration, on
 the same held-out points.
 
-    PYTHONPATH=. python experiments/sim/timestamps.py [--studies h200-tp1,h200-tp2,h200-vllm-server,h100-vllm-server,h100-tp1]
+    PYTHONPATH=. python experiments/sim/timestamps.py [--studies h200-tp1,h200-tp2,h200-vllm-server,...]
                                                      [--out experiments/results/sim-accuracy] [--tables-only]
 
 For each study and each point (mode, rate): fit the step cost on the study's OTHER points (every
@@ -13,8 +13,10 @@ the fit on all the others), then simulate every repeat of the point on its own a
 serve`` over HTTP) has no step records; its step-record column is the in-process study of the same
 engine and GPU, ``h200-tp1`` (vLLM's default engine, steps timed on the GPU), fitted on all its
 steps, none of which are the server's.  ``h100-vllm-server`` (the same server on an H100) and
-``h100-tp1`` (the same engine in process on an H100, through Ray: host stamps only) have the
-timestamp calibration only, as no study on an H100 has steps timed on the GPU.  Writes
+``h100-tp1`` (the same engine in process on an H100, through Ray: host stamps only) take theirs from
+``h100-tp1-spans`` (that engine in process on an H100, steps timed on the GPU), which is also held
+out itself.  A study's own step records are fitted as ``prefixstudy simulate --calibration`` fits
+them (``async_recorded``: the default engine's GPU and host parts).  Writes
 timestamps.csv (one row per point, repeat and calibration), timestamps-summary.md (the table in
 docs/simulator.md) and timestamps.md (per point).  ``--studies`` re-runs those studies and keeps the
 others' rows.
@@ -31,7 +33,7 @@ import pandas as pd
 
 from prefixstudy.config import load_config
 from prefixstudy.model.arch import load_arch
-from prefixstudy.sim.cost import fit, fit_study, load_steps
+from prefixstudy.sim.cost import async_recorded, fit, fit_study, load_steps
 from prefixstudy.sim.fit_requests import fit_points, fit_timestamps, has_step_records, load_run
 from prefixstudy.sim.run import calibration_hardware
 from prefixstudy.sim.study import DEFAULT_BLOCK_SIZE, SimTarget, block_count
@@ -78,7 +80,8 @@ def held_out(name: str, study_dir: Path) -> list[dict]:
         key = (calibration, point)
         if key not in fits:
             if calibration == "step records":
-                fits[key] = fit_study(other) if other else fit(steps[(steps["mode"] != mode) | (steps["rate"] != rate)])
+                fits[key] = fit_study(other) if other else fit(steps[(steps["mode"] != mode) | (steps["rate"] != rate)],
+                                                               async_scheduling=async_recorded(study_dir, steps))
             else:
                 print(f"{name}: timestamp fit without {point or 'the saturated points'}", file=sys.stderr)
                 keep = (req["mode"] != mode) | (req["rate"] != rate) if point else slice(None)
@@ -121,7 +124,8 @@ def summary(pp: pd.DataFrame) -> str:
         s = g[g["saturated_meas_share"] > 0.5]
         e = u["mean_e2e_ms_err"]
         w = u.loc[e.abs().idxmax()]
-        name = f"{check} (h200-tp1, in process)" if check == "step records" and study in STEP_RECORDS_OF else check
+        name = (f"{check} ({STEP_RECORDS_OF[study].name}, in process)" if check == "step records" and study in STEP_RECORDS_OF
+                else check)
         lines.append(f"| {study} | {name} | {len(u)} | {(e.abs() <= 0.05).sum()} | {(e.abs() <= 0.10).sum()} | "
                      f"{e.abs().mean() * 100:.1f} % | {_pct(w['mean_e2e_ms_err'])} ({w['mode'].upper()} {w['rate']:g}) | "
                      f"{u['mean_tpot_ms_err'].abs().mean() * 100:.1f} % | "

@@ -725,7 +725,7 @@ def tp8_says_block(results: Path = RESULTS) -> str:
     from prefixstudy.model.roofline import prefix_saving
 
     heads = {s: pd.read_csv(results / s / "headline.csv").sort_values("rate")
-             for s in ("h200-tp1", "h200-tp1-ray", "h200-tp2")}
+             for s in ("h200-tp1", "h200-tp1-ray", "h200-tp2", "h100-tp1-spans")}
     low = {s: h.iloc[0] for s, h in heads.items()}
 
     def saving(s):
@@ -760,7 +760,8 @@ def tp8_says_block(results: Path = RESULTS) -> str:
     return _block("tp8-says", [
         f"- **The saving at the lowest rate is one prefill, and it stays small.** In process at TP 1 (h200-tp1) "
         f"caching saved {saving('h200-tp1')}; through Ray at TP 1 (h200-tp1-ray) {saving('h200-tp1-ray')}, and at "
-        f"TP 2 (h200-tp2) {saving('h200-tp2')}. The rows above predict {min(pred_ms):.0f}–{max(pred_ms):.0f} ms "
+        f"TP 2 (h200-tp2) {saving('h200-tp2')}; in process on one H100 (h100-tp1-spans) {saving('h100-tp1-spans')}. "
+        f"The rows above predict {min(pred_ms):.0f}–{max(pred_ms):.0f} ms "
         f"for TP 8. The reported {seen:.1f} ms saving {where}.",
         f"- **The reported absolute latencies are not.** {RC['observed_off_ms']:g} and {RC['observed_on_ms']:g} ms "
         f"lie below {reported.output_len - 1} decode steps at the A100's memory-bandwidth floor "

@@ -192,6 +192,7 @@ SAYS = {
     "h200-threeway-says": ["(−2.9 to +0.5 %, 7 points). On the peer's same-machine repeat the gap is −3.0 to +0.3 %",
                            "(ON: 5.4, 4.9, 7.4, 10.8 ms at 1, 4, 16, 32 req/s)"],
     "tp8-says": ["The reported 20.8 ms saving is ", "leaves room for at most 82 decode steps",
+                 "in process on one H100 (h100-tp1-spans) 49 ms of 952 (5.1 % [3.4, 6.8]) at 0.72 req/s.",
                  "(OFF at 32 req/s did not run)"],  # h200-tp2's OFF knee is not measured
     "cpu-replicas-says": ["Affinity served 0.801, 0.763, 0.689 of prompt tokens from cache at 1.77, 3.64, 8.72 req/s",
                           "It routed 37 to 59 of a point's 96 requests",

@@ -73,6 +73,8 @@ def held_out(name: str, study_dir: Path) -> list[dict]:
     other = STEP_RECORDS_OF.get(name)
     checks = calibrations_of(name)
     steps = load_steps(study_dir) if "step records" in checks and not other else None
+    # The study's own steps are fitted as `prefixstudy simulate --calibration` fits them.
+    async_scheduling = steps is not None and async_recorded(study_dir, steps)
     fits: dict[tuple, object] = {}
 
     def cost(calibration: str, mode: str, rate: float):
@@ -81,7 +83,7 @@ def held_out(name: str, study_dir: Path) -> list[dict]:
         if key not in fits:
             if calibration == "step records":
                 fits[key] = fit_study(other) if other else fit(steps[(steps["mode"] != mode) | (steps["rate"] != rate)],
-                                                               async_scheduling=async_recorded(study_dir, steps))
+                                                               async_scheduling=async_scheduling)
             else:
                 print(f"{name}: timestamp fit without {point or 'the saturated points'}", file=sys.stderr)
                 keep = (req["mode"] != mode) | (req["rate"] != rate) if point else slice(None)

@@ -28,6 +28,18 @@ already tried (no step changes branch, or a few steps near the boundary swap bac
 rounds, the one whose max prices the steps with the least squared error is kept (``fit_roofline``).
 Its tables go to sim-accuracy/async-forms-roofline.
 
+``--form kv`` keeps the linear GPU part and adds the KV the step's requests hold in the cache, each
+block once (``kv_tokens``: blocks in use times the block size, which the engine records as
+``kv_cache_usage``):
+
+    c0 + c_prefill·prefill_tokens + c_req·prefill_requests + c_decode·decode_tokens + c_kv·kv_tokens
+
+A decode step's attention reads each request's KV, but ON's requests share their cached prefix's
+blocks, and a block many requests read in one step is read from memory about once: the linear form,
+with one decode coefficient for both, prices ON's decoders at OFF's cost (step-terms.md: 17 % less
+per decoder).  The coefficients are the non-negative least squares on the GPU spans; the host part is
+the simulator's.  Its tables go to sim-accuracy/async-forms-kv.
+
 Then every check of ``accuracy_async.py`` is run with this form in place of ``sim.cost.fit``, and its
 tables are written to ``--out``.  The form is not the simulator's: it is what the table in
 docs/simulator.md compares against.
@@ -36,6 +48,7 @@ docs/simulator.md compares against.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -133,15 +146,46 @@ def fit_piecewise(steps: pd.DataFrame, source: str) -> PiecewiseCost:
     return m
 
 
+KV_TERMS = ("prefill_tokens", "num_prefill_reqs", "decode_tokens", "kv_tokens")
+
+
+def with_kv_tokens(study_dir: Path, steps: pd.DataFrame) -> pd.DataFrame:
+    """``steps`` with ``kv_tokens``: each step's ``kv_cache_usage`` (the share of the blocks, all but
+    vLLM's null block, in use after its schedule) times its point's blocks less one and block size
+    (manifest.json), to the whole block."""
+    pts = pd.DataFrame(json.loads((Path(study_dir) / "manifest.json").read_text())["points"])
+    pts = pts.drop_duplicates(["mode", "rate", "repeat"]).set_index(["mode", "rate", "repeat"])
+    at = pd.MultiIndex.from_frame(steps[["mode", "rate", "repeat"]])
+    blocks, size = (pts[c].reindex(at).to_numpy(dtype=float) for c in ("num_blocks", "block_size"))
+    out = steps.copy()
+    out["kv_tokens"] = np.round(steps["kv_cache_usage"].to_numpy(dtype=float) * (blocks - 1)) * size
+    return out
+
+
+def fit_kv(steps: pd.DataFrame, source: str) -> CostModel:
+    """The linear GPU part with ``kv_tokens`` beside its terms (a ``CostModel`` prices any term its
+    ``coef_ms`` names), and the simulator's host part."""
+    base = fit(steps, source=source, async_scheduling=True)
+    b = busy_steps(steps)
+    coef = nnls(np.column_stack([np.ones(len(b))] + [b[t].to_numpy(float) for t in KV_TERMS]),
+                b["step_ms"].to_numpy(float))
+    return CostModel(float(coef[0]), {t: float(c) for t, c in zip(KV_TERMS, coef[1:], strict=True) if c > 0},
+                     base.r2, base.n_steps, source=source, timing=base.timing, host=base.host)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--form", choices=("piecewise", "roofline"), default="piecewise")
+    ap.add_argument("--form", choices=("piecewise", "roofline", "kv"), default="piecewise")
     ap.add_argument("--out", type=Path, help="default: experiments/results/sim-accuracy/async-forms[-roofline]")
     a = ap.parse_args()
-    fitter, folder = {"piecewise": (fit_piecewise, "async-forms"), "roofline": (fit_roofline, "async-forms-roofline")}[a.form]
+    fitter, folder = {"piecewise": (fit_piecewise, "async-forms"), "roofline": (fit_roofline, "async-forms-roofline"),
+                      "kv": (fit_kv, "async-forms-kv")}[a.form]
     a.out = a.out or accuracy_async.RESULTS / "sim-accuracy" / folder
     a.out.mkdir(parents=True, exist_ok=True)
     accuracy_async._fit = fitter
+    if a.form == "kv":  # every study's steps, calibrations and the priced others alike, carry the term
+        load = accuracy_async.load_steps
+        accuracy_async.load_steps = lambda d: with_kv_tokens(Path(d), load(d))
     sys.argv = [sys.argv[0], "--out", str(a.out)]
     accuracy_async.main()
 

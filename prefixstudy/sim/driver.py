@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from prefixstudy.sim.lane import DecodeLane
-from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepCost, StepFeatures
+from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepCost, StepFeatures, kv_tokens
 from prefixstudy.sim.vllm_setup import make_request, runner_output
 
 
@@ -230,7 +230,7 @@ class Simulator:
         new_ids = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs}
         new_prompt = sum(len(nr.prompt_token_ids or ()) for nr in so.scheduled_new_reqs)
         feats = StepFeatures(prefill, decode, context, len(so.num_scheduled_tokens), sum(new_ids.values()),
-                             n_prefill, new_prompt)
+                             n_prefill, new_prompt, kv_tokens(self.sched))
         return feats, sampled, new_ids
 
     def step_row(self, start_s: float, step_ms: float, f: StepFeatures) -> dict:

@@ -22,9 +22,20 @@ class StepFeatures:
     cached_tokens: int = 0  # prompt tokens served from the cache to requests first scheduled now
     num_prefill_reqs: int = 0  # requests computing prompt tokens this step
     prompt_tokens_new: int = 0  # prompt length of the requests first scheduled now
+    # KV tokens the cache holds for its requests during the step: blocks in use times the block size,
+    # a block shared by several requests (a cached prefix) counted once.  What the GPU reads from
+    # memory where context_tokens counts a shared block once per request.
+    kv_tokens: int = 0
 
 
 StepCost = Callable[[StepFeatures], float]  # -> step_ms
+
+
+def kv_tokens(scheduler) -> int:
+    """``StepFeatures.kv_tokens`` from a vLLM scheduler: its KV cache's blocks in use (all but the
+    free ones and the null block, what the cache's ``usage`` is the share of) times the block size."""
+    pool = scheduler.kv_cache_manager.block_pool
+    return (pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()) * int(scheduler.block_size)
 
 
 @dataclass

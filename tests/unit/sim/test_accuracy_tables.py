@@ -373,3 +373,47 @@ def test_the_cache_pressure_rerun_sentences_are_the_two_forms_csvs(accuracy_asyn
     assert ("over the six GPU-timed calibrations, it is within 5 % at 60 of 82 points (piecewise 63, linear 59); on "
             "the H100 at 11 of 20.") in text
     assert "Other runs of the same workloads:** 31 of 50 (piecewise 31, linear 24)." in text
+
+
+def test_the_kv_form_sentences_are_the_forms_csvs(accuracy_async, monkeypatch):
+    """docs/simulator.md on the kv form (async_forms.py --form kv): its async.csv covers every check's
+    points as the linear form's does, and its tallies and the points where it moves most against the
+    linear form are what the four forms' CSVs give."""
+    monkeypatch.chdir(REPO)
+    kv_df = pd.read_csv(ACC / "async-forms-kv/async.csv")
+    assert accuracy_async.coverage_problems(kv_df) == []
+    lin, pw, rf, kv = (accuracy_async.per_point(pd.read_csv(ACC / f)) for f in
+                       ("async.csv", "async-forms/async.csv", "async-forms-roofline/async.csv", "async-forms-kv/async.csv"))
+
+    def tally(pp, checks):
+        u = pp[pp["check"].isin(checks) & (pp["saturated_meas_share"] <= 0.5)]
+        return int((u["mean_e2e_ms_err"].abs() <= 0.05).sum()), len(u)
+
+    def err(pp, check, study, mode, rate):
+        at = pp[(pp["check"] == check) & (pp["study"] == study) & (pp["mode"] == mode) & (pp["rate"] == rate)]
+        return round(float(at["mean_e2e_ms_err"].iloc[0]) * 100, 1)
+
+    held = ("held-out point", "held-out repeat")
+    assert [tally(pp, held) for pp in (kv, lin, pw, rf)] == [(63, 82), (59, 82), (63, 82), (60, 82)]
+    assert [tally(pp, ["another run"]) for pp in (kv, lin, pw, rf)] == [(29, 50), (24, 50), (31, 50), (31, 50)]
+    assert [tally(pp, ["another workload"]) for pp in (kv, lin, pw, rf)] == [(48, 54), (47, 54), (27, 54), (32, 54)]
+    h100, fixed = "h100-tp1-spans", "h200-tp1-fixed-order"
+    assert [err(pp, c, h100, "on", 48) for pp in (kv, lin) for c in held] == [-2.9, -3.6, 22.1, 12.6]
+    assert [err(pp, "held-out point", fixed, "on", 80) for pp in (kv, lin)] == [4.4, 32.5]
+    assert [_within(pp, "another run", "h100-tp1") for pp in (kv, lin)] == [(9, 10), (7, 10)]
+    assert [_worst(pp, "another run", "h100-tp1") for pp in (kv, lin)] == [7.8, 26.0]
+    assert [err(pp, "held-out point", s, "on", 56) for s in ("h200-tp1", fixed) for pp in (kv, lin)] == \
+        [-13.1, -7.9, -16.6, -8.6]
+    assert [err(pp, "held-out point", "h200-tp1", "off", 16) for pp in (kv, lin)] == [14.8, 11.8]
+    text = " ".join((REPO / "docs/simulator.md").read_text().split())
+    for sentence in (
+            "at 96 req/s on h200-tp1 ON held at most 32,000 KV tokens, against OFF's 344,112.",
+            "it is within 5 % at 63 of 82 points (linear 59, piecewise 63, roofline 60). ON at 48 req/s on the H100 "
+            "comes out −2.9 % with the point held out and −3.6 % with the repeat held out (linear +22.1 and +12.6 %). "
+            "ON at 80 on h200-tp1-fixed-order comes out +4.4 % (linear +32.5 %).",
+            "29 of 50 (linear 24, piecewise and roofline 31). On h100-tp1 it is within 5 % at 9 of 10 points "
+            "(linear 7), worst +7.8 % at ON 48 (linear +26.0 %).",
+            "48 of 54, the most of the four forms (linear 47, piecewise 27, roofline 32).",
+            "ON at 56 req/s, held out by point, on h200-tp1 (−13.1 %, against −7.9 %) and on h200-tp1-fixed-order "
+            "(−16.6 %, against −8.6 %), and OFF at 16 on h200-tp1 (+14.8 %, against +11.8 %)."):
+        assert sentence in text, sentence

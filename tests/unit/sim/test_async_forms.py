@@ -1,7 +1,7 @@
 """The other default-engine step-cost forms (experiments/sim/async_forms.py): their designs on numbers
-worked by hand, the roofline fit recovering known coefficients, and their committed tables
-(experiments/results/sim-accuracy/async-forms/ and async-forms-roofline/) are what their async.csv
-gives."""
+worked by hand, the roofline and kv fits recovering known coefficients, the KV a step holds, and their
+committed tables (experiments/results/sim-accuracy/async-forms/, async-forms-roofline/ and
+async-forms-kv/) are what their async.csv gives."""
 
 from __future__ import annotations
 
@@ -95,7 +95,41 @@ def test_the_roofline_fit_keeps_a_split_that_one_more_round_would_not_better(for
     assert next_sse >= sse
 
 
-@pytest.mark.parametrize("folder", ["async-forms", "async-forms-roofline"])
+def test_kv_tokens_are_the_blocks_a_lone_request_holds(forms):
+    """On h200-tp1 at 1 req/s one request runs at a time: its 1214-token prompt holds 76 blocks of 16
+    (1216 tokens), and a 77th from the step whose context passes 1216 tokens.  ON's requests share
+    their prompt's blocks, so at 96 req/s ON holds under a tenth of OFF's KV."""
+    from prefixstudy.sim.cost import load_steps
+
+    d = REPO / "experiments/results/h200-tp1"
+    s = forms.with_kv_tokens(d, load_steps(d))
+    lone = s[(s["rate"] == 1) & (s["num_running"] == 1) & (s["context_tokens"].between(1214, 1232))]
+    assert sorted(set(zip(lone["context_tokens"] > 1216, lone["kv_tokens"], strict=True))) == [(False, 1216), (True, 1232)]
+    top = s[s["rate"] == 96].groupby("mode")["kv_tokens"].max()
+    assert (top["on"], top["off"]) == (32000, 344112)
+
+
+def test_the_kv_form_recovers_the_coefficients_that_made_the_steps(forms):
+    """GPU spans made from known coefficients on h200-tp1's real steps (their terms, their KV): the
+    kv form's fit gives them back, and prices a step with them."""
+    from prefixstudy.sim.cost import load_steps
+
+    d = REPO / "experiments/results/h200-tp1"
+    s = forms.with_kv_tokens(d, load_steps(d))
+    true = {"prefill_tokens": 0.02, "num_prefill_reqs": 1.2, "decode_tokens": 0.045, "kv_tokens": 1e-5}
+    s["step_ms"] = 4.0 + sum(c * s[t] for t, c in true.items())
+    m = forms.fit_kv(s, "synthetic")
+    assert m.c0_ms == pytest.approx(4.0, rel=1e-6)
+    assert m.coef_ms == pytest.approx(true, rel=1e-6)
+    assert m.host and m.pipelined  # the simulator's host part beside it
+    f = step(1214, 1, 20)
+    assert m.gpu_ms(f) == pytest.approx(4.0 + 0.02 * 1214 + 1.2 + 0.045 * 20)  # kv_tokens 0
+    from dataclasses import replace
+
+    assert m.gpu_ms(replace(f, kv_tokens=100_000)) == pytest.approx(m.gpu_ms(f) + 1.0)
+
+
+@pytest.mark.parametrize("folder", ["async-forms", "async-forms-roofline", "async-forms-kv"])
 def test_its_tables_are_what_its_async_csv_gives(folder, tmp_path):
     accuracy_async = load_script("experiments/sim/accuracy_async.py")
     accuracy_async.write(pd.read_csv(ACC / folder / "async.csv"), tmp_path)

@@ -205,3 +205,33 @@ def test_requests_that_finish_in_one_step_free_their_blocks_in_running_order(mak
     first = 37 if not async_scheduling else 33  # async: b's tokens come a step later
     assert together == [False] * first + [True] * 4 + [False] * (46 - first)
     assert hits == [32] * first + [16] * (50 - first)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_step_s_kv_tokens_count_a_shared_prefix_block_once_and_the_lane_prices_what_vllm_holds(
+        make_sim, async_scheduling):
+    """``kv_tokens`` is the blocks in use times 16.  b arrives while a decodes and shares a's two whole
+    prefix blocks: at the step that computes b's prompt, a holds 4 blocks (49 to 64 tokens) and b 4
+    (50 tokens), 2 of them a's with caching ON: 6 blocks, 96 tokens, against 8 blocks, 128 tokens,
+    with caching OFF.  The lane prices every step with the kv_tokens the stepwise path gives."""
+    from prefixstudy.sim.driver import SimRequest
+    from tests.unit.sim.conftest import unit_cost_ms
+
+    prefix = list(range(1000, 1040))  # 40 tokens: two whole 16-token blocks and 8 over
+    reqs = [SimRequest("a", prefix + list(range(1, 9)), 40, 0.0), SimRequest("b", prefix + list(range(2000, 2010)), 40, 0.005)]
+    for mode, uncached, blocks in (("on", 18, 6), ("off", 50, 8)):
+        priced = []
+        for stepwise in (False, True):
+            seen: list = []
+            sim = make_sim(mode, cost_ms=lambda f, seen=seen: seen.append(f) or unit_cost_ms(f),
+                           async_scheduling=async_scheduling)
+            if stepwise:
+                sim.lane = None
+            else:
+                lane = sim.lane
+            sim.run(reqs)
+            priced.append([(f.prefill_tokens, f.decode_tokens, f.kv_tokens) for f in seen])
+        assert priced[0] == priced[1] and lane.steps > 0
+        (at_b,) = [kv for p, d, kv in priced[0] if p == uncached]
+        assert at_b == 16 * blocks
+        assert priced[0][0] == (48, 0, 48)  # a's prompt alone: 3 blocks

@@ -167,16 +167,17 @@ def fit_kv(steps: pd.DataFrame, source: str) -> CostModel:
     ``coef_ms`` names), and the simulator's host part."""
     base = fit(steps, source=source, async_scheduling=True)
     b = busy_steps(steps)
-    coef = nnls(np.column_stack([np.ones(len(b))] + [b[t].to_numpy(float) for t in KV_TERMS]),
-                b["step_ms"].to_numpy(float))
+    X, y = np.column_stack([np.ones(len(b))] + [b[t].to_numpy(float) for t in KV_TERMS]), b["step_ms"].to_numpy(float)
+    coef = nnls(X, y)
+    r2 = 1.0 - float(((y - X @ coef) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
     return CostModel(float(coef[0]), {t: float(c) for t, c in zip(KV_TERMS, coef[1:], strict=True) if c > 0},
-                     base.r2, base.n_steps, source=source, timing=base.timing, host=base.host)
+                     r2, len(b), source=source, timing=base.timing, host=base.host)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--form", choices=("piecewise", "roofline", "kv"), default="piecewise")
-    ap.add_argument("--out", type=Path, help="default: experiments/results/sim-accuracy/async-forms[-roofline]")
+    ap.add_argument("--out", type=Path, help="default: experiments/results/sim-accuracy/async-forms[-roofline|-kv]")
     a = ap.parse_args()
     fitter, folder = {"piecewise": (fit_piecewise, "async-forms"), "roofline": (fit_roofline, "async-forms-roofline"),
                       "kv": (fit_kv, "async-forms-kv")}[a.form]

@@ -111,8 +111,8 @@ def test_kv_tokens_are_the_blocks_a_lone_request_holds(forms):
 
 def test_the_kv_form_recovers_the_coefficients_that_made_the_steps(forms):
     """GPU spans made from known coefficients on h200-tp1's real steps (their terms, their KV): the
-    kv form's fit gives them back, and prices a step with them."""
-    from prefixstudy.sim.cost import load_steps
+    kv form's fit gives them back, with an R² of 1, and prices a step with them."""
+    from prefixstudy.sim.cost import busy_steps, load_steps
 
     d = REPO / "experiments/results/h200-tp1"
     s = forms.with_kv_tokens(d, load_steps(d))
@@ -121,6 +121,7 @@ def test_the_kv_form_recovers_the_coefficients_that_made_the_steps(forms):
     m = forms.fit_kv(s, "synthetic")
     assert m.c0_ms == pytest.approx(4.0, rel=1e-6)
     assert m.coef_ms == pytest.approx(true, rel=1e-6)
+    assert m.r2 == pytest.approx(1.0) and m.n_steps == len(busy_steps(s))
     assert m.host and m.pipelined  # the simulator's host part beside it
     f = step(1214, 1, 20)
     assert m.gpu_ms(f) == pytest.approx(4.0 + 0.02 * 1214 + 1.2 + 0.045 * 20)  # kv_tokens 0

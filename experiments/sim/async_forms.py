@@ -40,6 +40,10 @@ with one decode coefficient for both, prices ON's decoders at OFF's cost (step-t
 per decoder).  The coefficients are the non-negative least squares on the GPU spans; the host part is
 the simulator's.  Its tables go to sim-accuracy/async-forms-kv.
 
+``--form kv-roofline`` is the roofline form with ``kv_tokens`` in its memory branch:
+max(c0 + m_decode·decode_tokens + m_req·prefill_requests + m_kv·kv_tokens, the compute branch above),
+fitted as the roofline form is.  Its tables go to sim-accuracy/async-forms-kv-roofline.
+
 Then every check of ``accuracy_async.py`` is run with this form in place of ``sim.cost.fit``, and its
 tables are written to ``--out``.  The form is not the simulator's: it is what the table in
 docs/simulator.md compares against.
@@ -79,26 +83,30 @@ ROOFLINE_START_PROMPT_TOKENS = 512  # the first split: steps computing more prom
 ROOFLINE_ROUNDS = 100
 
 
-def roofline_branches(prefill, reqs, decode) -> tuple[np.ndarray, np.ndarray]:
-    """The memory branch's rows (1, then ``MEMORY_TERMS``) and the compute branch's
-    (``COMPUTE_TERMS``), one per step."""
+def roofline_branches(prefill, reqs, decode, kv=None) -> tuple[np.ndarray, np.ndarray]:
+    """The memory branch's rows (1, then ``MEMORY_TERMS``, then ``kv`` where given: the kv-roofline
+    form) and the compute branch's (``COMPUTE_TERMS``), one per step."""
     terms = dict(zip(("prefill_tokens", "num_prefill_reqs", "decode_tokens"),
                      (np.asarray(a, float) for a in (prefill, reqs, decode)), strict=True))
     ones = np.ones_like(terms["prefill_tokens"])
-    return (np.column_stack([ones] + [terms[t] for t in MEMORY_TERMS]),
-            np.column_stack([terms[t] for t in COMPUTE_TERMS]))
+    memory = [ones] + [terms[t] for t in MEMORY_TERMS] + ([] if kv is None else [np.asarray(kv, float)])
+    return np.column_stack(memory), np.column_stack([terms[t] for t in COMPUTE_TERMS])
 
 
 class RooflineCost(CostModel):
     """``sim.cost.CostModel`` with the roofline GPU part above (``memory``, ``compute``: each branch's
-    coefficients) and the simulator's host part."""
+    coefficients) and the simulator's host part.  ``reads_kv``: the memory branch prices ``kv_tokens``
+    too (the kv-roofline form)."""
 
-    def gpu_roofline_ms(self, prefill, reqs, decode) -> np.ndarray:
-        mem, comp = roofline_branches(prefill, reqs, decode)
+    reads_kv = False
+
+    def gpu_roofline_ms(self, prefill, reqs, decode, kv=None) -> np.ndarray:
+        mem, comp = roofline_branches(prefill, reqs, decode, kv)
         return np.maximum(mem @ self.memory, comp @ self.compute)
 
     def __call__(self, f) -> float:
-        gpu = float(self.gpu_roofline_ms([f.prefill_tokens], [f.num_prefill_reqs], [f.decode_tokens])[0])
+        kv = [f.kv_tokens] if self.reads_kv else None
+        gpu = float(self.gpu_roofline_ms([f.prefill_tokens], [f.num_prefill_reqs], [f.decode_tokens], kv)[0])
         return max(gpu, self.host_ms(f))
 
 
@@ -110,11 +118,13 @@ def roofline_round(mem: np.ndarray, comp: np.ndarray, y: np.ndarray, bound: np.n
     return m, c, float(((np.maximum(mem @ m, comp @ c) - y) ** 2).sum()), comp @ c > mem @ m
 
 
-def fit_roofline(steps: pd.DataFrame, source: str) -> RooflineCost:
+def fit_roofline(steps: pd.DataFrame, source: str, kv: bool = False) -> RooflineCost:
+    """``kv``: the kv-roofline form, whose memory branch prices ``kv_tokens`` too."""
     base = fit(steps, source=source, async_scheduling=True)
     b = busy_steps(steps)
     y = b["step_ms"].to_numpy(float)
-    mem, comp = roofline_branches(b["prefill_tokens"], b["num_prefill_reqs"], b["decode_tokens"])
+    mem, comp = roofline_branches(b["prefill_tokens"], b["num_prefill_reqs"], b["decode_tokens"],
+                                  b["kv_tokens"] if kv else None)
     bound = b["prefill_tokens"].to_numpy() > ROOFLINE_START_PROMPT_TOKENS  # compute-bound steps
     seen, best = set(), (np.inf, None, None)
     for _ in range(ROOFLINE_ROUNDS):
@@ -126,7 +136,7 @@ def fit_roofline(steps: pd.DataFrame, source: str) -> RooflineCost:
             break
     _, m, c = best
     out = RooflineCost(**{k: getattr(base, k) for k in ("c0_ms", "coef_ms", "r2", "n_steps", "source", "timing", "host")})
-    out.memory, out.compute = m, c
+    out.memory, out.compute, out.reads_kv = m, c, kv
     return out
 
 
@@ -176,15 +186,16 @@ def fit_kv(steps: pd.DataFrame, source: str) -> CostModel:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--form", choices=("piecewise", "roofline", "kv"), default="piecewise")
-    ap.add_argument("--out", type=Path, help="default: experiments/results/sim-accuracy/async-forms[-roofline|-kv]")
+    ap.add_argument("--form", choices=("piecewise", "roofline", "kv", "kv-roofline"), default="piecewise")
+    ap.add_argument("--out", type=Path, help="default: experiments/results/sim-accuracy/async-forms[-roofline|-kv|-kv-roofline]")
     a = ap.parse_args()
     fitter, folder = {"piecewise": (fit_piecewise, "async-forms"), "roofline": (fit_roofline, "async-forms-roofline"),
-                      "kv": (fit_kv, "async-forms-kv")}[a.form]
+                      "kv": (fit_kv, "async-forms-kv"),
+                      "kv-roofline": (lambda s, src: fit_roofline(s, src, kv=True), "async-forms-kv-roofline")}[a.form]
     a.out = a.out or accuracy_async.RESULTS / "sim-accuracy" / folder
     a.out.mkdir(parents=True, exist_ok=True)
     accuracy_async._fit = fitter
-    if a.form == "kv":  # every study's steps, calibrations and the priced others alike, carry the term
+    if a.form.startswith("kv"):  # every study's steps, calibrations and the priced others alike, carry the term
         load = accuracy_async.load_steps
         accuracy_async.load_steps = lambda d: with_kv_tokens(Path(d), load(d))
     sys.argv = [sys.argv[0], "--out", str(a.out)]

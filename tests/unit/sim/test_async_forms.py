@@ -1,7 +1,7 @@
 """The other default-engine step-cost forms (experiments/sim/async_forms.py): their designs on numbers
 worked by hand, the roofline and kv fits recovering known coefficients, the KV a step holds, and their
-committed tables (experiments/results/sim-accuracy/async-forms/, async-forms-roofline/ and
-async-forms-kv/) are what their async.csv gives."""
+committed tables (experiments/results/sim-accuracy/async-forms/, async-forms-roofline/, async-forms-kv/
+and async-forms-kv-roofline/) are what their async.csv gives."""
 
 from __future__ import annotations
 
@@ -43,6 +43,19 @@ def step(prefill, reqs, decode):
     from prefixstudy.sim.step import StepFeatures
 
     return StepFeatures(prefill, decode, 0, reqs + decode, num_prefill_reqs=reqs)
+
+
+def test_the_kv_roofline_memory_branch_reads_the_kv_a_step_holds(forms):
+    """100 decoders holding 200,000 KV tokens: the memory branch is 4 + 0.05·100 + 1e-5·200,000 = 11 ms,
+    the compute branch 0.07·100 = 7 ms; without its KV the memory branch would be 9 ms."""
+    from dataclasses import replace
+
+    m = forms.RooflineCost(c0_ms=0.0, coef_ms={}, host={"c0_ms": 3.0, "coef_ms": {}})
+    m.memory, m.compute, m.reads_kv = np.array(MEMORY + [1e-5]), np.array(COMPUTE), True
+    mem, comp = forms.roofline_branches([0], [0], [100], [200_000])
+    assert mem.tolist() == [[1, 100, 0, 200_000]] and comp.tolist() == [[0, 0, 100]]
+    assert m(replace(step(0, 0, 100), kv_tokens=200_000)) == pytest.approx(11.0)
+    assert m(step(0, 0, 100)) == pytest.approx(9.0)
 
 
 def test_a_roofline_step_pays_the_slower_branch_and_never_both(forms):
@@ -130,7 +143,8 @@ def test_the_kv_form_recovers_the_coefficients_that_made_the_steps(forms):
     assert m.gpu_ms(replace(f, kv_tokens=100_000)) == pytest.approx(m.gpu_ms(f) + 1.0)
 
 
-@pytest.mark.parametrize("folder", ["async-forms", "async-forms-roofline", "async-forms-kv"])
+@pytest.mark.parametrize("folder", ["async-forms", "async-forms-roofline", "async-forms-kv",
+                                    "async-forms-kv-roofline"])
 def test_its_tables_are_what_its_async_csv_gives(folder, tmp_path):
     accuracy_async = load_script("experiments/sim/accuracy_async.py")
     accuracy_async.write(pd.read_csv(ACC / folder / "async.csv"), tmp_path)

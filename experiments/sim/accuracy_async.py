@@ -132,8 +132,9 @@ def period_error(model, steps: pd.DataFrame) -> float:
     b = busy_steps(steps) if (steps["timing"] == "gpu-span").all() else \
         steps[(steps["step_ms"] > 0) & (steps["prefill_tokens"] + steps["decode_tokens"] > 0)]
     y = b["host_step_ms"] if "host_step_ms" in b and b["host_step_ms"].notna().all() else b["step_ms"]
-    terms = ["prefill_tokens", "num_prefill_reqs", "decode_tokens", "context_tokens"]
-    priced = np.array([model(f) for f in b[terms + [c for c in ("kv_tokens",) if c in b]].itertuples(index=False)])
+    terms = ["prefill_tokens", "num_prefill_reqs", "decode_tokens", "context_tokens"] + \
+        (["kv_tokens"] if "kv_tokens" in b else [])  # the kv forms' steps carry it
+    priced = np.array([model(f) for f in b[terms].itertuples(index=False)])
     return float(priced.sum() / y.to_numpy(dtype=float).sum() - 1)
 
 

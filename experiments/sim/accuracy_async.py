@@ -18,7 +18,9 @@ with its own block count).
 
 Writes async.csv (one row per point, repeat and check), async.md (per point: means over repeats and
 errors; "cost model's period err" is the priced steps against the measured engine loop's time on
-the real steps: the host records, which tile it) and async-summary.md (the table in docs/simulator.md).
+the real steps: the host records, which tile it), async-summary.md (the table in docs/simulator.md)
+and async-verifiable.md (``verifiable``: at which held-out points the repeats pin the measured mean
+closely enough to tell a 5 % error from none).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import pyarrow.dataset as ds
 sys.path.insert(0, str(Path(__file__).parent))
 from accuracy import _pct, knee_step, per_point, simulate_points, table  # noqa: E402
 
+from prefixstudy.metrics.bootstrap import t_quantile  # noqa: E402
 from prefixstudy.sim.cost import async_recorded, busy_steps, fit, load_steps  # noqa: E402
 
 RESULTS = Path("experiments/results")
@@ -50,6 +53,7 @@ OTHER_RUNS = {"h200-tp1": ["h200-tp1-fixed-order", "h200-tp1-async", "h200-tp1-s
               "h200-cache-pressure-spans": ["h200-cache-pressure/groups-48/blocks-6400"],
               "h200-cache-pressure-spans-4400": ["h200-cache-pressure/groups-40/blocks-4400"]}
 CHECKS = ("held-out point", "held-out repeat", "another run", "another workload")
+TOLERANCE = 0.05  # the goal: E2E within 5 % of the measured mean
 WORKLOAD_CALIBRATION = "h200-tp1"
 
 
@@ -173,6 +177,36 @@ def summary(pp: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measured_half_width(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (check, study, mode, rate): the 95 % t-interval's half-width of the measured mean E2E over
+    the point's repeats, relative to that mean (``e2e_meas_ci``; inf with one repeat)."""
+    def half(x: pd.Series) -> float:
+        n = len(x)
+        return t_quantile(0.975, n - 1) * x.std(ddof=1) / np.sqrt(n) / x.mean() if n > 1 else np.inf
+
+    keys = ["check", "study", "mode", "rate"]
+    return df.groupby(keys, sort=False)["mean_e2e_ms_meas"].apply(half).rename("e2e_meas_ci").reset_index()
+
+
+def verifiable(df: pd.DataFrame) -> str:
+    """Markdown: for each held-out check and calibration, the unsaturated points, those whose measured
+    mean the repeats pin to within ``TOLERANCE`` (the 95 % t-interval's half-width), the prediction
+    within ``TOLERANCE`` of those, and at all of them within ``TOLERANCE`` or inside the measured
+    mean's interval (where the repeats cannot tell the error from none)."""
+    pp = per_point(df).merge(measured_half_width(df), on=["check", "study", "mode", "rate"])
+    pp = pp[pp["check"].isin(CHECKS[:2]) & (pp["saturated_meas_share"] <= 0.5)]
+    lines = ["| check | study | unsaturated points | measured mean known to ±5 % | of those, within 5 % | "
+             "within 5 % or inside the measured mean's interval |", "|" + "---|" * 6]
+    groups = [*pp.groupby(["check", "study"], sort=False)]
+    groups += [((check, "all six calibrations"), g) for check, g in pp.groupby("check", sort=False)]
+    for (check, study), g in groups:
+        e, ci = g["mean_e2e_ms_err"].abs(), g["e2e_meas_ci"]
+        known = ci <= TOLERANCE
+        lines.append(f"| {check} | {study} | {len(g)} | {int(known.sum())} | {int((known & (e <= TOLERANCE)).sum())} | "
+                     f"{int(((e <= TOLERANCE) | (e <= ci)).sum())} |")
+    return "\n".join(lines) + "\n"
+
+
 def coverage_problems(df: pd.DataFrame, results: Path = RESULTS) -> list[str]:
     """What async.csv misses: a calibration study or one of its points (mode, rate, repeat) not
     simulated by every check, or a measured value that is not the committed summary.csv's."""
@@ -205,6 +239,7 @@ def write(df: pd.DataFrame, out: Path) -> None:
     pp = per_point(df)
     (out / "async.md").write_text(table(pp).replace("cost model's busy-time err", "cost model's period err"))
     (out / "async-summary.md").write_text(summary(pp))
+    (out / "async-verifiable.md").write_text(verifiable(df))
 
 
 def main() -> None:

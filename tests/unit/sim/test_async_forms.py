@@ -148,7 +148,7 @@ def test_the_kv_form_recovers_the_coefficients_that_made_the_steps(forms):
 def test_its_tables_are_what_its_async_csv_gives(folder, tmp_path):
     accuracy_async = load_script("experiments/sim/accuracy_async.py")
     accuracy_async.write(pd.read_csv(ACC / folder / "async.csv"), tmp_path)
-    for name in ("async.md", "async-summary.md"):
+    for name in ("async.md", "async-summary.md", "async-verifiable.md"):
         assert (tmp_path / name).read_text() == (ACC / folder / name).read_text(), name
 
 

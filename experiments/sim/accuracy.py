@@ -19,9 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from prefixstudy.config import load_config
+from prefixstudy.metrics.bootstrap import t_quantile
 from prefixstudy.metrics.summary import summarize_point
 from prefixstudy.results import read_summary
 from prefixstudy.model.arch import load_arch
@@ -139,6 +141,18 @@ def per_point(df: pd.DataFrame) -> pd.DataFrame:
         out[f"{k}_err"] = out[f"{k}_sim"] / out[f"{k}_meas"] - 1
     out["within_spread"] = (out["mean_e2e_ms_sim"] >= out["e2e_meas_min"]) & (out["mean_e2e_ms_sim"] <= out["e2e_meas_max"])
     return out.reset_index()
+
+
+def measured_half_width(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (check, study, mode, rate): the 95 % t-interval's half-width of the measured mean E2E over
+    the point's repeats, relative to that mean (``e2e_meas_ci``; inf with one repeat): how closely
+    the repeats pin the mean that a prediction is compared with."""
+    def half(x: pd.Series) -> float:
+        n = len(x)
+        return t_quantile(0.975, n - 1) * x.std(ddof=1) / np.sqrt(n) / x.mean() if n > 1 else np.inf
+
+    keys = ["check", "study", "mode", "rate"]
+    return df.groupby(keys, sort=False)["mean_e2e_ms_meas"].apply(half).rename("e2e_meas_ci").reset_index()
 
 
 def _pct(x: float) -> str:

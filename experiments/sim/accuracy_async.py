@@ -34,9 +34,8 @@ import pandas as pd
 import pyarrow.dataset as ds
 
 sys.path.insert(0, str(Path(__file__).parent))
-from accuracy import _pct, knee_step, per_point, simulate_points, table  # noqa: E402
+from accuracy import _pct, knee_step, measured_half_width, per_point, simulate_points, table  # noqa: E402
 
-from prefixstudy.metrics.bootstrap import t_quantile  # noqa: E402
 from prefixstudy.sim.cost import async_recorded, busy_steps, fit, load_steps  # noqa: E402
 
 RESULTS = Path("experiments/results")
@@ -175,17 +174,6 @@ def summary(pp: pd.DataFrame) -> str:
                      f"{int(u['within_spread'].sum())} | {int((s['saturated_sim_share'] > 0.5).sum())} of {len(s)} | "
                      f"{knees[0][0]:g} / {knees[0][1]:g} | {knees[1][0]:g} / {knees[1][1]:g} |")
     return "\n".join(lines) + "\n"
-
-
-def measured_half_width(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (check, study, mode, rate): the 95 % t-interval's half-width of the measured mean E2E over
-    the point's repeats, relative to that mean (``e2e_meas_ci``; inf with one repeat)."""
-    def half(x: pd.Series) -> float:
-        n = len(x)
-        return t_quantile(0.975, n - 1) * x.std(ddof=1) / np.sqrt(n) / x.mean() if n > 1 else np.inf
-
-    keys = ["check", "study", "mode", "rate"]
-    return df.groupby(keys, sort=False)["mean_e2e_ms_meas"].apply(half).rename("e2e_meas_ci").reset_index()
 
 
 def verifiable(df: pd.DataFrame) -> str:

@@ -18,7 +18,8 @@ steps, none of which are the server's.  ``h100-vllm-server`` (the same server on
 out itself.  A study's own step records are fitted as ``prefixstudy simulate --calibration`` fits
 them (``async_recorded``: the default engine's GPU and host parts).  Writes
 timestamps.csv (one row per point, repeat and calibration), timestamps-summary.md (the table in
-docs/simulator.md) and timestamps.md (per point).  ``--studies`` re-runs those studies and keeps the
+docs/simulator.md), timestamps.md (per point) and timestamps-verifiable.md (``verifiable``: where the
+repeats pin the measured mean closely enough to check the 10 % goal).  ``--studies`` re-runs those studies and keeps the
 others' rows.
 """
 
@@ -140,6 +141,26 @@ def summary(pp: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+GOAL = 0.10  # a timestamp-only calibration's goal: E2E within 10 % of the measured mean
+
+
+def verifiable(df: pd.DataFrame) -> str:
+    """Markdown, per calibration over every study: the unsaturated held-out points, those whose
+    repeats pin the measured mean to within ``GOAL`` (the 95 % t-interval's half-width; a point with
+    one repeat has none), the prediction within ``GOAL`` of those, and at all of them within ``GOAL``
+    or inside the measured mean's interval (where the repeats cannot tell the error from none)."""
+    pp = per_point(df).merge(accuracy.measured_half_width(df), on=["check", "study", "mode", "rate"])
+    u = pp[pp["saturated_meas_share"] <= 0.5]
+    lines = ["| calibration | unsaturated points | measured mean known to ±10 % | of those, within 10 % | "
+             "within 10 % or inside the measured mean's interval |", "|" + "---|" * 5]
+    for check, g in u.groupby("check", sort=False):
+        e, ci = g["mean_e2e_ms_err"].abs(), g["e2e_meas_ci"]
+        known = ci <= GOAL
+        lines.append(f"| {check} | {len(g)} | {int(known.sum())} | {int((known & (e <= GOAL)).sum())} | "
+                     f"{int(((e <= GOAL) | (e <= ci)).sum())} |")
+    return "\n".join(lines) + "\n"
+
+
 def table(pp: pd.DataFrame) -> str:
     lines = ["| study | calibration | mode | rate | repeats | E2E mean sim / meas (ms) | err | TTFT sim / meas (ms) "
              "| TPOT err | saturated sim / meas |", "|" + "---|" * 10]
@@ -169,6 +190,7 @@ def write(df: pd.DataFrame, out: Path) -> None:
     pp = per_point(df)
     (out / "timestamps-summary.md").write_text(summary(pp))
     (out / "timestamps.md").write_text(table(pp))
+    (out / "timestamps-verifiable.md").write_text(verifiable(df))
 
 
 def main() -> None:

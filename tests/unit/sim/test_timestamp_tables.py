@@ -45,8 +45,28 @@ def test_the_timestamp_fits_never_read_step_records(script):
 
 def test_the_tables_are_what_timestamps_csv_gives(script, tmp_path):
     script.write(pd.read_csv(ACC / "timestamps.csv"), tmp_path)
-    for name in ("timestamps.md", "timestamps-summary.md"):
+    for name in ("timestamps.md", "timestamps-summary.md", "timestamps-verifiable.md"):
         assert (tmp_path / name).read_text() == (ACC / name).read_text(), name
+
+
+def test_the_verifiable_sentences_are_timestamps_csv_s(script):
+    """docs/simulator.md's paragraph on where the repeats can check the 10 % goal quotes timestamps.csv."""
+    df = pd.read_csv(ACC / "timestamps.csv")
+    pp = script.per_point(df).merge(script.accuracy.measured_half_width(df), on=["check", "study", "mode", "rate"])
+    u = pp[pp["saturated_meas_share"] <= 0.5]
+    e, ci = u["mean_e2e_ms_err"].abs(), u["e2e_meas_ci"]
+    known = ci <= 0.10
+    by = {c: (int((u["check"] == c).sum()), int((known & (u["check"] == c)).sum()),
+              int((known & (e <= 0.10) & (u["check"] == c)).sum()), int((((e <= 0.10) | (e <= ci)) & (u["check"] == c)).sum()))
+          for c in script.CALIBRATIONS}
+    assert by == {"step records": (61, 23, 23, 60), "timestamps": (61, 23, 22, 57)}
+    assert int((u[u["check"] == "timestamps"]["n_repeats"] == 1).sum()) == 22
+    (miss,) = u[known & (e > 0.10)].itertuples()
+    text = " ".join((REPO / "docs/simulator.md").read_text().split())
+    assert (f"The timestamp fit's one miss there is {miss.mode.upper()} {miss.rate:g} on {miss.study} "
+            f"(+{miss.mean_e2e_ms_err * 100:.1f} %, its measured mean known to ±{miss.e2e_meas_ci * 100:.1f} %)") in text
+    assert "22 of these points ran once" in text and "at 23 of the 61 unsaturated points" in text
+    assert "57 of 61 points pass from timestamps and 60 from step records" in text
 
 
 def test_the_docs_state_what_the_table_says(script):

@@ -14,7 +14,9 @@ A prediction's error has two parts, measured apart on the committed studies (H20
 
 Each entry counts the unsaturated points (what most measured repeats say), over the means of their
 repeats: how many the simulator's mean E2E came within 5 and 10 % of, the mean |error|, and how many
-it predicted high.  Writes ``prefixstudy/sim/accuracy.json``, which the package ships and
+it predicted high; and how many of them the repeats pin to within 5 % (the 95 % t-interval of the
+measured mean over the repeats, ``accuracy.measured_half_width``), and within 5 % of how many of
+those: where a 5 % error can be told from none.  Writes ``prefixstudy/sim/accuracy.json``, which the package ships and
 ``report.prediction`` quotes; ``--check`` exits 1 when the shipped file is not what the tables give.
 """
 
@@ -54,17 +56,21 @@ def gpus(studies, results: Path = Path("experiments/results")) -> list[str]:
 def errors(df: pd.DataFrame, table: str) -> dict:
     """The counts over one set of checked points (rows: one per point, repeat and check), and the
     studies they are of, by folder."""
-    g = df.groupby(["check", "study", "mode", "rate"])
+    keys = ["check", "study", "mode", "rate"]
+    g = df.groupby(keys)
     pp = pd.DataFrame({"sim": g["mean_e2e_ms_sim"].mean(), "meas": g["mean_e2e_ms_meas"].mean(),
                        "saturated": g["saturated_meas"].mean()})
+    pp = pp.join(accuracy.measured_half_width(df).set_index(keys)["e2e_meas_ci"])
     u = pp[pp["saturated"] <= 0.5]
     err = u["sim"] / u["meas"] - 1
+    known = u["e2e_meas_ci"] <= 0.05
     labels = {"accuracy.csv": accuracy.STUDIES, "timestamps.csv": timestamps.STUDIES}.get(table, {})
     folders = {label: Path(path).name for label, path in labels.items()}  # the tables' study labels
     studies = {folders.get(s, s) for s in u.index.get_level_values("study")}
     return {"studies": sorted(studies), "gpus": gpus(studies), "unsaturated_points": int(len(u)),
             "within_5pct": int((err.abs() <= 0.05).sum()), "within_10pct": int((err.abs() <= 0.10).sum()),
-            "mean_abs_err": round(float(err.abs().mean()), 4), "predicted_high": int((err > 0).sum())}
+            "mean_abs_err": round(float(err.abs().mean()), 4), "predicted_high": int((err > 0).sum()),
+            "known_to_5pct": int(known.sum()), "known_within_5pct": int((known & (err.abs() <= 0.05)).sum())}
 
 
 def budget(acc: Path = ACC) -> dict:

@@ -155,6 +155,18 @@ def measured_half_width(df: pd.DataFrame) -> pd.DataFrame:
     return df.groupby(keys, sort=False)["mean_e2e_ms_meas"].apply(half).rename("e2e_meas_ci").reset_index()
 
 
+def repeats_to_pin(values, tolerance: float = 0.05) -> int:
+    """How many repeats would pin a point's measured mean to within ``tolerance`` of it (the 95 %
+    t-interval's half-width), at the spread these repeats show: the least n with
+    t(0.975, n - 1) * sd / sqrt(n) <= tolerance * mean."""
+    x = np.asarray(values, float)
+    cv = x.std(ddof=1) / x.mean()
+    n = 2
+    while t_quantile(0.975, n - 1) * cv / np.sqrt(n) > tolerance:
+        n += 1
+    return n
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:+.1f} %"
 

@@ -131,6 +131,19 @@ def test_a_point_s_measured_mean_is_known_to_its_t_interval(accuracy_async):
                                                              "| held-out point | all six calibrations | 3 | 1 | 0 | 2 |"]
 
 
+def test_the_repeats_a_point_needs_follow_from_its_spread(accuracy):
+    """Repeats 90, 100, 110 (sd 10 % of the mean): n = 19 leaves t(0.975, 18) * 0.1 / sqrt(19) = 0.0482,
+    n = 18 leaves 0.0497, n = 17 0.0514, so 18; identical repeats need the least, 2.  docs/simulator.md's
+    counts are h200-tp1's summary.csv through it."""
+    assert accuracy.repeats_to_pin([90, 100, 110]) == 18 and accuracy.repeats_to_pin([100, 100]) == 2
+    s = pd.read_csv(REPO / "experiments/results/h200-tp1/summary.csv")
+    n = {(m, r): accuracy.repeats_to_pin(s[(s["mode"] == m) & (s["rate"] == r)]["mean_e2e_ms"])
+         for m, r in (("on", 16), ("off", 16), ("on", 32), ("on", 56))}
+    text = " ".join((REPO / "docs/simulator.md").read_text().split())
+    assert (f"pinning the mean to 5 % takes {n['on', 16]} repeats at ON 16, {n['off', 16]} at OFF 16, "
+            f"{n['on', 32]} at ON 32 and {n['on', 56]} at ON 56") in text
+
+
 def test_the_verifiable_sentences_are_async_csv_s(accuracy_async):
     """docs/simulator.md's paragraph on what the repeats can verify quotes async.csv."""
     df = pd.read_csv(ACC / "async.csv")

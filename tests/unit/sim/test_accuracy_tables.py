@@ -128,7 +128,7 @@ def test_a_point_s_measured_mean_is_known_to_its_t_interval(accuracy_async):
     # Only 2 req/s is known to 5 % (±2.5 %), and 109 misses it by 9 %; 1 req/s holds 109 in its interval
     # and 3 req/s, with no interval, is predicted exactly.
     assert accuracy_async.verifiable(df).splitlines()[2:] == ["| held-out point | s | 3 | 1 | 0 | 2 |",
-                                                             "| held-out point | all six calibrations | 3 | 1 | 0 | 2 |"]
+                                                             "| held-out point | every calibration (1) | 3 | 1 | 0 | 2 |"]
 
 
 def test_the_repeats_a_point_needs_follow_from_its_spread(accuracy):

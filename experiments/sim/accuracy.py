@@ -155,6 +155,15 @@ def measured_half_width(df: pd.DataFrame) -> pd.DataFrame:
     return df.groupby(keys, sort=False)["mean_e2e_ms_meas"].apply(half).rename("e2e_meas_ci").reset_index()
 
 
+def verified(err: pd.Series, ci: pd.Series, tolerance: float) -> tuple[int, int, int]:
+    """Over points with relative errors ``err`` and measured-mean half-widths ``ci``
+    (``measured_half_width``): how many the repeats pin to within ``tolerance``, at how many of those
+    the prediction is within ``tolerance``, and at how many points it is within ``tolerance`` or
+    inside the measured mean's interval."""
+    e, known = err.abs(), ci <= tolerance
+    return int(known.sum()), int((known & (e <= tolerance)).sum()), int(((e <= tolerance) | (e <= ci)).sum())
+
+
 def repeats_to_pin(values, tolerance: float = 0.05) -> int:
     """How many repeats would pin a point's measured mean to within ``tolerance`` of it (the 95 %
     t-interval's half-width), at the spread these repeats show: the least n with

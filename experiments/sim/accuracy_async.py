@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow.dataset as ds
 
 sys.path.insert(0, str(Path(__file__).parent))
-from accuracy import _pct, knee_step, measured_half_width, per_point, simulate_points, table  # noqa: E402
+from accuracy import _pct, knee_step, measured_half_width, per_point, simulate_points, table, verified  # noqa: E402
 
 from prefixstudy.sim.cost import async_recorded, busy_steps, fit, load_steps  # noqa: E402
 
@@ -188,10 +188,8 @@ def verifiable(df: pd.DataFrame) -> str:
     groups = [*pp.groupby(["check", "study"], sort=False)]
     groups += [((check, f"every calibration ({g['study'].nunique()})"), g) for check, g in pp.groupby("check", sort=False)]
     for (check, study), g in groups:
-        e, ci = g["mean_e2e_ms_err"].abs(), g["e2e_meas_ci"]
-        known = ci <= TOLERANCE
-        lines.append(f"| {check} | {study} | {len(g)} | {int(known.sum())} | {int((known & (e <= TOLERANCE)).sum())} | "
-                     f"{int(((e <= TOLERANCE) | (e <= ci)).sum())} |")
+        known, known_within, consistent = verified(g["mean_e2e_ms_err"], g["e2e_meas_ci"], TOLERANCE)
+        lines.append(f"| {check} | {study} | {len(g)} | {known} | {known_within} | {consistent} |")
     return "\n".join(lines) + "\n"
 
 

@@ -171,8 +171,9 @@ def _switch_kind(data: dict, path: Path | None, overrides: dict) -> None:
                     f"has no field for; remove it from the file, or set engine.kind: {kind} there")
 
 
-def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> StudyConfig:
+def load_config(path: Path | str | None, overrides: dict[str, Any] | None = None) -> StudyConfig:
     """Read a YAML config (or the defaults), apply dotted overrides, validate once."""
+    path = Path(path) if path else None  # a str from Python as well as the CLI's Path
     source = str(path) if path else "(defaults)"
     data = read_yaml(path) if path else {}
     if data is None:

@@ -2,7 +2,8 @@
 without end, names a key twice, or expands through YAML aliases; seeds numpy cannot take; a
 duration that is not finite; and sizes whose dataset could not fit in memory.  Each is one line
 naming the file and, where there is one, the field (the CLI turns it into exit 2; the subprocess
-corpus in tests/unit/cli/test_bad_input.py checks that path for a few of them)."""
+corpus in tests/unit/cli/test_bad_input.py checks that path for a few of them).  And one good input
+that used to fail: a config path given from Python as a str."""
 
 from __future__ import annotations
 
@@ -129,3 +130,12 @@ def test_a_dataset_or_model_file_nested_too_deep_or_looping_is_one_line(tmp_path
     (model / "config.json").write_text("[" * 6000 + "]" * 6000)
     with pytest.raises(UserError, match=rf"^{model / 'config.json'}: not valid JSON \(nested too deep\)$"):
         _rows(load_config(None, {**ECHO, "model": str(model)}))
+
+
+def test_a_config_path_given_as_a_string_loads_as_its_path(tmp_path):
+    # From Python a path is often a str; the dataset beside the file resolves against its folder all the same.
+    (tmp_path / "prompts.jsonl").write_text('{"prompt_token_ids": [1, 2, 3], "output_len": 2}\n')
+    p = write(tmp_path, "engine:\n  kind: echo\nexecutor: local\ndataset:\n  kind: jsonl\n  path: prompts.jsonl\n")
+    cfg = load_config(str(p))
+    assert cfg.dataset.path == (tmp_path / "prompts.jsonl").resolve()
+    assert cfg.model_dump() == load_config(p).model_dump()

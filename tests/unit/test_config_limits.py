@@ -2,8 +2,8 @@
 without end, names a key twice, or expands through YAML aliases; seeds numpy cannot take; a
 duration that is not finite; and sizes whose dataset could not fit in memory.  Each is one line
 naming the file and, where there is one, the field (the CLI turns it into exit 2; the subprocess
-corpus in tests/unit/cli/test_bad_input.py checks that path for a few of them).  And one good input: a config path given from Python as a str,
-which loads as its Path does."""
+corpus in tests/unit/cli/test_bad_input.py checks that path for a few of them).  And one good
+input: a config path given from Python as a str, which loads as its Path does."""
 
 from __future__ import annotations
 

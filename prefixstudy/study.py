@@ -58,10 +58,11 @@ def resume_state(run_dir: Path, cfg_path: Path | None) -> tuple[StudyConfig, lis
     return recorded, load_rows(recorded), SimpleNamespace(manifest=manifest, summary=read_summary(run_dir / SUMMARY))
 
 
-def run_study(cfg: StudyConfig | None, run_dir: Path | None = None, progress: bool = True,
-              resume: Path | None = None, resume_config: Path | None = None) -> Path:
+def run_study(cfg: StudyConfig | None, run_dir: Path | str | None = None, progress: bool = True,
+              resume: Path | str | None = None, resume_config: Path | str | None = None) -> Path:
     """Run every mode x rate of ``cfg`` (or, with ``resume``, the missing and failed points of a
     recorded run) and write the results; returns the run folder."""
+    run_dir, resume, resume_config = (None if p is None else Path(p) for p in (run_dir, resume, resume_config))
     old = None
     lock = None
     made = None  # the folder this call made, removed again if it ends before writing anything

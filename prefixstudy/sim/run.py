@@ -147,16 +147,19 @@ def _has_kv_size(cfg: StudyConfig) -> bool:
     return extra.get("num_gpu_blocks_override") is not None or getattr(cfg.engine, "kv_cache_memory_bytes", None)
 
 
-def simulate(cfg: StudyConfig, calibration: Path, gpu_name: str | None = None, tp: int | None = None,
-             out: Path | None = None, jobs: int = 1, run_dir: Path | None = None, stepwise: bool = False) -> Path:
+def simulate(cfg: StudyConfig, calibration: Path | str, gpu_name: str | None = None, tp: int | None = None,
+             out: Path | str | None = None, jobs: int = 1, run_dir: Path | str | None = None,
+             stepwise: bool = False) -> Path:
     """Every mode x rate of ``cfg`` in virtual time; returns the results folder.  ``jobs`` > 1
     simulates points in that many processes (each point resets the prefix cache, so a point does
     not depend on the ones before it; the scheduler is pure Python and holds the GIL)."""
+    calibration = Path(calibration)
+    out, run_dir = (None if p is None else Path(p) for p in (out, run_dir))
     check_simulated(cfg)
     rows = load_rows(cfg)
     # The calibration is checked (and fitted) before any worker starts: a refused one is one line
     # at once, not after the workers' vLLM import.
-    target = replace(make_target(cfg, Path(calibration), gpu_name, tp, rows), stepwise=stepwise)
+    target = replace(make_target(cfg, calibration, gpu_name, tp, rows), stepwise=stepwise)
     pool = None
     if jobs > 1:
         from prefixstudy.sim import pool as sim_pool

@@ -55,19 +55,20 @@ def cells(cfg: StudyConfig, axes: list[Axis]) -> list[Cell]:
     return out
 
 
-def run_sweep(cfg: StudyConfig | None, progress: bool = True, resume: Path | None = None,
-              resume_config: Path | None = None, run_dir: Path | None = None) -> Path:
+def run_sweep(cfg: StudyConfig | None, progress: bool = True, resume: Path | str | None = None,
+              resume_config: Path | str | None = None, run_dir: Path | str | None = None) -> Path:
     """Run the grid of ``cfg`` (or, with ``resume``, go on with a recorded run or sweep); returns
     the run folder, or the sweep's parent folder."""
     from prefixstudy.study import run_study
 
+    resume, resume_config, run_dir = (None if p is None else Path(p) for p in (resume, resume_config, run_dir))
     if resume is not None and is_sweep(resume):
         if resume_config is not None:
             raise UserError(f"{resume}: a sweep resumes with its recorded config.yaml; drop the config")
-        if not (Path(resume) / CONFIG).is_file():
+        if not (resume / CONFIG).is_file():
             raise UserError(f"{resume}: no {CONFIG} beside its sweep index, so there is no recorded config to "
                             "resume with; resume each cell's run folder instead")
-        return _run_cells(load_config(Path(resume) / CONFIG), Path(resume), progress, resumed=True)
+        return _run_cells(load_config(resume / CONFIG), resume, progress, resumed=True)
     if resume is not None:
         return run_study(None, progress=progress, resume=resume, resume_config=resume_config)
     if not grid_axes(cfg):

@@ -106,3 +106,12 @@ def test_a_dry_run_names_every_cell(tmp_path):
                                          "folder under one parent: prefill_ms_per_token-0.01-blocks-64, "
                                          "prefill_ms_per_token-0.05-blocks-64")
     assert not (tmp_path / "res").exists()
+
+
+def test_a_sweep_takes_its_parent_folder_as_str(tmp_path):
+    # From a script a folder is often a str: the grid's parent goes there, each cell a run under it.
+    cfg = load_config(None, {**ECHO, "sweep.rates": [100], "sweep.num_requests": 3})
+    parent = run_sweep(cfg, progress=False, run_dir=str(tmp_path / "sweep"))
+    assert parent == tmp_path / "sweep"
+    assert [(c["dir"], c["status"]) for c in index(parent)["cells"]] == [
+        ("prefill_ms_per_token-0.01", "complete"), ("prefill_ms_per_token-0.05", "complete")]

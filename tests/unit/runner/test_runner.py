@@ -81,6 +81,14 @@ def test_a_study_on_the_echo_backend_writes_every_file(tmp_path):
     assert len(res.requests) == 4 * 7 and len(res.iterations) == 4 * 6
 
 
+def test_run_study_takes_its_folders_as_str(tmp_path):
+    # From a script a folder is often a str: the run goes there, and a resume given as a str finds it.
+    run = run_study(cfg_with(), str(tmp_path / "run"), progress=False)
+    assert run == tmp_path / "run" and load(run).summary["n_ok"].tolist() == [6, 6]
+    assert run_study(None, progress=False, resume=str(run)) == run
+    assert load(run).manifest["status"] == "complete"
+
+
 def test_failed_engine_point_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
     from prefixstudy.engines.echo import EchoEngine
 

@@ -67,6 +67,13 @@ def test_simulated_study_matches_the_hand_schedule(calibration, tmp_path, tiny_v
     assert [p["async_scheduling"] for p in res.manifest["points"]] == [False] * 4
 
 
+def test_simulate_takes_its_folders_as_str(calibration, tmp_path, tiny_vllm_config):
+    # From a script a folder is often a str: the calibration, the results root and the run folder.
+    run = simulate(load_config(None, OVERRIDES), str(calibration), out=str(tmp_path / "out"),
+                   run_dir=str(tmp_path / "run"))
+    assert run == tmp_path / "run" and load(run).summary["mean_e2e_ms"].tolist() == pytest.approx([4.46, 4.46, 4.94, 4.94])
+
+
 def test_a_simulated_study_ends_as_a_measured_one(calibration, tmp_path, tiny_vllm_config):
     """Its points go through the study's point policy and its end writes what a measured run's
     does: status from the points, the step fit, and headline.csv with the hand schedule's gain."""

@@ -10,7 +10,12 @@ with CUDA events) and writes experiments/results/sim-accuracy/step-terms.md:
   the mean price, and the price's error on the summed span;
 * four effects read straight off the records, each a difference between two groups of real steps
   that differ in one thing, none of which the fit's linear form (c0 + prefill tokens + prefill
-  requests + decode tokens) can express.
+  requests + decode tokens) can express;
+* where the engine loop outran the GPU: per point, over windows of consecutive steps (the host part's
+  own, ``sim.cost.host_windows``), the share of the loop's time (the summed host records, which tile
+  it) that the GPU spans leave idle, the idle time each new request adds (least squares over the
+  windows), and how far the simulator's price with the measured spans, max(GPU span, host part),
+  falls short of the loop.
 
 ``--check`` fails if step-terms.md is not what the committed records give.
 """
@@ -24,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from prefixstudy.sim.cost import busy_steps, fit, load_steps
+from prefixstudy.metrics.engine_fit import nnls
+from prefixstudy.sim.cost import HOST_WINDOW_STEPS, busy_steps, fit, host_windows, load_steps
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY = REPO / "experiments/results/h200-tp1"
@@ -95,6 +101,28 @@ def effects(b: pd.DataFrame) -> list[dict]:
     return rows
 
 
+def loop_idle(b: pd.DataFrame, host: dict) -> pd.DataFrame:
+    """Per point: whole windows of consecutive busy steps (``host_windows``), the GPU's idle share of
+    the loop's time and idle ms per step, the idle ms per new request (non-negative least squares of
+    each window's idle on 1 and its new requests), and the error of max(measured GPU span, ``host``
+    part) summed against the loop's time."""
+    X = np.column_stack([np.ones(len(b))] + [b[t].to_numpy(float) for t in host["coef_ms"]])
+    h = np.array([host["c0_ms"], *host["coef_ms"].values()])
+    b = b.assign(win=host_windows(b), priced=np.maximum(b["step_ms"].to_numpy(float), X @ h))
+    w = b.groupby("win").agg(mode=("mode", "first"), rate=("rate", "first"), n=("step_ms", "size"),
+                             loop=("host_step_ms", "sum"), gpu=("step_ms", "sum"), priced=("priced", "sum"),
+                             new=("num_prefill_reqs", "sum"))
+    w = w[w["n"] == w["n"].max()]  # whole windows only: a point's last one is cut short
+    rows = []
+    for (mode, rate), g in w.groupby(["mode", "rate"], sort=True):
+        idle = (g["loop"] - g["gpu"]).to_numpy()
+        per_new = nnls(np.column_stack([np.ones(len(g)), g["new"].to_numpy(float)]), idle)[1]
+        rows.append({"mode": mode, "rate": rate, "windows": len(g), "idle_pct": idle.sum() / g["loop"].sum() * 100,
+                     "idle_per_step_ms": idle.sum() / g["n"].sum(), "idle_per_new_ms": per_new,
+                     "priced_err_pct": (g["priced"].sum() / g["loop"].sum() - 1) * 100})
+    return pd.DataFrame(rows)
+
+
 def table(study: Path = STUDY) -> str:
     b = steps_of(study)
     model = fit(b, source=str(study))  # the GPU part: the fit on the GPU spans
@@ -119,6 +147,16 @@ def table(study: Path = STUDY) -> str:
             else f"{e['beside']:.4g} {e['beside_what']}")
         lines.append(f"| {e['effect']} | {a['name']}: {a['n']:,} | {a['ms']:.2f} ({a['D']:.1f}) | {c['name']}: {c['n']:,} | "
                      f"{c['ms']:.2f} ({c['D']:.1f}) | {e['value']:.4g} {e['unit']} | {beside} |")
+    host = fit(b, source=str(study), async_scheduling=True).host
+    lines += ["", f"Where the engine loop outran the GPU (windows of {HOST_WINDOW_STEPS} "
+              "consecutive steps; the loop's time is the summed host records; the host part, fitted on the same "
+              f"windows: {host['c0_ms']:.3g} + " + " + ".join(f"{c:.3g}·{t}" for t, c in host["coef_ms"].items()) + " ms):", "",
+              "| mode | rate | windows | GPU idle, share of the loop | idle per step | idle per new request "
+              "| max(GPU span, host part) against the loop |",
+              "|---|---|---|---|---|---|---|"]
+    for r in loop_idle(b, host).itertuples():
+        lines.append(f"| {r.mode} | {r.rate:g} | {r.windows:,} | {r.idle_pct:.1f} % | {r.idle_per_step_ms:.3f} ms | "
+                     f"{r.idle_per_new_ms:.2f} ms | {r.priced_err_pct:+.1f} % |")
     return "\n".join(lines) + "\n"
 
 

@@ -41,3 +41,15 @@ def test_each_effect_is_two_groups_of_real_steps_and_its_size():
     assert (shared["a"]["n"], shared["b"]["n"], round(shared["value"], 2)) == (65, 53, -2.18)
     idle = [e[f"the first step after an idle spell is slower ({m})"] for m in ("OFF", "ON")]
     assert [(r["a"]["n"], r["b"]["n"], round(r["value"], 2)) for r in idle] == [(22, 38, 3.52), (22, 38, 3.29)]
+
+
+def test_the_gpu_waits_for_the_host_at_on_s_middle_loads_and_the_host_part_recovers_half():
+    mod = _script()
+    b = mod.steps_of(mod.STUDY)
+    t = mod.loop_idle(b, mod.fit(b, async_scheduling=True).host).set_index(["mode", "rate"]).round(2)
+    assert (t.loc[("on", 32.0), "idle_pct"], t.loc[("on", 56.0), "idle_pct"]) == (3.11, 6.21)
+    assert t.xs("off", level="mode")["idle_pct"].max() == 0.25
+    assert (round(t.loc[("on", 32.0), "idle_per_new_ms"], 1), round(t.loc[("on", 56.0), "idle_per_new_ms"], 1)) == (0.9, 1.3)
+    # max(measured GPU span, host part) against the loop: half the idle left at ON 56
+    assert (t.loc[("on", 32.0), "priced_err_pct"], t.loc[("on", 56.0), "priced_err_pct"]) == (-1.48, -2.99)
+    assert t.xs("off", level="mode")["priced_err_pct"].abs().max() <= 0.3

@@ -13,7 +13,7 @@ with CUDA events) and writes experiments/results/sim-accuracy/step-terms.md:
   requests + decode tokens) can express;
 * where the engine loop outran the GPU: per point, over windows of consecutive steps (the host part's
   own, ``sim.cost.host_windows``), the share of the loop's time (the summed host records, which tile
-  it) that the GPU spans leave idle, the idle time each new request adds (least squares over the
+  it) that the GPU spans leave idle, the idle time per new request (least squares over the
   windows), and how far the simulator's price with the measured spans, max(GPU span, host part),
   falls short of the loop.
 

@@ -125,7 +125,7 @@ def loop_idle(b: pd.DataFrame, host: dict) -> pd.DataFrame:
 
 def table(study: Path = STUDY) -> str:
     b = steps_of(study)
-    model = fit(b, source=str(study))  # the GPU part: the fit on the GPU spans
+    model = fit(b, source=str(study), async_scheduling=True)  # the GPU part on the GPU spans, the host part beside
     pts = by_point(b, model.predict(b))
     terms = " + ".join(f"{c:.4g}·{t}" for t, c in model.coef_ms.items())
     lines = [f"The GPU part of the committed fit on {study.name} ({len(b):,} busy steps): "
@@ -147,7 +147,7 @@ def table(study: Path = STUDY) -> str:
             else f"{e['beside']:.4g} {e['beside_what']}")
         lines.append(f"| {e['effect']} | {a['name']}: {a['n']:,} | {a['ms']:.2f} ({a['D']:.1f}) | {c['name']}: {c['n']:,} | "
                      f"{c['ms']:.2f} ({c['D']:.1f}) | {e['value']:.4g} {e['unit']} | {beside} |")
-    host = fit(b, source=str(study), async_scheduling=True).host
+    host = model.host
     lines += ["", f"Where the engine loop outran the GPU (windows of {HOST_WINDOW_STEPS} "
               "consecutive steps; the loop's time is the summed host records; the host part, fitted on the same "
               f"windows: {host['c0_ms']:.3g} + " + " + ".join(f"{c:.3g}·{t}" for t, c in host["coef_ms"].items()) + " ms):", "",

@@ -72,6 +72,13 @@ class CostModel:
         """Whether the engine priced schedules step N+1 while step N runs (vLLM's async scheduling)."""
         return bool(self.host)
 
+    @property
+    def host_overlaps(self) -> bool:
+        """Whether the host part is the host's work to schedule and launch a step, done while the
+        step before runs on the GPU (``fit_host_paired``); otherwise it is a floor under the step's
+        own price (``fit_host``)."""
+        return self.host.get("overlap") == HOST_OVERLAP
+
     def gpu_ms(self, f) -> float:
         return self.c0_ms + sum(c * getattr(f, t) for t, c in self.coef_ms.items())
 
@@ -79,9 +86,15 @@ class CostModel:
         return self.host["c0_ms"] + sum(c * getattr(f, t) for t, c in self.host["coef_ms"].items())
 
     def __call__(self, f) -> float:
-        if self.host:
+        """The step's own time: its GPU part, or max(GPU part, host part) where the host part is a floor."""
+        if self.host and not self.host_overlaps:
             return max(self.gpu_ms(f), self.host_ms(f))
         return self.gpu_ms(f)
+
+    def launch_ms(self, f) -> float:
+        """The host's time from scheduling the step to launching it, which the GPU waits for where it
+        outlasts the step before (``sim.step.launch_ms``); 0 where the host part is priced in the step."""
+        return self.host_ms(f) if self.host_overlaps else 0.0
 
     def predict(self, df: pd.DataFrame) -> np.ndarray:
         out = np.full(len(df), self.c0_ms)
@@ -164,6 +177,8 @@ def fit(df: pd.DataFrame, source: str = "", async_scheduling: bool = False) -> C
 
 
 HOST_TERMS = ("decode_tokens", "num_prefill_reqs")
+PAIRED_HOST_TERMS = ("decode_tokens", "prefix_queries")
+HOST_OVERLAP = "previous step"  # CostModel.host["overlap"] of a host part fitted by fit_host_paired
 HOST_WINDOW_STEPS = 16  # consecutive busy steps of one point: long enough that a record's shift stays inside
 
 
@@ -176,26 +191,57 @@ def host_windows(steps: pd.DataFrame) -> np.ndarray:
 
 
 def fit_host(steps: pd.DataFrame) -> dict:
-    """The host part of an async-scheduling calibration from its busy steps (``busy_steps``): the
-    non-negative (h0, h, h') minimising, over the windows, the squared error of the summed
-    max(GPU span, host part) against the summed host records.  Coordinate search: each coefficient
-    moved up or down by its step, the first move that lowers the error taken, every step halved when
-    none does.  It starts at the median host record with no slopes, a host part above some GPU spans,
+    """The host part of an async-scheduling calibration from its busy steps (``busy_steps``) as a floor
+    under each step's price: the non-negative (h0, h, h') minimising, over the windows, the squared
+    error of the summed max(GPU span, host part) against the summed host records.  The search
+    (``_search``) starts at the median host record with no slopes, a host part above some GPU spans,
     so that the error moves with every coefficient from the start.  Where the host is never the
     slower pipeline the error cannot tell one host part from another below the GPU spans, and the
     search ends at one of them: ``binding_steps`` says at how many steps the part is the larger."""
-    period, gpu = steps["host_step_ms"].to_numpy(dtype=float), steps["step_ms"].to_numpy(dtype=float)
-    X = np.column_stack([np.ones(len(steps))] + [steps[t].to_numpy(dtype=float) for t in HOST_TERMS])
+    gpu = steps["step_ms"].to_numpy(dtype=float)
+    return _fit_windows(steps, HOST_TERMS, lambda host: np.maximum(gpu, host), gpu)
+
+
+def previous_gpu_ms(steps: pd.DataFrame) -> np.ndarray:
+    """Each busy step's predecessor's GPU span in its engine series (``busy_steps`` order); 0 for a
+    series' first step, which nothing ran before."""
+    gpu = steps["step_ms"].to_numpy(dtype=float)
+    series = steps.groupby(engine_fit.engine_keys(steps), sort=False).ngroup().to_numpy()
+    prev = np.r_[0.0, gpu[:-1]]
+    prev[np.r_[True, series[1:] != series[:-1]]] = 0.0
+    return prev
+
+
+def fit_host_paired(steps: pd.DataFrame) -> dict:
+    """The host part as vLLM's async loop spends it: the host schedules and launches step K while
+    step K-1 runs on the GPU, so K starts max(K-1's GPU span, K's host part) after K-1 did, and the
+    GPU waits where the host part is the longer.  (h0, h, h'') over ``PAIRED_HOST_TERMS``: a step's
+    decode tokens, and the prompt tokens the prefix cache looks up, which the host hashes.  A host
+    record ends at its step's output, so K's record spans end to end: max(K-1's GPU span, K's host
+    part) + K's span - K-1's.  Fitted as ``fit_host`` is, on each window's sum of those against its
+    summed host records; ``binding_steps`` counts the steps whose launch the GPU waited for."""
+    prev, gpu = previous_gpu_ms(steps), steps["step_ms"].to_numpy(dtype=float)
+    out = _fit_windows(steps, PAIRED_HOST_TERMS, lambda host: np.maximum(prev, host) + gpu - prev, prev)
+    return {**out, "overlap": HOST_OVERLAP}
+
+
+def _fit_windows(steps: pd.DataFrame, terms: tuple[str, ...], period, floor: np.ndarray) -> dict:
+    """The non-negative host coefficients over ``terms`` whose ``period(host part)``, summed over each
+    window, best matches the window's summed host records.  Coordinate search: each coefficient moved
+    up or down by its step, the first move that lowers the error taken, every step halved when none
+    does."""
+    records = steps["host_step_ms"].to_numpy(dtype=float)
+    X = np.column_stack([np.ones(len(steps))] + [steps[t].to_numpy(dtype=float) for t in terms])
     win = host_windows(steps)
     n = int(win.max()) + 1
-    target = np.bincount(win, period, n)
+    target = np.bincount(win, records, n)
 
     def loss(h: np.ndarray) -> float:
-        return float(((np.bincount(win, np.maximum(gpu, X @ h), n) - target) ** 2).sum())
+        return float(((np.bincount(win, period(X @ h), n) - target) ** 2).sum())
 
     h = np.zeros(X.shape[1])
-    h[0] = float(np.median(period))
-    step = np.array([h[0] / 4] + [0.05] * len(HOST_TERMS))
+    h[0] = float(np.median(records))
+    step = np.array([h[0] / 4] + [0.05] * len(terms))
     best = loss(h)
     while step.max() > 1e-5:
         for j, sign in ((j, sign) for j in range(len(h)) for sign in (1, -1)):
@@ -207,9 +253,9 @@ def fit_host(steps: pd.DataFrame) -> dict:
         else:
             step = step / 2
     ss = float(((target - target.mean()) ** 2).sum())
-    return {"c0_ms": float(h[0]), "coef_ms": {t: float(c) for t, c in zip(HOST_TERMS, h[1:], strict=True) if c > 0},
+    return {"c0_ms": float(h[0]), "coef_ms": {t: float(c) for t, c in zip(terms, h[1:], strict=True) if c > 0},
             "r2": 1.0 - best / ss if ss > 0 else math.nan, "n_steps": len(steps), "n_windows": n,
-            "binding_steps": int((X @ h > gpu).sum())}
+            "binding_steps": int((X @ h > floor).sum())}
 
 
 def fit_study(study_dir: Path) -> CostModel:

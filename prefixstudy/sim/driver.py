@@ -10,8 +10,10 @@ With vLLM's async scheduling (an ``AsyncScheduler``: the default engine) the loo
 two-deep batch queue instead: step N+1 is scheduled and launched on the host while step N runs on
 the GPU, and step N's output is applied after that.  In virtual time, step N+1 is scheduled at the
 moment step N starts (so a request that arrives while N runs waits for N+2), runs from N's end for
-its price (the cost model's max(GPU part, host part)), and its tokens reach the client when it ends;
-step N's output reaches the scheduler only after N+1 is scheduled, one step later than without.
+its price, and its tokens reach the client when it ends; step N's output reaches the scheduler only
+after N+1 is scheduled, one step later than without.  Where the cost model's host part is the host's
+work to launch a step (``CostModel.launch_ms``), N+1 starts only once it is launched too: the GPU
+waits where the host takes longer than N; otherwise the price is max(GPU part, host part).
 
 Hands on, per request, a ``SimTrace`` (virtual stamps) and, per step, one row in the
 iteration layout (``step_start_s``, ``t_s``, ``step_ms``, ``prefill_tokens``, ...).
@@ -24,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from prefixstudy.sim.lane import DecodeLane
-from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepCost, StepFeatures, kv_tokens
+from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepCost, StepFeatures, kv_tokens, launch_ms
 from prefixstudy.sim.vllm_setup import make_request, runner_output
 
 
@@ -162,8 +164,9 @@ class Simulator:
             feats = lane.held_features(feats)
         busy = feats.prefill_tokens + feats.decode_tokens
         step_ms = float(self.cost_ms(feats)) if busy else 0.0
+        launched_s = self.clock_s + (launch_ms(self.cost_ms, feats) / 1e3 if busy else 0.0)
         prev = self.in_flight
-        start_s = prev.end_s if prev is not None else self.clock_s
+        start_s = max(prev.end_s if prev is not None else self.clock_s, launched_s)
         self._stamp_scheduled(new_ids, traces, self.clock_s)
         self.num_steps += 1
         if record and busy:
@@ -172,9 +175,11 @@ class Simulator:
         if lane is not None:
             lane.step_priced(new.end_s)
         done: list[str] = []
-        if prev is not None:
-            self.clock_s = prev.end_s
+        if prev is not None:  # the host turns to the next step once this one is launched and the last is out
+            self.clock_s = max(prev.end_s, launched_s)
             done = self._apply(prev, traces)
+        else:  # the queue not yet full: the next step is scheduled as soon as this one is launched
+            self.clock_s = launched_s
         if busy:
             self.in_flight = new
         else:  # nothing to run: its (empty) output is there at once
@@ -230,7 +235,7 @@ class Simulator:
         new_ids = {nr.req_id: nr.num_computed_tokens for nr in so.scheduled_new_reqs}
         new_prompt = sum(len(nr.prompt_token_ids or ()) for nr in so.scheduled_new_reqs)
         feats = StepFeatures(prefill, decode, context, len(so.num_scheduled_tokens), sum(new_ids.values()),
-                             n_prefill, new_prompt, kv_tokens(self.sched))
+                             n_prefill, new_prompt, kv_tokens(self.sched), new_prompt if self.hasher is not None else 0)
         return feats, sampled, new_ids
 
     def step_row(self, start_s: float, step_ms: float, f: StepFeatures) -> dict:

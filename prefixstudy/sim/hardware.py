@@ -21,7 +21,8 @@ it to the target's roofline, so each coefficient is multiplied by ``roofline(tar
 roofline(source)``; the part of ``c0`` the roofline does not explain (CPU scheduling, sampling,
 kernel launches) is carried over unchanged.  The host part of an async-scheduling calibration
 (``CostModel.host``) is carried the same way, each term by the GPU part's ratio and its fixed cost
-beyond the source's roofline kept.  The host's own work on the target is not measured; scaled with
+beyond the source's roofline kept; a term only the host has (``prefix_queries``, the prompt tokens
+it hashes) is carried unchanged.  The host's own work on the target is not measured; scaled with
 the GPU part, the host stays the slower pipeline at the steps where it was (small decode-only steps),
 which is an assumption, not a measurement.  ``extrapolations`` names what the calibration's data cannot check about
 such a transfer.
@@ -111,8 +112,8 @@ def transfer(model: CostModel, src: Deployment, dst: Deployment, mean_context_to
     overhead_ms = model.c0_ms - r_src["c0"]
     scale = {"c0": r_dst["c0"] / r_src["c0"], **{t: r_dst[t] / r_src[t] for t in model.coef_ms}}
     host = model.host
-    if host:
-        scale |= {t: r_dst[t] / r_src[t] for t in host["coef_ms"]}
+    if host:  # a term of the host's own (the prompt tokens it hashes) is host work: the same on any GPU
+        scale |= {t: r_dst[t] / r_src[t] if t in r_src else 1.0 for t in host["coef_ms"]}
         host = {**host, "c0_ms": host["c0_ms"] - r_src["c0"] + r_dst["c0"],
                 "coef_ms": {t: c * scale[t] for t, c in host["coef_ms"].items()}}
     note = (f"transferred from {src.arch.name} on {src.gpu.name} TP {src.tp} to {dst.arch.name} on "

@@ -52,7 +52,7 @@ import heapq
 import math
 
 from prefixstudy.sim.lane_scope import lane_scope
-from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepClock, StepFeatures, kv_tokens
+from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepClock, StepFeatures, kv_tokens, launch_ms
 
 
 class Held:
@@ -307,7 +307,8 @@ class DecodeLane:
         if not n:
             return f
         return StepFeatures(f.prefill_tokens, f.decode_tokens + n, f.context_tokens + self.base_sum + n * (self.g + 1),
-                            f.num_reqs + n, f.cached_tokens, f.num_prefill_reqs, f.prompt_tokens_new, f.kv_tokens)
+                            f.num_reqs + n, f.cached_tokens, f.num_prefill_reqs, f.prompt_tokens_new, f.kv_tokens,
+                            f.prefix_queries)
 
     def after_step(self, end_s: float) -> None:
         self.step_priced(end_s)
@@ -360,8 +361,8 @@ class DecodeLane:
             self._allocate(events)
             feats = StepFeatures(0, n, self.base_sum + n * (self.g + 1), n, kv_tokens=kv_tokens(self.sched))
             step_ms = float(sim.cost_ms(feats))
-            if flying is not None:  # async: scheduled now, it runs once the step in flight ends
-                start_s = flying_end
+            if flying is not None:  # async: scheduled now, it runs once the step in flight ends and it is launched
+                start_s = max(flying_end, start_s + launch_ms(sim.cost_ms, feats) / 1e3)
                 flying_end = start_s + step_ms / 1e3
                 sim.clock_s = start_s
             else:

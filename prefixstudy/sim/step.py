@@ -26,9 +26,21 @@ class StepFeatures:
     # a block shared by several requests (a cached prefix) counted once.  What the GPU reads from
     # memory where context_tokens counts a shared block once per request.
     kv_tokens: int = 0
+    # Prompt tokens of the requests first scheduled now that the prefix cache looks up (0 with caching
+    # off): the host hashes them into block hashes, work that grows with the prompt, not the GPU.
+    prefix_queries: int = 0
 
 
 StepCost = Callable[[StepFeatures], float]  # -> step_ms
+
+
+def launch_ms(cost: StepCost, f: StepFeatures) -> float:
+    """How long the host takes, from scheduling a step, to launch it: a step of vLLM's async engine
+    starts on the GPU once both the step before it has ended and the host has launched it.  A cost
+    model whose host part overlaps the step before (``sim.cost.CostModel.launch_ms``) says; any other
+    folds the host into the step's own price, and the step starts as the one before ends."""
+    launch = getattr(cost, "launch_ms", None)
+    return float(launch(f)) if launch is not None else 0.0
 
 
 def kv_tokens(scheduler) -> int:

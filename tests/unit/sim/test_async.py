@@ -61,6 +61,46 @@ def test_the_async_fit_prices_the_gpu_on_the_spans_and_the_host_on_the_windows_o
     assert fit(gpu_span_steps()).host == {}  # the same steps, fitted as one step at a time
 
 
+def launched_steps():
+    """Eight windows of 16 steps, each an ON prompt (200 tokens computed, 500 to 4000 the host hashes)
+    beside ``base`` decoders, then decode-only steps of base .. base + 14 decoders; GPU span 2 + 0.01
+    prefill + 0.05 decode.  Run as vLLM's async loop runs them: the host launches step K while K-1
+    runs, in 3 ms + 0.02 ms a decoder + 0.004 ms a hashed token, and K starts once K-1 has ended and
+    K is launched.  Each host record runs from the previous step's output to this one's."""
+    rows = []
+    for i, base in enumerate((1, 6, 11, 16, 3, 8, 13, 18)):
+        rows += [(200, 1, base, 500 * (i + 1))] + [(0, 0, base + j, 0) for j in range(15)]
+    df = pd.DataFrame(rows, columns=["prefill_tokens", "num_prefill_reqs", "decode_tokens", "prefix_queries"])
+    df["context_tokens"] = 0
+    df["step_ms"] = 2 + 0.01 * df.prefill_tokens + 0.05 * df.decode_tokens
+    host = 3 + 0.02 * df.decode_tokens + 0.004 * df.prefix_queries
+    start = end = 0.0
+    ends = []
+    for gpu_ms, host_ms in zip(df.step_ms, host, strict=True):
+        start = max(end, start + host_ms)
+        end = start + gpu_ms
+        ends.append(end)
+    df["t_s"] = pd.Series(ends) / 1000
+    df["host_step_ms"] = pd.Series(ends).diff().fillna(ends[0])
+    df["mode"], df["rate"], df["repeat"], df["timing"] = "on", 1.0, 0, "gpu-span"
+    return df
+
+
+def test_the_launch_fit_recovers_the_host_s_work_and_the_floor_fit_cannot():
+    """A prompt step's launch (5 ms and more) outlasts the decode step before it (2-3 ms), so the GPU
+    waits; the launch fit finds 3 ms + 0.02 ms a decoder + 0.004 ms a hashed token.  The wrong model
+    for such a loop is a floor under each step's own price (``fit_host``): its window sums miss."""
+    from prefixstudy.sim.cost import fit_host, fit_host_paired
+
+    steps = busy_steps(launched_steps())
+    h = fit_host_paired(steps)
+    assert (h["c0_ms"], h["overlap"]) == (pytest.approx(3.0, abs=1e-3), "previous step")
+    assert h["coef_ms"] == pytest.approx({"decode_tokens": 0.02, "prefix_queries": 0.004}, abs=1e-4)
+    assert h["r2"] == pytest.approx(1.0, abs=1e-6) and (h["n_steps"], h["n_windows"]) == (128, 8)
+    floor = fit_host(steps)
+    assert floor["r2"] < 0.99 and "overlap" not in floor
+
+
 def test_the_shifted_host_records_fitted_one_by_one_would_miss_the_host_s_own_work():
     """The wrong data for the window fit: the same records, each taken as its own step's host time
     (least squares over the steps, as a one-step-at-a-time fit would).  The wait a prompt's record
@@ -213,6 +253,30 @@ def test_pipelined_steps_cost_the_host_part_where_it_is_the_slower(make_sim):
     assert tr.token_times == pytest.approx([0.002, 0.0035, 0.005])
 
 
+def test_a_step_the_host_has_not_launched_waits_for_it(make_sim):
+    """GPU part the unit cost; host part, the host's work to launch a step while the one before runs,
+    1.5 ms + 0.01 ms a prompt token it hashes.  Step 1 (a's 100-token prompt) is launched at 2.5 ms and
+    ends at 4.5.  Step 2 (a decode), scheduled then, is launched at 4.0, before step 1 ends: it runs
+    4.5-5.6 ms.  Step 3, scheduled at 4.5, is launched at 6.0, after step 2 ended: the GPU waits
+    0.4 ms, and it runs 6.0-7.1 ms.  With caching off nothing is hashed: step 1 runs 1.5-3.5 ms, and
+    step 3 waits for its launch at 5.0 ms."""
+    cost = CostModel(1.0, {"prefill_tokens": 0.01, "decode_tokens": 0.1},
+                     host={"c0_ms": 1.5, "coef_ms": {"prefix_queries": 0.01}, "overlap": "previous step"})
+    prompt = StepFeatures(100, 0, 100, 1, prompt_tokens_new=100, prefix_queries=100)
+    assert cost.host_overlaps and cost(prompt) == 2.0 and cost.launch_ms(prompt) == pytest.approx(2.5)
+    a = [SimRequest("a", list(range(100, 200)), 3, 0.0)]
+    sim = make_sim("on", cost_ms=cost, async_scheduling=True)
+    assert sim.run(a)["a"].token_times == pytest.approx([0.0045, 0.0056, 0.0071])
+    assert [s["step_start_s"] for s in sim.steps] == pytest.approx([0.0025, 0.0045, 0.006])
+    assert [s["step_ms"] for s in sim.steps] == pytest.approx([2.0, 1.1, 1.1])
+    assert make_sim("off", cost_ms=cost, async_scheduling=True).run(a)["a"].token_times == \
+        pytest.approx([0.0035, 0.0046, 0.0061])
+    # the same host part as a floor under each step (fit_host's kind): max(GPU, 1.5 ms + hashing)
+    floor = CostModel(1.0, {"prefill_tokens": 0.01, "decode_tokens": 0.1},
+                      host={"c0_ms": 1.5, "coef_ms": {"prefix_queries": 0.01}})
+    assert floor.launch_ms(prompt) == 0.0 and floor(prompt) == 2.5
+
+
 def test_the_deadline_drops_the_step_in_flight(make_sim):
     """Steps end at 2, 3.1 and 4.2 ms; the clock passes the 4 ms deadline when step 3's output comes
     back, with step 4 in flight: it is dropped, the request aborted, the 4.2 ms token cut."""
@@ -240,3 +304,7 @@ def test_the_roofline_transfer_scales_the_host_part_as_the_gpu_part():
     assert t.coef_ms == pytest.approx({"prefill_tokens": 0.02 * r2["prefill_tokens"] / r1["prefill_tokens"]})
     assert t.host["coef_ms"] == pytest.approx({"decode_tokens": 0.06 * r2["decode_tokens"] / r1["decode_tokens"]})
     assert transfer(CostModel(4.0, {"prefill_tokens": 0.02}), src, dst, 1000.0).host == {}
+    # the prompt tokens the host hashes are host work: carried unchanged, and so is what the part is
+    launch = CostModel(4.0, {}, host={"c0_ms": 5.0, "coef_ms": {"prefix_queries": 0.001}, "overlap": "previous step"})
+    assert transfer(launch, src, dst, 1000.0).host == {"c0_ms": pytest.approx(5.0 - r1["c0"] + r2["c0"]),
+                                                       "coef_ms": {"prefix_queries": 0.001}, "overlap": "previous step"}

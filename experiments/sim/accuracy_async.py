@@ -36,7 +36,7 @@ import pyarrow.dataset as ds
 sys.path.insert(0, str(Path(__file__).parent))
 from accuracy import _pct, knee_step, measured_half_width, per_point, simulate_points, table, verified  # noqa: E402
 
-from prefixstudy.sim.cost import async_recorded, busy_steps, fit, load_steps  # noqa: E402
+from prefixstudy.sim.cost import async_recorded, busy_steps, fit, load_steps, previous_gpu_ms  # noqa: E402
 
 RESULTS = Path("experiments/results")
 # Other default-engine runs of the same workload, priced by the calibration fitted on all of its
@@ -131,13 +131,23 @@ def another_run(src: Path, dst: Path, check: str = "another run") -> list[dict]:
 
 def period_error(model, steps: pd.DataFrame) -> float:
     """The priced steps' sum against the engine loop's measured time over the same real steps:
-    the host records (host_step_ms where the GPU timed the steps, step_ms where it did not)."""
+    the host records (host_step_ms where the GPU timed the steps, step_ms where it did not).  Where
+    the host part launches each step while the one before runs (``CostModel.host_overlaps``), a step
+    spans max(the step before's price, its launch) + its price - the step before's, from the step
+    before's output to its own, as a host record does."""
     b = busy_steps(steps) if (steps["timing"] == "gpu-span").all() else \
         steps[(steps["step_ms"] > 0) & (steps["prefill_tokens"] + steps["decode_tokens"] > 0)]
     y = b["host_step_ms"] if "host_step_ms" in b and b["host_step_ms"].notna().all() else b["step_ms"]
     terms = ["prefill_tokens", "num_prefill_reqs", "decode_tokens", "context_tokens"] + \
         (["kv_tokens"] if "kv_tokens" in b else [])  # the kv forms' steps carry it
-    priced = np.array([model(f) for f in b[terms].itertuples(index=False)])
+    if getattr(model, "host_overlaps", False):
+        b = b.assign(prefix_queries=b["prefix_queries"] if "prefix_queries" in b else 0)
+        rows = list(b[terms + ["prefix_queries"]].itertuples(index=False))
+        priced = np.array([model(f) for f in rows])
+        before = previous_gpu_ms(b.assign(step_ms=priced))
+        priced = np.maximum(before, [model.launch_ms(f) for f in rows]) + priced - before
+    else:
+        priced = np.array([model(f) for f in b[terms].itertuples(index=False)])
     return float(priced.sum() / y.to_numpy(dtype=float).sum() - 1)
 
 

@@ -1,6 +1,6 @@
 """Other step-cost forms for vLLM's default engine, put through the same checks as the simulator's.
 
-    PYTHONPATH=. python experiments/sim/async_forms.py [--form piecewise|roofline] [--out DIR]
+    PYTHONPATH=. python experiments/sim/async_forms.py [--form piecewise|roofline|kv|kv-roofline|launch] [--out DIR]
 
 ``sim.cost.fit`` prices a default-engine step as max(GPU part, host part), the GPU part linear in the
 step's prompt tokens, prompt requests and decode tokens, fitted on the GPU spans.  The form here keeps
@@ -44,6 +44,13 @@ the simulator's.  Its tables go to sim-accuracy/async-forms-kv.
 max(c0 + m_decode·decode_tokens + m_req·prefill_requests + m_kv·kv_tokens, the compute branch above),
 fitted as the roofline form is.  Its tables go to sim-accuracy/async-forms-kv-roofline.
 
+``--form launch`` gives the GPU part the piecewise form with ``kv_tokens`` beside its terms, and the
+host part the shape of vLLM's async loop instead of a floor under each step: the host schedules and
+launches step K while step K-1 runs on the GPU, in h0 + h·decode_tokens + h''·prefix_queries (the
+prompt tokens the prefix cache looks up, which the host hashes), and K starts once K-1 has ended and
+K is launched (``sim.cost.fit_host_paired``; the simulator holds the step, ``CostModel.launch_ms``).
+Its tables go to sim-accuracy/async-forms-launch.
+
 Then every check of ``accuracy_async.py`` is run with this form in place of ``sim.cost.fit``, and its
 tables are written to ``--out``.  The form is not the simulator's: it is what the table in
 docs/simulator.md compares against.
@@ -63,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import accuracy_async  # noqa: E402
 
 from prefixstudy.metrics.engine_fit import nnls  # noqa: E402
-from prefixstudy.sim.cost import CostModel, busy_steps, fit  # noqa: E402
+from prefixstudy.sim.cost import CostModel, busy_steps, fit, fit_host_paired  # noqa: E402
 
 KNOTS = np.array([0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384], float)
 
@@ -184,18 +191,49 @@ def fit_kv(steps: pd.DataFrame, source: str) -> CostModel:
                      r2, len(b), source=source, timing=base.timing, host=base.host)
 
 
+class LaunchCost(CostModel):
+    """The piecewise GPU part with ``kv_tokens`` beside its terms (``gpu``: the coefficients of
+    ``launch_design``), and the host's launch of each step while the one before runs
+    (``sim.cost.fit_host_paired``): a step's price is its GPU part, and the simulator holds it until
+    it is launched (``CostModel.launch_ms``)."""
+
+    def gpu_ms(self, f) -> float:
+        return float(launch_design([f.prefill_tokens], [f.num_prefill_reqs], [f.decode_tokens], [f.kv_tokens])[0]
+                     @ self.gpu)
+
+    def __call__(self, f) -> float:
+        return self.gpu_ms(f)
+
+
+def launch_design(prefill, reqs, decode, kv) -> np.ndarray:
+    """The piecewise form's rows (``gpu_design``) with the step's ``kv_tokens`` last."""
+    return np.column_stack([gpu_design(prefill, reqs, decode), np.asarray(kv, float)])
+
+
+def fit_launch(steps: pd.DataFrame, source: str) -> LaunchCost:
+    base = fit(steps, source=source, async_scheduling=True)  # its checks, and what a CostModel records
+    b = busy_steps(steps)
+    m = LaunchCost(**{k: getattr(base, k) for k in ("c0_ms", "coef_ms", "r2", "n_steps", "source", "timing")},
+                   host=fit_host_paired(b))
+    m.gpu = nnls(launch_design(b["prefill_tokens"], b["num_prefill_reqs"], b["decode_tokens"], b["kv_tokens"]),
+                 b["step_ms"].to_numpy(float))
+    return m
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--form", choices=("piecewise", "roofline", "kv", "kv-roofline"), default="piecewise")
-    ap.add_argument("--out", type=Path, help="default: experiments/results/sim-accuracy/async-forms[-roofline|-kv|-kv-roofline]")
+    ap.add_argument("--form", choices=("piecewise", "roofline", "kv", "kv-roofline", "launch"), default="piecewise")
+    ap.add_argument("--out", type=Path,
+                    help="default: experiments/results/sim-accuracy/async-forms[-roofline|-kv|-kv-roofline|-launch]")
     a = ap.parse_args()
     fitter, folder = {"piecewise": (fit_piecewise, "async-forms"), "roofline": (fit_roofline, "async-forms-roofline"),
                       "kv": (fit_kv, "async-forms-kv"),
-                      "kv-roofline": (lambda s, src: fit_roofline(s, src, kv=True), "async-forms-kv-roofline")}[a.form]
+                      "kv-roofline": (lambda s, src: fit_roofline(s, src, kv=True), "async-forms-kv-roofline"),
+                      "launch": (fit_launch, "async-forms-launch")}[a.form]
     a.out = a.out or accuracy_async.RESULTS / "sim-accuracy" / folder
     a.out.mkdir(parents=True, exist_ok=True)
     accuracy_async._fit = fitter
-    if a.form.startswith("kv"):  # every study's steps, calibrations and the priced others alike, carry the term
+    if a.form.startswith("kv") or a.form == "launch":  # every study's steps, the calibrations and the priced alike
         load = accuracy_async.load_steps
         accuracy_async.load_steps = lambda d: with_kv_tokens(Path(d), load(d))
     sys.argv = [sys.argv[0], "--out", str(a.out)]

@@ -1,7 +1,7 @@
 """The other default-engine step-cost forms (experiments/sim/async_forms.py): their designs on numbers
-worked by hand, the roofline and kv fits recovering known coefficients, the KV a step holds, and their
-committed tables (experiments/results/sim-accuracy/async-forms/, async-forms-roofline/, async-forms-kv/
-and async-forms-kv-roofline/) are what their async.csv gives."""
+worked by hand, the roofline, kv and launch fits recovering known coefficients, the KV a step holds, and their
+committed tables (experiments/results/sim-accuracy/async-forms/, async-forms-roofline/, async-forms-kv/,
+async-forms-kv-roofline/ and async-forms-launch/) are what their async.csv gives."""
 
 from __future__ import annotations
 
@@ -143,8 +143,34 @@ def test_the_kv_form_recovers_the_coefficients_that_made_the_steps(forms):
     assert m.gpu_ms(replace(f, kv_tokens=100_000)) == pytest.approx(m.gpu_ms(f) + 1.0)
 
 
+def test_the_launch_form_recovers_the_gpu_part_and_the_host_s_launch_that_made_the_steps(forms):
+    """The steps of tests/unit/sim/test_async.launched_steps, with the KV a step holds (0 to 200
+    tokens) priced at 0.001 ms a token: the launch form's fit gives back a GPU part that prices
+    every step as it ran, and the host's launch (3 ms + 0.02 ms a decoder + 0.004 ms a hashed token);
+    the priced steps span the host records exactly.  A host part fitted as a floor under each step
+    (the kv form's) matches the records' 16-step sums with an R² under 0.9."""
+    from tests.unit.sim.test_async import launched_steps
+
+    s = launched_steps().assign(kv_tokens=lambda d: 50 * (d.index % 5))
+    s["step_ms"] += 0.001 * s["kv_tokens"]
+    start = end = 0.0  # the loop again, with the KV's time in the spans
+    ends = []
+    for gpu_ms, launch_ms in zip(s.step_ms, 3 + 0.02 * s.decode_tokens + 0.004 * s.prefix_queries, strict=True):
+        start = max(end, start + launch_ms)
+        end = start + gpu_ms
+        ends.append(end)
+    s["host_step_ms"] = pd.Series(ends).diff().fillna(ends[0])
+    m = forms.fit_launch(s, "synthetic")
+    priced = [m(f) for f in s.itertuples(index=False)]
+    assert priced == pytest.approx(s["step_ms"].tolist(), abs=1e-6)
+    assert m.host_overlaps and m.host["c0_ms"] == pytest.approx(3.0, abs=1e-3)
+    assert m.host["coef_ms"] == pytest.approx({"decode_tokens": 0.02, "prefix_queries": 0.004}, abs=1e-4)
+    assert forms.accuracy_async.period_error(m, s) == pytest.approx(0.0, abs=1e-5)
+    assert forms.fit_kv(s, "synthetic").host["r2"] < 0.9
+
+
 @pytest.mark.parametrize("folder", ["async-forms", "async-forms-roofline", "async-forms-kv",
-                                    "async-forms-kv-roofline"])
+                                    "async-forms-kv-roofline", "async-forms-launch"])
 def test_its_tables_are_what_its_async_csv_gives(folder, tmp_path):
     accuracy_async = load_script("experiments/sim/accuracy_async.py")
     accuracy_async.write(pd.read_csv(ACC / folder / "async.csv"), tmp_path)

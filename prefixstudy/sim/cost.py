@@ -194,7 +194,7 @@ def fit_host(steps: pd.DataFrame) -> dict:
     """The host part of an async-scheduling calibration from its busy steps (``busy_steps``) as a floor
     under each step's price: the non-negative (h0, h, h') minimising, over the windows, the squared
     error of the summed max(GPU span, host part) against the summed host records.  The search
-    (``_search``) starts at the median host record with no slopes, a host part above some GPU spans,
+    (``_fit_windows``) starts at the median host record with no slopes, a host part above some GPU spans,
     so that the error moves with every coefficient from the start.  Where the host is never the
     slower pipeline the error cannot tell one host part from another below the GPU spans, and the
     search ends at one of them: ``binding_steps`` says at how many steps the part is the larger."""

@@ -70,9 +70,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 import accuracy_async  # noqa: E402
 
 from prefixstudy.metrics.engine_fit import nnls  # noqa: E402
-from prefixstudy.sim.cost import CostModel, busy_steps, fit, fit_host_paired  # noqa: E402
+from prefixstudy.sim.cost import CostModel, busy_steps, fit, fit_host_paired, term_column  # noqa: E402
+from prefixstudy.sim.step import ROW_KNOTS, ROW_TERMS  # noqa: E402
 
-KNOTS = np.array([0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384], float)
+KNOTS = np.array(ROW_KNOTS, float)
 
 
 def gpu_design(prefill, reqs, decode) -> np.ndarray:
@@ -191,33 +192,21 @@ def fit_kv(steps: pd.DataFrame, source: str) -> CostModel:
                      r2, len(b), source=source, timing=base.timing, host=base.host)
 
 
-class LaunchCost(CostModel):
-    """The piecewise GPU part with ``kv_tokens`` beside its terms (``gpu``: the coefficients of
-    ``launch_design``), and the host's launch of each step while the one before runs
-    (``sim.cost.fit_host_paired``): a step's price is its GPU part, and the simulator holds it until
-    it is launched (``CostModel.launch_ms``)."""
-
-    def gpu_ms(self, f) -> float:
-        return float(launch_design([f.prefill_tokens], [f.num_prefill_reqs], [f.decode_tokens], [f.kv_tokens])[0]
-                     @ self.gpu)
-
-    def __call__(self, f) -> float:
-        return self.gpu_ms(f)
+LAUNCH_TERMS = ROW_TERMS + ("decode_tokens", "num_prefill_reqs", "prompt_step", "kv_tokens")
 
 
-def launch_design(prefill, reqs, decode, kv) -> np.ndarray:
-    """The piecewise form's rows (``gpu_design``) with the step's ``kv_tokens`` last."""
-    return np.column_stack([gpu_design(prefill, reqs, decode), np.asarray(kv, float)])
-
-
-def fit_launch(steps: pd.DataFrame, source: str) -> LaunchCost:
+def fit_launch(steps: pd.DataFrame, source: str) -> CostModel:
+    """The launch form as a ``sim.cost.CostModel``: its GPU part over ``LAUNCH_TERMS`` (the piecewise
+    form's rows, ``gpu_design``, with ``kv_tokens`` last; the model names each segment ``rows_A_B``),
+    its host part ``sim.cost.fit_host_paired``: a model the simulator prices as any other."""
     base = fit(steps, source=source, async_scheduling=True)  # its checks, and what a CostModel records
     b = busy_steps(steps)
-    m = LaunchCost(**{k: getattr(base, k) for k in ("c0_ms", "coef_ms", "r2", "n_steps", "source", "timing")},
-                   host=fit_host_paired(b))
-    m.gpu = nnls(launch_design(b["prefill_tokens"], b["num_prefill_reqs"], b["decode_tokens"], b["kv_tokens"]),
-                 b["step_ms"].to_numpy(float))
-    return m
+    X = np.column_stack([np.ones(len(b))] + [term_column(b, t) for t in LAUNCH_TERMS])
+    y = b["step_ms"].to_numpy(float)
+    coef = nnls(X, y)
+    r2 = 1.0 - float(((y - X @ coef) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
+    return CostModel(float(coef[0]), {t: float(c) for t, c in zip(LAUNCH_TERMS, coef[1:], strict=True) if c > 0},
+                     r2, len(b), source=source, timing=base.timing, host=fit_host_paired(b))
 
 
 def main() -> None:

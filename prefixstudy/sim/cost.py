@@ -37,6 +37,7 @@ import pandas as pd
 
 from prefixstudy.errors import UserError
 from prefixstudy.metrics import engine_fit
+from prefixstudy.sim.step import term_getter
 
 TERMS = engine_fit.TERMS
 OLD_NAMES = {"prompt_tokens": "prefill_tokens", "generation_tokens": "decode_tokens"}
@@ -67,6 +68,11 @@ class CostModel:
     # A fit to request timestamps (``sim.fit_requests``): its error on the points it was fitted to.
     fit_error: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Each term's reader, once: the simulator prices every step it takes.
+        self._gpu_terms = tuple((c, term_getter(t)) for t, c in self.coef_ms.items())
+        self._host_terms = tuple((c, term_getter(t)) for t, c in self.host.get("coef_ms", {}).items())
+
     @property
     def pipelined(self) -> bool:
         """Whether the engine priced schedules step N+1 while step N runs (vLLM's async scheduling)."""
@@ -80,10 +86,10 @@ class CostModel:
         return self.host.get("overlap") == HOST_OVERLAP
 
     def gpu_ms(self, f) -> float:
-        return self.c0_ms + sum(c * getattr(f, t) for t, c in self.coef_ms.items())
+        return self.c0_ms + sum(c * get(f) for c, get in self._gpu_terms)
 
     def host_ms(self, f) -> float:
-        return self.host["c0_ms"] + sum(c * getattr(f, t) for t, c in self.host["coef_ms"].items())
+        return self.host["c0_ms"] + sum(c * get(f) for c, get in self._host_terms)
 
     def __call__(self, f) -> float:
         """The step's own time: its GPU part, or max(GPU part, host part) where the host part is a floor."""
@@ -99,7 +105,7 @@ class CostModel:
     def predict(self, df: pd.DataFrame) -> np.ndarray:
         out = np.full(len(df), self.c0_ms)
         for t, c in self.coef_ms.items():
-            out = out + c * df[t].to_numpy(dtype=float)
+            out = out + c * term_column(df, t)
         return out
 
     def save(self, path: Path) -> None:
@@ -115,6 +121,17 @@ class CostModel:
             return cls(**json.loads(Path(path).read_text()))
         except (OSError, ValueError, TypeError) as e:
             raise UserError(f"{path}: not a step-cost model JSON ({e})") from None
+
+
+def term_column(df: pd.DataFrame, name: str) -> np.ndarray:
+    """Cost term ``name`` (``sim.step.term_getter``) of every step record in ``df``."""
+    if name.startswith("rows_"):
+        lo, hi = (int(x) for x in name.removeprefix("rows_").split("_"))
+        rows = df["prefill_tokens"].to_numpy(dtype=float) + df["decode_tokens"].to_numpy(dtype=float)
+        return np.clip(rows - lo, 0, hi - lo)
+    if name == "prompt_step":
+        return (df["prefill_tokens"].to_numpy(dtype=float) > 0).astype(float)
+    return df[name].to_numpy(dtype=float)
 
 
 def load_steps(study_dir: Path) -> pd.DataFrame:

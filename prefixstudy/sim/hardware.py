@@ -14,7 +14,10 @@ bf16; P = the decoder layers' projection weights, V·h = lm_head, L layers, hidd
 * ``context_tokens``: KV bytes per token on one GPU (1/TP of the KV heads, at least one head) / HBM;
 * ``num_prefill_reqs``: a prefilling request's fixed cost is host and launch work (attention
   metadata, the layers run outside the full CUDA graph), done once per layer: ``L`` units, the same
-  on every GPU and TP degree.
+  on every GPU and TP degree;
+* the derived terms of a piecewise GPU part (``sim.step.term_getter``) as the work they are: a
+  segment of the GEMM rows as ``prefill_tokens``, ``prompt_step`` as ``num_prefill_reqs``, and
+  ``kv_tokens`` (the KV a step holds) as ``context_tokens``.
 
 ``transfer`` keeps each term's measured efficiency (measured / roofline on the source) and applies
 it to the target's roofline, so each coefficient is multiplied by ``roofline(target) /
@@ -36,6 +39,7 @@ from prefixstudy.model.arch import Arch
 from prefixstudy.model.gpus import GPU
 from prefixstudy.model.roofline import Deployment
 from prefixstudy.sim.cost import CostModel
+from prefixstudy.sim.step import ROW_TERMS
 
 DTYPE_BYTES = 2  # bf16 weights and KV, as every committed study ran
 # Per GPU, what vLLM's profile run leaves out of the KV cache besides the weights: peak activations
@@ -75,6 +79,13 @@ def roofline_terms(dep: Deployment, mean_context_tokens: float) -> dict[str, flo
     }
 
 
+# The derived terms (``sim.step.term_getter``) scale as the roofline term whose work they are: a
+# segment of a step's GEMM rows as a prompt token's GEMMs, a step that computes a prompt as a prompt
+# request's fixed cost, the KV a step holds as the KV a token attends.
+ROOFLINE_OF = {**dict.fromkeys(ROW_TERMS, "prefill_tokens"), "prompt_step": "num_prefill_reqs",
+               "kv_tokens": "context_tokens"}
+
+
 def same_model(a: Arch, b: Arch) -> bool:
     """The same architecture, whatever its folder or name says."""
     return replace(a, name="") == replace(b, name="")
@@ -106,11 +117,12 @@ def transfer(model: CostModel, src: Deployment, dst: Deployment, mean_context_to
     """``model`` (fitted on ``src``) carried to ``dst``; see the module doc.  Its ``transfer`` record
     holds what was multiplied: each term's roofline ratio (``scale``: ``c0`` for the roofline part
     of the step's fixed cost) and the overhead carried unchanged (``c0_overhead_ms``)."""
-    # With a context term the decode coefficient no longer carries the KV read.
-    ctx = 0.0 if "context_tokens" in model.coef_ms else mean_context_tokens
+    # With a context or KV term the decode coefficient no longer carries the KV read.
+    ctx = 0.0 if {"context_tokens", "kv_tokens"} & set(model.coef_ms) else mean_context_tokens
     r_src, r_dst = roofline_terms(src, ctx), roofline_terms(dst, ctx)
     overhead_ms = model.c0_ms - r_src["c0"]
-    scale = {"c0": r_dst["c0"] / r_src["c0"], **{t: r_dst[t] / r_src[t] for t in model.coef_ms}}
+    scale = {"c0": r_dst["c0"] / r_src["c0"],
+             **{t: r_dst[ROOFLINE_OF.get(t, t)] / r_src[ROOFLINE_OF.get(t, t)] for t in model.coef_ms}}
     host = model.host
     if host:  # a term of the host's own (the prompt tokens it hashes) is host work: the same on any GPU
         scale |= {t: r_dst[t] / r_src[t] if t in r_src else 1.0 for t in host["coef_ms"]}

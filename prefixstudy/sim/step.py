@@ -4,7 +4,9 @@ advances on the driver's behalf."""
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -32,6 +34,40 @@ class StepFeatures:
 
 
 StepCost = Callable[[StepFeatures], float]  # -> step_ms
+
+# The knots of a piecewise-linear step cost in a step's GEMM rows (prompt plus decode tokens): each
+# segment is a cost term, ``rows_A_B``, the step's rows between A and B.
+ROW_KNOTS = (0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+ROW_TERMS = tuple(f"rows_{a}_{b}" for a, b in zip(ROW_KNOTS[:-1], ROW_KNOTS[1:], strict=True))
+
+
+@dataclass(frozen=True)
+class RowSegment:
+    """Term ``rows_A_B``: a step's GEMM rows (prompt plus decode tokens) between A and B."""
+
+    lo: int
+    hi: int
+
+    def __call__(self, f) -> int:
+        return min(max(f.prefill_tokens + f.decode_tokens - self.lo, 0), self.hi - self.lo)
+
+
+def prompt_step(f) -> float:
+    """Term ``prompt_step``: 1 where the step computes prompt tokens."""
+    return 1.0 if f.prefill_tokens > 0 else 0.0
+
+
+@functools.cache
+def term_getter(name: str) -> Callable[[object], float]:
+    """How a cost model reads term ``name`` off a step (a ``StepFeatures``, or a row of step records
+    with its fields): the field of that name, or a term derived from them, ``rows_A_B``
+    (``RowSegment``) or ``prompt_step``.  Each reader pickles, for the simulator's worker processes."""
+    if name.startswith("rows_"):
+        lo, hi = (int(x) for x in name.removeprefix("rows_").split("_"))
+        return RowSegment(lo, hi)
+    if name == "prompt_step":
+        return prompt_step
+    return operator.attrgetter(name)
 
 
 def launch_ms(cost: StepCost, f: StepFeatures) -> float:

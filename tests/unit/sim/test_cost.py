@@ -3,6 +3,7 @@ by hand."""
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 
 import pandas as pd
@@ -122,6 +123,38 @@ def test_twice_the_layers_at_the_same_width_scales_each_term_by_hand():
                                        "decode_tokens": 0.07 * 105 / 53, "context_tokens": 2e-5}, rel=1e-12)
     # The host overhead is carried; only the weight read of c0 doubles (less the shared lm_head).
     assert t.c0_ms == pytest.approx(4.5 - 2.963975 + 2.963975 * 105 / 53, rel=1e-6)
+
+
+def test_a_piecewise_gpu_part_prices_its_row_segments_and_a_prompt_step_by_hand(tmp_path):
+    """A step of one 1214-token prompt beside 20 decoders has 1234 GEMM rows: 64 in each of the first
+    two segments, 128, 256, 512, then 210 in the 1024-2048 segment; records price it the same way."""
+    from prefixstudy.sim.step import ROW_TERMS, StepFeatures
+
+    assert ROW_TERMS[:2] == ("rows_0_64", "rows_64_128") and ROW_TERMS[-1] == "rows_8192_16384" and len(ROW_TERMS) == 9
+    m = CostModel(4.0, {"rows_0_64": 0.01, "rows_1024_2048": 0.02, "decode_tokens": 0.05, "prompt_step": 2.0,
+                        "kv_tokens": 1e-5})
+    prompt = StepFeatures(1214, 20, 0, 21, num_prefill_reqs=1, kv_tokens=100_000)
+    assert m(prompt) == pytest.approx(4.0 + 0.64 + 4.2 + 1.0 + 2.0 + 1.0)
+    assert m(StepFeatures(0, 20, 0, 20)) == pytest.approx(4.0 + 0.2 + 1.0)  # no prompt: no prompt_step
+    rows = pd.DataFrame({"prefill_tokens": [1214, 0], "decode_tokens": [20, 20], "kv_tokens": [100_000, 0]})
+    assert m.predict(rows) == pytest.approx([12.84, 5.2])
+    # as the simulator's worker processes and a saved cost_model.json get it
+    assert pickle.loads(pickle.dumps(m))(prompt) == m(prompt)
+    m.save(tmp_path / "m.json")
+    assert CostModel.load(tmp_path / "m.json")(prompt) == m(prompt)
+
+
+def test_a_piecewise_gpu_part_transfers_each_derived_term_as_the_work_it_is():
+    """Twice the layers: a segment of GEMM rows scales as a prompt token (x 2), a prompt step as a
+    prompt request (x 2, L units), the KV a step holds as a context token (x 2); with the KV term the
+    decode coefficient carries no KV read (105/53)."""
+    m = CostModel(4.5, {"rows_0_64": 0.02, "rows_64_128": 0.02, "prompt_step": 1.5, "kv_tokens": 1e-5,
+                        "decode_tokens": 0.04})
+    t = transfer(m, Deployment(MISTRAL, H200, 1), Deployment(DEEP, H200, 1), 1285.5)
+    assert t.transfer["scale"] == pytest.approx({"c0": 105 / 53, "rows_0_64": 2.0, "rows_64_128": 2.0,
+                                                 "prompt_step": 2.0, "kv_tokens": 2.0, "decode_tokens": 105 / 53},
+                                                rel=1e-12)
+    assert t.transfer["mean_context_tokens"] == 0.0
 
 
 def test_twice_the_layers_at_tp2_doubles_the_all_reduces_too():

@@ -71,18 +71,16 @@ import accuracy_async  # noqa: E402
 
 from prefixstudy.metrics.engine_fit import nnls  # noqa: E402
 from prefixstudy.sim.cost import CostModel, busy_steps, fit, fit_host_paired, term_column  # noqa: E402
-from prefixstudy.sim.step import ROW_KNOTS, ROW_TERMS  # noqa: E402
+from prefixstudy.sim.step import ROW_TERMS  # noqa: E402
 
-KNOTS = np.array(ROW_KNOTS, float)
+PIECEWISE_TERMS = ROW_TERMS + ("decode_tokens", "num_prefill_reqs", "prompt_step")
 
 
-def gpu_design(prefill, reqs, decode) -> np.ndarray:
-    """One row per step: 1, the segments of T = prefill + decode tokens, decode tokens, prefill
-    requests, and 1 where the step computes prompt tokens."""
-    p, r, d = (np.asarray(a, float) for a in (prefill, reqs, decode))
-    t = p + d
-    segments = [np.clip(t - KNOTS[i], 0, KNOTS[i + 1] - KNOTS[i]) for i in range(len(KNOTS) - 1)]
-    return np.column_stack([np.ones_like(p), *segments, d, r, (p > 0).astype(float)])
+def design(steps: pd.DataFrame, terms: tuple[str, ...]) -> np.ndarray:
+    """One row per step: 1, then each of ``terms`` (``sim.cost.term_column``): for ``PIECEWISE_TERMS``
+    the segments of T = prefill + decode tokens, decode tokens, prefill requests, and 1 where the step
+    computes prompt tokens."""
+    return np.column_stack([np.ones(len(steps))] + [term_column(steps, t) for t in terms])
 
 
 MEMORY_TERMS = ("decode_tokens", "num_prefill_reqs")  # beside the fixed cost
@@ -148,22 +146,6 @@ def fit_roofline(steps: pd.DataFrame, source: str, kv: bool = False) -> Roofline
     return out
 
 
-class PiecewiseCost(CostModel):
-    """``sim.cost.CostModel`` with the GPU part above (``gpu``, its coefficients) and the simulator's host part."""
-
-    def __call__(self, f) -> float:
-        gpu = float(gpu_design([f.prefill_tokens], [f.num_prefill_reqs], [f.decode_tokens])[0] @ self.gpu)
-        return max(gpu, self.host_ms(f))
-
-
-def fit_piecewise(steps: pd.DataFrame, source: str) -> PiecewiseCost:
-    base = fit(steps, source=source, async_scheduling=True)  # its checks, its host part, and what a CostModel records
-    b = busy_steps(steps)
-    m = PiecewiseCost(**{k: getattr(base, k) for k in ("c0_ms", "coef_ms", "r2", "n_steps", "source", "timing", "host")})
-    m.gpu = nnls(gpu_design(b["prefill_tokens"], b["num_prefill_reqs"], b["decode_tokens"]), b["step_ms"].to_numpy(float))
-    return m
-
-
 KV_TERMS = ("prefill_tokens", "num_prefill_reqs", "decode_tokens", "kv_tokens")
 
 
@@ -180,33 +162,36 @@ def with_kv_tokens(study_dir: Path, steps: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def fit_kv(steps: pd.DataFrame, source: str) -> CostModel:
-    """The linear GPU part with ``kv_tokens`` beside its terms (a ``CostModel`` prices any term its
-    ``coef_ms`` names), and the simulator's host part."""
-    base = fit(steps, source=source, async_scheduling=True)
+def fit_terms(steps: pd.DataFrame, source: str, terms: tuple[str, ...], launch: bool = False) -> CostModel:
+    """A ``sim.cost.CostModel`` whose GPU part is the non-negative least squares over ``terms`` on the
+    GPU spans (any term ``sim.step.term_getter`` reads), with the simulator's host part, a floor under
+    each step, or with ``launch`` the host's launch of each step while the one before runs
+    (``sim.cost.fit_host_paired``)."""
+    base = fit(steps, source=source, async_scheduling=True)  # its checks, its host part, and what a CostModel records
     b = busy_steps(steps)
-    X, y = np.column_stack([np.ones(len(b))] + [b[t].to_numpy(float) for t in KV_TERMS]), b["step_ms"].to_numpy(float)
+    X, y = design(b, terms), b["step_ms"].to_numpy(float)
     coef = nnls(X, y)
     r2 = 1.0 - float(((y - X @ coef) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
-    return CostModel(float(coef[0]), {t: float(c) for t, c in zip(KV_TERMS, coef[1:], strict=True) if c > 0},
-                     r2, len(b), source=source, timing=base.timing, host=base.host)
+    return CostModel(float(coef[0]), {t: float(c) for t, c in zip(terms, coef[1:], strict=True) if c > 0},
+                     r2, len(b), source=source, timing=base.timing, host=fit_host_paired(b) if launch else base.host)
 
 
-LAUNCH_TERMS = ROW_TERMS + ("decode_tokens", "num_prefill_reqs", "prompt_step", "kv_tokens")
+def fit_piecewise(steps: pd.DataFrame, source: str) -> CostModel:
+    return fit_terms(steps, source, PIECEWISE_TERMS)
+
+
+def fit_kv(steps: pd.DataFrame, source: str) -> CostModel:
+    """The linear GPU part with ``kv_tokens`` beside its terms, and the simulator's host part."""
+    return fit_terms(steps, source, KV_TERMS)
+
+
+LAUNCH_TERMS = PIECEWISE_TERMS + ("kv_tokens",)
 
 
 def fit_launch(steps: pd.DataFrame, source: str) -> CostModel:
-    """The launch form as a ``sim.cost.CostModel``: its GPU part over ``LAUNCH_TERMS`` (the piecewise
-    form's rows, ``gpu_design``, with ``kv_tokens`` last; the model names each segment ``rows_A_B``),
-    its host part ``sim.cost.fit_host_paired``: a model the simulator prices as any other."""
-    base = fit(steps, source=source, async_scheduling=True)  # its checks, and what a CostModel records
-    b = busy_steps(steps)
-    X = np.column_stack([np.ones(len(b))] + [term_column(b, t) for t in LAUNCH_TERMS])
-    y = b["step_ms"].to_numpy(float)
-    coef = nnls(X, y)
-    r2 = 1.0 - float(((y - X @ coef) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
-    return CostModel(float(coef[0]), {t: float(c) for t, c in zip(LAUNCH_TERMS, coef[1:], strict=True) if c > 0},
-                     r2, len(b), source=source, timing=base.timing, host=fit_host_paired(b))
+    """The launch form: the piecewise GPU part with ``kv_tokens`` beside its terms (each segment named
+    ``rows_A_B``), and the host's launch of each step while the one before runs."""
+    return fit_terms(steps, source, LAUNCH_TERMS, launch=True)
 
 
 def main() -> None:

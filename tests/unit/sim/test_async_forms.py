@@ -24,9 +24,10 @@ def forms():
 
 def test_a_step_s_gemm_rows_fill_the_segments_in_order(forms):
     # one 1214-token prompt beside 20 decoders: T = 1234 rows
-    row = forms.gpu_design([1214], [1], [20])[0]
+    steps = pd.DataFrame({"prefill_tokens": [1214, 0], "num_prefill_reqs": [1, 0], "decode_tokens": [20, 100]})
+    row = forms.design(steps, forms.PIECEWISE_TERMS)[0]
     assert row.tolist() == [1, 64, 64, 128, 256, 512, 210, 0, 0, 0, 20, 1, 1]
-    assert forms.gpu_design([0], [0], [100])[0].tolist() == [1, 64, 36, 0, 0, 0, 0, 0, 0, 0, 100, 0, 0]
+    assert forms.design(steps, forms.PIECEWISE_TERMS)[1].tolist() == [1, 64, 36, 0, 0, 0, 0, 0, 0, 0, 100, 0, 0]
 
 
 MEMORY = [4.0, 0.05, 2.0]  # fixed ms, ms per decode token, ms per prompt request

@@ -808,7 +808,8 @@ def spans_rerun_says_block(name: str, then_name: str, unit: str, same: str, resu
                            machines: str = ANOTHER_LEASE, workload_fit: bool = True) -> str:
     """A default-engine study re-run with its steps timed on the GPU (``name``) against the committed
     run it repeats (``then_name``, host stamps only, another lease), and the simulator's
-    default-engine forms on it (sim-accuracy/async.csv, async-forms/async.csv).  ``same``: what the
+    default-engine form and two it is compared with on it (sim-accuracy/async.csv,
+    async-forms-linear/async.csv, async-forms/async.csv).  ``same``: what the
     two runs share, in words; ``machines``: what they do not.  ``workload_fit``: the study is also
     one of the workloads h200-tp1's fit predicts."""
     acc = _script("experiments/sim/accuracy.py")
@@ -826,7 +827,8 @@ def spans_rerun_says_block(name: str, then_name: str, unit: str, same: str, resu
     timing = pd.read_parquet(results / name / "iterations.parquet", columns=["timing"])["timing"]
     timed = (f"Every one of its {len(timing):,} engine steps is timed on the GPU" if (timing == "gpu-span").all() else
              f"{(timing == 'gpu-span').sum():,} of its {len(timing):,} engine steps are timed on the GPU")
-    forms = {"linear": pd.read_csv(results / "sim-accuracy" / "async.csv"),
+    forms = {"simulator": pd.read_csv(results / "sim-accuracy" / "async.csv"),
+             "linear": pd.read_csv(results / "sim-accuracy" / "async-forms-linear" / "async.csv"),
              "piecewise": pd.read_csv(results / "sim-accuracy" / "async-forms" / "async.csv")}
 
     def checks(df):
@@ -843,9 +845,12 @@ def spans_rerun_says_block(name: str, then_name: str, unit: str, same: str, resu
         f"{then_name}'s decode-only steps took {_longer(100 * slower)} ({len(slower)} groups of "
         "a mode, a rate and a batch size, the median host-stamped step of each). The simulator's "
         "default-engine model, calibrated on these steps, predicts "
-        f"its mean E2E as follows. The committed linear form: {checks(forms['linear'])}. The piecewise form of "
-        f"`experiments/sim/async_forms.py`: {checks(forms['piecewise'])}. Calibrated here, the linear form puts "
-        f"{then_name} {_accuracy_words(acc, forms['linear'], 'another run', then_name)} and the "
+        f"its mean E2E as follows. The simulator's form: {checks(forms['simulator'])}. The linear form of "
+        f"`experiments/sim/async_forms.py`: {checks(forms['linear'])}. Its piecewise form: "
+        f"{checks(forms['piecewise'])}. "
+        f"Calibrated here, the simulator's form puts {then_name} "
+        f"{_accuracy_words(acc, forms['simulator'], 'another run', then_name)}, the linear form "
+        f"{_accuracy_words(acc, forms['linear'], 'another run', then_name)} and the "
         f"piecewise form {_accuracy_words(acc, forms['piecewise'], 'another run', then_name)}: what "
         "separates the two runs is their machines and setup, which a calibration on one of them cannot see. "
         f"{_lag_over_words(now, unit)}"])
@@ -1445,24 +1450,33 @@ def seed_says_block(results: Path = RESULTS) -> str:
 
     at1 = s[s["rate"] == 1.0].set_index("mode")
     tpot = at1.loc["on", "mean_tpot_ms"]
+    from prefixstudy.sim.cost import CostModel
+    from prefixstudy.sim.step import StepFeatures
+
+    cost = CostModel.load(results / "sim-seed-a100x8-tp8" / "cost_model.json")
+    lone = StepFeatures(0, 1, 1300, 1, kv_tokens=1312)  # one request decoding, its 1214-token prompt and some output
 
     h8, b8, _ = _seed("sim-seed-h200x8-tp8", results)
     h4, b4, _ = _seed("sim-seed-h200x8-tp4-parallel", results)
     top = float(h8["rate"].max())
     return _block("seed-says", [
         f"Mistral-7B on 8×A100-40GB at TP 8, calibrated on {Path(calib).name}'s engine steps (vLLM's default "
-        "engine: the GPU part on its GPU spans, the host part on its host stamps), error bars from the TP 1 → TP 2 "
+        "engine: the GPU part on its GPU spans, the host's launch of each step on its host stamps), error bars from "
+        "the TP 1 → TP 2 "
         f"transfer error at the same mode and nearest rate (measured on the one-step-at-a-time engine, the only "
         f"one run at two TP degrees; a lower bound for TP 8, not a bound: that transfer predicted "
         f"{band.direction}): mean E2E ON / OFF {_seed_at(s, band, 1.0)}, {_seed_at(s, band, 16.0)}, "
         f"{_seed_at(s, band, 32.0)}. {_seed_knees(s, seed)}. Under a 1 s mean E2E, ON serves {best(s, 1000, 'on')} "
         f"and OFF {best(s, 1000, 'off')}.",
         "",
-        f"At 1 req/s the report says 115.35 → 94.56 ms, a 20.8 ms saving. The simulated saving, "
-        f"{at1.loc['off', 'mean_e2e_ms'] - at1.loc['on', 'mean_e2e_ms']:.1f} ms, is near it. The absolute E2E is "
-        f"not: ON's simulated TPOT there is {tpot:.2f} ms, so 143 output tokens take about {142 * tpot:.0f} ms of "
+        f"At 1 req/s the report says 115.35 → 94.56 ms, a 20.8 ms saving. The simulated saving is "
+        f"{at1.loc['off', 'mean_e2e_ms'] - at1.loc['on', 'mean_e2e_ms']:.1f} ms. The absolute E2E is far apart: "
+        f"ON's simulated TPOT there is {tpot:.2f} ms, so 143 output tokens take about {142 * tpot:.0f} ms of "
         "decode alone. The reported 94.56 ms cannot be 143 generated tokens on that hardware (fewer tokens, or "
-        "TTFT, would explain it; the results README's TP 8 section has the roofline's floor).",
+        "TTFT, would explain it; the results README's TP 8 section has the roofline's floor). In the simulation a "
+        f"lone request's step costs the GPU {cost.gpu_ms(lone):.2f} ms on 8 A100s and the host "
+        f"{cost.launch_ms(lone):.2f} ms to launch, so there the host sets the pace: its launch is CPU work, "
+        f"carried unchanged from {Path(calib).name}'s host, and nothing measured on the target checks that.",
         "",
         "For 8 × H200, where nothing has been measured ([`experiments/results/sim-seed-h200x8-tp8/`]"
         "(../experiments/results/sim-seed-h200x8-tp8/), `sim-seed-h200x8-tp4-parallel/`, the same calibration and "

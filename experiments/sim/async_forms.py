@@ -1,10 +1,18 @@
 """Other step-cost forms for vLLM's default engine, put through the same checks as the simulator's.
 
-    PYTHONPATH=. python experiments/sim/async_forms.py [--form piecewise|roofline|kv|kv-roofline|launch] [--out DIR]
+    PYTHONPATH=. python experiments/sim/async_forms.py [--form linear|piecewise|roofline|kv|kv-roofline] [--out DIR]
 
-``sim.cost.fit`` prices a default-engine step as max(GPU part, host part), the GPU part linear in the
-step's prompt tokens, prompt requests and decode tokens, fitted on the GPU spans.  The form here keeps
-the simulator's host part (``sim.cost.fit_host``) and gives the GPU part the shape the GPU-timed steps
+``sim.cost.fit`` prices a default-engine step with a GPU part over ``sim.cost.ASYNC_GPU_TERMS`` (piecewise
+linear in the step's GEMM rows, decode tokens, prompt requests, a prompt-step indicator and the KV it
+holds) and the host's launch of each step while the one before runs (``sim.cost.fit_host_paired``).
+The forms here are what it is compared with.
+
+``--form linear`` is ``sim.cost.fit_linear``: the GPU part linear in the step's prompt tokens, prompt
+requests and decode tokens, fitted on the GPU spans, and the host part a floor under each step's price
+(``sim.cost.fit_host``): a step costs max(GPU part, host part).  Its tables go to
+sim-accuracy/async-forms-linear.
+
+``--form piecewise`` keeps that floor host part and gives the GPU part the shape the GPU-timed steps
 show (experiments/sim/step_terms.py):
 
     c0 + g(T) + c_decode·decode_tokens + c_req·prefill_requests + c_mixed·[the step has prompt tokens]
@@ -38,28 +46,20 @@ A decode step's attention reads each request's KV, but ON's requests share their
 blocks, and a block many requests read in one step is read from memory about once: the linear form,
 with one decode coefficient for both, prices ON's decoders at OFF's cost (step-terms.md: 17 % less
 per decoder).  The coefficients are the non-negative least squares on the GPU spans; the host part is
-the simulator's.  Its tables go to sim-accuracy/async-forms-kv.
+the floor.  Its tables go to sim-accuracy/async-forms-kv.
 
 ``--form kv-roofline`` is the roofline form with ``kv_tokens`` in its memory branch:
 max(c0 + m_decode·decode_tokens + m_req·prefill_requests + m_kv·kv_tokens, the compute branch above),
 fitted as the roofline form is.  Its tables go to sim-accuracy/async-forms-kv-roofline.
 
-``--form launch`` gives the GPU part the piecewise form with ``kv_tokens`` beside its terms, and the
-host part the shape of vLLM's async loop instead of a floor under each step: the host schedules and
-launches step K while step K-1 runs on the GPU, in h0 + h·decode_tokens + h''·prefix_queries (the
-prompt tokens the prefix cache looks up, which the host hashes), and K starts once K-1 has ended and
-K is launched (``sim.cost.fit_host_paired``; the simulator holds the step, ``CostModel.launch_ms``).
-Its tables go to sim-accuracy/async-forms-launch.
-
 Then every check of ``accuracy_async.py`` is run with this form in place of ``sim.cost.fit``, and its
-tables are written to ``--out``.  The form is not the simulator's: it is what the table in
-docs/simulator.md compares against.
+tables are written to ``--out``.  None of these forms is the simulator's: they are what the tables in
+docs/simulator.md compare it with.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -70,17 +70,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 import accuracy_async  # noqa: E402
 
 from prefixstudy.metrics.engine_fit import nnls  # noqa: E402
-from prefixstudy.sim.cost import CostModel, busy_steps, fit, fit_host_paired, term_column  # noqa: E402
+from prefixstudy.sim.cost import CostModel, busy_steps, fit_linear, fit_terms  # noqa: E402
 from prefixstudy.sim.step import ROW_TERMS  # noqa: E402
 
 PIECEWISE_TERMS = ROW_TERMS + ("decode_tokens", "num_prefill_reqs", "prompt_step")
-
-
-def design(steps: pd.DataFrame, terms: tuple[str, ...]) -> np.ndarray:
-    """One row per step: 1, then each of ``terms`` (``sim.cost.term_column``): for ``PIECEWISE_TERMS``
-    the segments of T = prefill + decode tokens, decode tokens, prefill requests, and 1 where the step
-    computes prompt tokens."""
-    return np.column_stack([np.ones(len(steps))] + [term_column(steps, t) for t in terms])
 
 
 MEMORY_TERMS = ("decode_tokens", "num_prefill_reqs")  # beside the fixed cost
@@ -101,7 +94,7 @@ def roofline_branches(prefill, reqs, decode, kv=None) -> tuple[np.ndarray, np.nd
 
 class RooflineCost(CostModel):
     """``sim.cost.CostModel`` with the roofline GPU part above (``memory``, ``compute``: each branch's
-    coefficients) and the simulator's host part.  ``reads_kv``: the memory branch prices ``kv_tokens``
+    coefficients) and the floor host part.  ``reads_kv``: the memory branch prices ``kv_tokens``
     too (the kv-roofline form)."""
 
     reads_kv = False
@@ -126,7 +119,7 @@ def roofline_round(mem: np.ndarray, comp: np.ndarray, y: np.ndarray, bound: np.n
 
 def fit_roofline(steps: pd.DataFrame, source: str, kv: bool = False) -> RooflineCost:
     """``kv``: the kv-roofline form, whose memory branch prices ``kv_tokens`` too."""
-    base = fit(steps, source=source, async_scheduling=True)
+    base = fit_linear(steps, source=source, async_scheduling=True)
     b = busy_steps(steps)
     y = b["step_ms"].to_numpy(float)
     mem, comp = roofline_branches(b["prefill_tokens"], b["num_prefill_reqs"], b["decode_tokens"],
@@ -149,33 +142,6 @@ def fit_roofline(steps: pd.DataFrame, source: str, kv: bool = False) -> Roofline
 KV_TERMS = ("prefill_tokens", "num_prefill_reqs", "decode_tokens", "kv_tokens")
 
 
-def with_kv_tokens(study_dir: Path, steps: pd.DataFrame) -> pd.DataFrame:
-    """``steps`` with ``kv_tokens``: each step's ``kv_cache_usage`` (the share of the blocks, all but
-    vLLM's null block, in use after its schedule) times its point's blocks less one and block size
-    (manifest.json), to the whole block."""
-    pts = pd.DataFrame(json.loads((Path(study_dir) / "manifest.json").read_text())["points"])
-    pts = pts.drop_duplicates(["mode", "rate", "repeat"]).set_index(["mode", "rate", "repeat"])
-    at = pd.MultiIndex.from_frame(steps[["mode", "rate", "repeat"]])
-    blocks, size = (pts[c].reindex(at).to_numpy(dtype=float) for c in ("num_blocks", "block_size"))
-    out = steps.copy()
-    out["kv_tokens"] = np.round(steps["kv_cache_usage"].to_numpy(dtype=float) * (blocks - 1)) * size
-    return out
-
-
-def fit_terms(steps: pd.DataFrame, source: str, terms: tuple[str, ...], launch: bool = False) -> CostModel:
-    """A ``sim.cost.CostModel`` whose GPU part is the non-negative least squares over ``terms`` on the
-    GPU spans (any term ``sim.step.term_getter`` reads), with the simulator's host part, a floor under
-    each step, or with ``launch`` the host's launch of each step while the one before runs
-    (``sim.cost.fit_host_paired``)."""
-    base = fit(steps, source=source, async_scheduling=True)  # its checks, its host part, and what a CostModel records
-    b = busy_steps(steps)
-    X, y = design(b, terms), b["step_ms"].to_numpy(float)
-    coef = nnls(X, y)
-    r2 = 1.0 - float(((y - X @ coef) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
-    return CostModel(float(coef[0]), {t: float(c) for t, c in zip(terms, coef[1:], strict=True) if c > 0},
-                     r2, len(b), source=source, timing=base.timing, host=fit_host_paired(b) if launch else base.host)
-
-
 def fit_piecewise(steps: pd.DataFrame, source: str) -> CostModel:
     return fit_terms(steps, source, PIECEWISE_TERMS)
 
@@ -185,31 +151,19 @@ def fit_kv(steps: pd.DataFrame, source: str) -> CostModel:
     return fit_terms(steps, source, KV_TERMS)
 
 
-LAUNCH_TERMS = PIECEWISE_TERMS + ("kv_tokens",)
-
-
-def fit_launch(steps: pd.DataFrame, source: str) -> CostModel:
-    """The launch form: the piecewise GPU part with ``kv_tokens`` beside its terms (each segment named
-    ``rows_A_B``), and the host's launch of each step while the one before runs."""
-    return fit_terms(steps, source, LAUNCH_TERMS, launch=True)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--form", choices=("piecewise", "roofline", "kv", "kv-roofline", "launch"), default="piecewise")
+    ap.add_argument("--form", choices=("linear", "piecewise", "roofline", "kv", "kv-roofline"), default="piecewise")
     ap.add_argument("--out", type=Path,
-                    help="default: experiments/results/sim-accuracy/async-forms[-roofline|-kv|-kv-roofline|-launch]")
+                    help="default: experiments/results/sim-accuracy/async-forms[-linear|-roofline|-kv|-kv-roofline]")
     a = ap.parse_args()
-    fitter, folder = {"piecewise": (fit_piecewise, "async-forms"), "roofline": (fit_roofline, "async-forms-roofline"),
+    fitter, folder = {"linear": (lambda s, src: fit_linear(s, src, async_scheduling=True), "async-forms-linear"),
+                      "piecewise": (fit_piecewise, "async-forms"), "roofline": (fit_roofline, "async-forms-roofline"),
                       "kv": (fit_kv, "async-forms-kv"),
-                      "kv-roofline": (lambda s, src: fit_roofline(s, src, kv=True), "async-forms-kv-roofline"),
-                      "launch": (fit_launch, "async-forms-launch")}[a.form]
+                      "kv-roofline": (lambda s, src: fit_roofline(s, src, kv=True), "async-forms-kv-roofline")}[a.form]
     a.out = a.out or accuracy_async.RESULTS / "sim-accuracy" / folder
     a.out.mkdir(parents=True, exist_ok=True)
     accuracy_async._fit = fitter
-    if a.form.startswith("kv") or a.form == "launch":  # every study's steps, the calibrations and the priced alike
-        load = accuracy_async.load_steps
-        accuracy_async.load_steps = lambda d: with_kv_tokens(Path(d), load(d))
     sys.argv = [sys.argv[0], "--out", str(a.out)]
     accuracy_async.main()
 

@@ -1,11 +1,11 @@
-"""What vLLM's default engine's GPU-timed steps show beside the simulator's step-cost fit.
+"""What vLLM's default engine's GPU-timed steps show beside the linear step-cost fit.
 
     PYTHONPATH=. python experiments/sim/step_terms.py [--check]
 
 Reads h200-tp1's step records (vLLM's default engine, async scheduling, each step timed on the GPU
 with CUDA events) and writes experiments/results/sim-accuracy/step-terms.md:
 
-* the committed fit (``sim.cost.fit``, the GPU part, fitted on every busy step of the study) against
+* the linear fit (``sim.cost.fit_linear``, the GPU part, fitted on every busy step of the study) against
   the measured GPU spans, per point and step kind (with prompt tokens, or decode only): the mean span,
   the mean price, and the price's error on the summed span;
 * four effects read straight off the records, each a difference between two groups of real steps
@@ -14,8 +14,11 @@ with CUDA events) and writes experiments/results/sim-accuracy/step-terms.md:
 * where the engine loop outran the GPU: per point, over windows of consecutive steps (the host part's
   own, ``sim.cost.host_windows``), the share of the loop's time (the summed host records, which tile
   it) that the GPU spans leave idle, the idle time per new request (least squares over the
-  windows), and how far the simulator's price with the measured spans, max(GPU span, host part),
-  falls short of the loop.
+  windows), and how far the linear fit's price with the measured spans, max(GPU span, its floor host
+  part), falls short of the loop.
+
+These are why the simulator prices the default engine with another form (``sim.cost.fit``:
+docs/simulator.md).
 
 ``--check`` fails if step-terms.md is not what the committed records give.
 """
@@ -30,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.metrics.engine_fit import nnls
-from prefixstudy.sim.cost import HOST_WINDOW_STEPS, busy_steps, fit, host_windows, load_steps
+from prefixstudy.sim.cost import HOST_WINDOW_STEPS, busy_steps, fit_linear, host_windows, load_steps
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY = REPO / "experiments/results/h200-tp1"
@@ -125,10 +128,10 @@ def loop_idle(b: pd.DataFrame, host: dict) -> pd.DataFrame:
 
 def table(study: Path = STUDY) -> str:
     b = steps_of(study)
-    model = fit(b, source=str(study), async_scheduling=True)  # the GPU part on the GPU spans, the host part beside
+    model = fit_linear(b, source=str(study), async_scheduling=True)  # the GPU part on the spans, a host floor
     pts = by_point(b, model.predict(b))
     terms = " + ".join(f"{c:.4g}·{t}" for t, c in model.coef_ms.items())
-    lines = [f"The GPU part of the committed fit on {study.name} ({len(b):,} busy steps): "
+    lines = [f"The GPU part of the linear fit on {study.name} ({len(b):,} busy steps): "
              f"step_ms = {model.c0_ms:.4g} + {terms}. Its price of the real steps, by point and step kind "
              f"(means per step; the error is on the summed span):", "",
              "| mode | rate | steps | kind | prefill tokens | prefill reqs | decode tokens | GPU ms | priced ms | error |",

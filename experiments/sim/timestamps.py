@@ -20,7 +20,8 @@ them (``async_recorded``: the default engine's GPU and host parts).  Writes
 timestamps.csv (one row per point, repeat and calibration), timestamps-summary.md (the table in
 docs/simulator.md), timestamps.md (per point) and timestamps-verifiable.md (``verifiable``: where the
 repeats pin the measured mean closely enough to check the 10 % goal).  ``--studies`` re-runs those studies and keeps the
-others' rows.
+others' rows; ``--calibrations`` re-runs only those columns (``step records`` after a change to the
+step-record fit, whose timestamp fits it leaves as they are).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def calibrations_of(name: str) -> tuple[str, ...]:
     return CALIBRATIONS if name in STEP_RECORDS_OF or has_step_records(STUDIES[name]) else ("timestamps",)
 
 
-def held_out(name: str, study_dir: Path) -> list[dict]:
+def held_out(name: str, study_dir: Path, only: tuple[str, ...] = CALIBRATIONS) -> list[dict]:
     cfg = load_config(study_dir / "config.yaml")
     rows = load_rows(cfg)
     gpu, tp, _ = calibration_hardware(study_dir)
@@ -72,7 +73,7 @@ def held_out(name: str, study_dir: Path) -> list[dict]:
     # The timestamp fit uses the unsaturated points only: a saturated one is held out of the fit on all.
     fitted = set(fit_points(req, summary)[["mode", "rate"]].itertuples(index=False, name=None))
     other = STEP_RECORDS_OF.get(name)
-    checks = calibrations_of(name)
+    checks = tuple(c for c in calibrations_of(name) if c in only)
     steps = load_steps(study_dir) if "step records" in checks and not other else None
     # The study's own steps are fitted as `prefixstudy simulate --calibration` fits them.
     async_scheduling = steps is not None and async_recorded(study_dir, steps)
@@ -195,6 +196,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=RESULTS / "sim-accuracy")
     ap.add_argument("--studies", default=",".join(STUDIES))
+    ap.add_argument("--calibrations", default=",".join(CALIBRATIONS),
+                    help="Re-run only these columns of the studies (step records, timestamps).")
     ap.add_argument("--tables-only", action="store_true", help="Only rewrite the tables from timestamps.csv.")
     a = ap.parse_args()
     path = a.out / "timestamps.csv"
@@ -202,11 +205,13 @@ def main() -> None:
     if a.tables_only:
         write(old, a.out)
         return
-    names = a.studies.split(",")
-    rows = [r for n in names for r in held_out(n, STUDIES[n])]
-    df = pd.concat([old[~old["study"].isin(names)], pd.DataFrame(rows)], ignore_index=True)
+    names, only = a.studies.split(","), tuple(a.calibrations.split(","))
+    rows = [r for n in names for r in held_out(n, STUDIES[n], only)]
+    kept = old[~(old["study"].isin(names) & old["check"].isin(only))] if len(old) else old
+    df = pd.concat([kept, pd.DataFrame(rows)], ignore_index=True)
     order = {n: i for i, n in enumerate(STUDIES)}
-    df = df.sort_values("study", key=lambda s: s.map(order), kind="stable")
+    df = df.sort_values(["study", "check"], key=lambda s: s.map(order) if s.name == "study" else s.map(
+        {c: i for i, c in enumerate(CALIBRATIONS)}), kind="stable")
     write(df, a.out)
     print(f"wrote {a.out}/timestamps.csv, timestamps.md", file=sys.stderr)
 

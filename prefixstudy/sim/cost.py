@@ -1,6 +1,7 @@
-"""Stage: sim.  The step-cost model the simulator prices its steps with: the study's one step-cost
-fit (``metrics.engine_fit``: non-negative least squares over busy steps, the same idle-step rule and
-terms as the report's), stored as JSON with its R² and residuals::
+"""Stage: sim.  The step-cost model the simulator prices its steps with, stored as JSON with its R²
+and residuals.  A calibration run one step at a time gets the study's one step-cost fit
+(``metrics.engine_fit``: non-negative least squares over busy steps, the same idle-step rule and terms
+as the report's)::
 
     step_ms = c0 + c_prefill·prefill_tokens + c_prefill_req·num_prefill_reqs + c_decode·decode_tokens
               (+ c_context·context_tokens where the data support it)
@@ -8,17 +9,24 @@ terms as the report's), stored as JSON with its R² and residuals::
 A term the fit leaves at 0 is left out of ``coef_ms``; without a context term the decode coefficient
 carries the average KV read (``sim.hardware.transfer`` relies on that).
 
-A calibration that ran vLLM's async scheduling (its default engine: step N+1 is scheduled and
-launched on the host while step N runs on the GPU) has two parts, and a step costs max(GPU part,
-host part), the slower of the two overlapped pipelines.  ``c0_ms``/``coef_ms`` are fitted on the
-steps' GPU spans (``timing`` "gpu-span").  ``host`` is the host's own work per step,
-h0 + h·decode_tokens + h'·num_prefill_reqs, fitted on the host stamps the same records keep
-(``host_step_ms``: a record runs from the previous one's end to this step's output).  One record
-alone is shifted: a prompt step's ends before its GPU work does, and the records after it carry
-the wait.  Over ``HOST_WINDOW_STEPS`` consecutive steps the shifts cancel, so the host part is the
-one whose max(measured GPU span, host part), summed over each such window, best matches the
-window's summed host records (``fit_host``).  Which model a calibration gets is read from what it
-recorded (``async_recorded``), never assumed.
+A calibration that ran vLLM's async scheduling (its default engine: the host schedules and launches
+step K while step K-1 runs on the GPU) has two parts, both fitted by ``fit``:
+
+* the GPU part, on the steps' GPU spans (``timing`` "gpu-span"), over ``ASYNC_GPU_TERMS``: piecewise
+  linear in the step's GEMM rows (prompt plus decode tokens), decode tokens, prompt requests, a
+  prompt-step indicator and the KV the step's requests hold (``kv_tokens``, each block once);
+* the host part, the host's work to schedule and launch a step, h0 + h·decode_tokens +
+  h''·prefix_queries (the prompt tokens the prefix cache hashes): step K starts once K-1 has ended and
+  K is launched (``fit_host_paired``; the simulator holds the step, ``CostModel.launch_ms``).  It is
+  fitted on the host stamps the same records keep (``host_step_ms``: a record runs from the previous
+  one's output to this one's).  One record alone is shifted: a prompt step's ends before its GPU
+  work does, and the records after it carry the wait.  Over ``HOST_WINDOW_STEPS`` consecutive steps
+  the shifts cancel, so the fit matches each window's summed host records.
+
+``fit_linear`` is the simpler form the accuracy tables compare it with: the linear GPU part below and a
+host floor under each step's price, max(GPU part, host part) (``fit_host``).  Which model a
+calibration gets is read from what it recorded (``async_recorded``), never assumed.
+
 It reads iterations.parquet in both layouts: the engine-timed one (``timing`` "engine": step_ms is
 busy time measured in the engine core) and the old one (``timing`` "frontend" or no such column:
 step_ms is the gap between StatLogger records, so a step after an idle stretch carries the idle
@@ -37,7 +45,7 @@ import pandas as pd
 
 from prefixstudy.errors import UserError
 from prefixstudy.metrics import engine_fit
-from prefixstudy.sim.step import term_getter
+from prefixstudy.sim.step import ROW_TERMS, term_getter
 
 TERMS = engine_fit.TERMS
 OLD_NAMES = {"prompt_tokens": "prefill_tokens", "generation_tokens": "decode_tokens"}
@@ -60,10 +68,10 @@ class CostModel:
     # (``source``), the simulated ones (``target``), each term's scale factor (``scale``, 1 where
     # nothing changed) and what the transfer extrapolates (``extrapolations``).
     transfer: dict = field(default_factory=dict)
-    # The host part of an async-scheduling calibration (``c0_ms``, ``coef_ms``, and from ``fit_host``
-    # the R² of its window sums, ``n_steps``, ``n_windows``, ``binding_steps``); empty for one that
-    # ran one step at a time.  The roofline transfer scales it as the GPU part
-    # (``sim.hardware.transfer`` says why).
+    # The host part of an async-scheduling calibration (``c0_ms``, ``coef_ms``, ``overlap`` where it is
+    # the host's launch of each step, and from the fit the R² of its window sums, ``n_steps``,
+    # ``n_windows``, ``binding_steps``); empty for one that ran one step at a time.  How the roofline
+    # transfer carries it: ``sim.hardware.transfer``.
     host: dict = field(default_factory=dict)
     # A fit to request timestamps (``sim.fit_requests``): its error on the points it was fitted to.
     fit_error: dict = field(default_factory=dict)
@@ -135,7 +143,8 @@ def term_column(df: pd.DataFrame, name: str) -> np.ndarray:
 
 
 def load_steps(study_dir: Path) -> pd.DataFrame:
-    """A study's iterations in the engine-timed column names, whichever layout it was written in."""
+    """A study's iterations in the engine-timed column names, whichever layout it was written in, with
+    ``kv_tokens`` where the study recorded the KV cache's usage and block count (``with_kv_tokens``)."""
     path = Path(study_dir) / "iterations.parquet"
     if not path.exists():
         raise UserError(f"--calibration {study_dir}: no iterations.parquet there")
@@ -147,7 +156,27 @@ def load_steps(study_dir: Path) -> pd.DataFrame:
             df[new] = df[old]
     if "repeat" not in df:
         df["repeat"] = 0
-    return df
+    return with_kv_tokens(study_dir, df)
+
+
+def with_kv_tokens(study_dir: Path, steps: pd.DataFrame) -> pd.DataFrame:
+    """``steps`` with ``kv_tokens`` (``sim.step.StepFeatures``): each step's ``kv_cache_usage`` (the share
+    of the blocks, all but vLLM's null block, in use after its schedule) times its point's blocks less
+    one and block size (manifest.json), to the whole block.  Unchanged where either is not recorded."""
+    manifest = Path(study_dir) / "manifest.json"
+    if "kv_cache_usage" not in steps or not manifest.exists():
+        return steps
+    pts = pd.DataFrame(json.loads(manifest.read_text()).get("points") or [])
+    keys = ["mode", "rate", "repeat"]
+    if not {"num_blocks", "block_size", *keys} <= set(pts) or not set(keys) <= set(steps):
+        return steps
+    pts = pts.drop_duplicates(keys).set_index(keys)
+    at = pd.MultiIndex.from_frame(steps[keys])
+    blocks, size = (pd.to_numeric(pts[c], errors="coerce").reindex(at).to_numpy(dtype=float)
+                    for c in ("num_blocks", "block_size"))
+    out = steps.copy()
+    out["kv_tokens"] = np.round(steps["kv_cache_usage"].to_numpy(dtype=float) * (blocks - 1)) * size
+    return out
 
 
 busy_steps = engine_fit.busy_steps
@@ -171,26 +200,78 @@ def _fit_part(X: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, float], en
     return float(f.coef[0]), {t: float(c) for t, c in zip(TERMS, f.coef[1:], strict=True) if c > 0}, f
 
 
-def fit(df: pd.DataFrame, source: str = "", async_scheduling: bool = False) -> CostModel:
-    """The study's step-cost fit (``metrics.engine_fit``) as a ``CostModel``.  No outlier is
-    dropped: with frontend timing a late record's long gap is paid back by the next one's short
-    gap, and dropping the long ones alone would bias the sum.  ``async_scheduling``: the study ran
-    vLLM's async scheduling; the GPU part is fitted on the GPU spans, the host part on the host
-    stamps of the same steps."""
-    if async_scheduling and (set(df["timing"]) != {"gpu-span"} or "host_step_ms" not in df
-                             or df["host_step_ms"].isna().any()):
+def check_async_records(df: pd.DataFrame, source: str) -> None:
+    """Refuse, in one line, a default-engine calibration whose steps are not all GPU-timed with host stamps."""
+    if set(df["timing"]) != {"gpu-span"} or "host_step_ms" not in df or df["host_step_ms"].isna().any():
         raise UserError(f"--calibration {source}: it ran vLLM's async scheduling, but its steps are not all timed "
                         f"on the GPU with host stamps beside them (timing {','.join(sorted(set(df['timing'])))}); "
                         f"no per-step cost to fit")
+
+
+def _enough(steps: pd.DataFrame, n_cols: int, source: str) -> None:
+    if not len(steps) or len(steps) < n_cols + 2:
+        raise UserError(f"--calibration {source}: only {len(steps)} busy steps, too few to fit a step cost")
+
+
+def fit(df: pd.DataFrame, source: str = "", async_scheduling: bool = False) -> CostModel:
+    """The calibration's step cost as the simulator prices it: for a study run one step at a time the
+    linear fit (``fit_linear``); for vLLM's default engine (``async_scheduling``) the GPU part over
+    ``ASYNC_GPU_TERMS`` and the host's launch of each step (``fit_terms``, ``fit_host_paired``)."""
+    if async_scheduling:
+        return fit_terms(df, source, ASYNC_GPU_TERMS, launch=True)
+    return fit_linear(df, source)
+
+
+def fit_linear(df: pd.DataFrame, source: str = "", async_scheduling: bool = False) -> CostModel:
+    """The study's step-cost fit (``metrics.engine_fit``) as a ``CostModel``.  No outlier is
+    dropped: with frontend timing a late record's long gap is paid back by the next one's short
+    gap, and dropping the long ones alone would bias the sum.  ``async_scheduling``: the study ran
+    vLLM's async scheduling; the GPU part is fitted on the GPU spans, and a host part as a floor under
+    each step on the host stamps of the same steps (``fit_host``).  The default engine's priced form is
+    ``fit``'s; this one is the form the other forms are compared with."""
+    if async_scheduling:
+        check_async_records(df, source)
     steps = busy_steps(df)
     X, y = engine_fit.design(steps), steps["step_ms"].to_numpy(dtype=float)
-    cols = engine_fit.identified(X) if len(steps) else []
-    if len(steps) < len(cols) + 2 or not len(steps):
-        raise UserError(f"--calibration {source}: only {len(steps)} busy steps, too few to fit a step cost")
+    _enough(steps, len(engine_fit.identified(X)) if len(steps) else 0, source)
     c0, coef, f = _fit_part(X, y)
     timing = ",".join(sorted(set(steps["timing"])))
     host = fit_host(steps) if async_scheduling else {}
     return CostModel(c0, coef, f.r2, f.n, f.residual_ms, source, timing, host=host)
+
+
+# The GPU part of a default-engine step (``fit``): piecewise linear and non-decreasing in the step's
+# GEMM rows (prompt plus decode tokens, ``sim.step.ROW_TERMS``), so that a lone prompt step does not pay
+# a decode step's fixed cost on top; decode tokens and prompt requests; 1 where the step computes
+# prompt tokens; and the KV the cache holds for the step's requests, each block once (a cached prefix
+# many requests share is read about once).  Each a non-negative least-squares coefficient.
+ASYNC_GPU_TERMS = ROW_TERMS + ("decode_tokens", "num_prefill_reqs", "prompt_step", "kv_tokens")
+
+
+def design(steps: pd.DataFrame, terms: tuple[str, ...]) -> np.ndarray:
+    """One row per step: 1, then each of ``terms`` (``term_column``)."""
+    return np.column_stack([np.ones(len(steps))] + [term_column(steps, t) for t in terms])
+
+
+def fit_terms(df: pd.DataFrame, source: str, terms: tuple[str, ...], launch: bool = False) -> CostModel:
+    """A default-engine ``CostModel`` whose GPU part is the non-negative least squares over ``terms``
+    (any term ``sim.step.term_getter`` reads) on the GPU spans, with the host's launch of each step
+    while the one before runs (``launch``: ``fit_host_paired``) or a host floor under each step
+    (``fit_host``)."""
+    check_async_records(df, source)
+    if "kv_tokens" in terms and ("kv_tokens" not in df or df["kv_tokens"].isna().any()):
+        raise UserError(f"--calibration {source}: its steps do not record the KV cache's usage with its block "
+                        f"count (kv_cache_usage, manifest num_blocks); no KV term to fit")
+    steps = busy_steps(df)
+    _enough(steps, len(terms) + 1, source)
+    X, y = design(steps, terms), steps["step_ms"].to_numpy(dtype=float)
+    coef = engine_fit.nnls(X, y)
+    resid = y - X @ coef
+    r2 = 1.0 - float((resid ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
+    host = fit_host_paired(steps) if launch else fit_host(steps)
+    return CostModel(float(coef[0]), {t: float(c) for t, c in zip(terms, coef[1:], strict=True) if c > 0}, r2,
+                     len(steps), engine_fit.residual_stats(resid), source,
+                     ",".join(sorted(set(steps["timing"]))), host=host)
 
 
 HOST_TERMS = ("decode_tokens", "num_prefill_reqs")

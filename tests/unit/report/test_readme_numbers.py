@@ -199,9 +199,10 @@ SAYS = {
                           "OFF at 8 req/s saturated in 1 repeat of 2 (a bound, ≥ 2219 ms)"],
     "h200-tp1-hit-rate-throughput": ["16 req/s: ON 2,208 against OFF 2,193 output tok/s (+0.7 %)",
                                      "56 req/s: ON 7,464 against OFF 2,620 output tok/s (+184.9 %)"],
-    "seed-says": ["mean E2E ON / OFF 487.8 ± 244.1 / 510.8 ± 261.8 ms at 1 req/s (4.5 % saved)",
+    "seed-says": ["mean E2E ON / OFF 636.6 ± 318.5 / 654.5 ± 335.4 ms at 1 req/s (2.7 % saved)",
                   "OFF saturates from 48 req/s (knee 32), ON does not saturate up to 64 req/s",
-                  "The simulated saving, 23.0 ms, is near it"],
+                  "The simulated saving is 17.9 ms",
+                  "a lone request's step costs the GPU 3.41 ms on 8 A100s and the host 4.36 ms to launch"],
     "h200-tp1-slo-says": ["8, 16 (missed), 11.3, 13.4, 14.6 (missed), 13.4 (missed), 12.3, 12.3",
                           "met at 53.8 req/s in every repeat there, missed at 58.7"],
     "h200-shared-fraction-says": ["shared fraction 0.95, hit rate 0.949: 40.5 [37.7, 43.0] %"],
@@ -209,7 +210,7 @@ SAYS = {
                          "Caching cuts SGLang's mean E2E by 42.7 % and vLLM's by 40.5 %"],
     "h100-tp1-spans-says": ["Every one of its 58,064 engine steps is timed on the GPU",
                             "h100-tp1's decode-only steps took from 2.1 % less to 3.3 % more time",
-                            "The committed linear form: held out by point 8 of 10 within 5 % (worst +22.1 %, ON 48)"],
+                            "The simulator's form: held out by point 10 of 10 within 5 % (worst −4.5 %, ON 48)"],
     "cpu-default-says": ["ON sustains ≥ 11.5 req/s (the highest rate run) and OFF 3.6 req/s [3.6, 3.9]"],
 }
 

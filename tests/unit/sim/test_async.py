@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from prefixstudy.errors import UserError
-from prefixstudy.sim.cost import CostModel, async_recorded, busy_steps, fit, host_windows
+from prefixstudy.sim.cost import CostModel, async_recorded, busy_steps, fit, fit_linear, host_windows
 from prefixstudy.sim.driver import SimRequest
 from prefixstudy.sim.step import StepFeatures
 
@@ -49,8 +49,8 @@ def gpu_span_steps():
     return df
 
 
-def test_the_async_fit_prices_the_gpu_on_the_spans_and_the_host_on_the_windows_of_host_stamps():
-    m = fit(gpu_span_steps(), async_scheduling=True)
+def test_the_linear_async_fit_prices_the_gpu_on_the_spans_and_a_host_floor_on_the_windows_of_host_stamps():
+    m = fit_linear(gpu_span_steps(), async_scheduling=True)
     assert m.c0_ms == pytest.approx(2.0) and m.coef_ms == pytest.approx({"prefill_tokens": 0.01, "decode_tokens": 0.05})
     assert m.host["c0_ms"] == pytest.approx(3.0, abs=1e-3)
     assert m.host["coef_ms"] == pytest.approx({"decode_tokens": 0.02}, abs=1e-4)
@@ -130,7 +130,7 @@ def test_an_async_calibration_without_gpu_spans_is_refused():
 
 
 def test_the_host_part_survives_a_save_and_a_sync_model_saves_as_before(tmp_path):
-    m = fit(gpu_span_steps(), async_scheduling=True)
+    m = fit_linear(gpu_span_steps(), async_scheduling=True)
     m.save(tmp_path / "a.json")
     assert CostModel.load(tmp_path / "a.json").host == m.host
     CostModel(2.0, {"decode_tokens": 0.05}).save(tmp_path / "s.json")
@@ -286,9 +286,10 @@ def test_the_deadline_drops_the_step_in_flight(make_sim):
     assert sim.in_flight is None and not sim.unfinished() and len(sim.steps) == 4
 
 
-def test_the_roofline_transfer_scales_the_host_part_as_the_gpu_part():
-    """Mistral-7B on one H200 to TP 2: each term of both parts by the same roofline ratio, each part's
-    fixed cost less the source's roofline c0 plus the target's."""
+def test_the_roofline_transfer_scales_a_host_floor_as_the_gpu_part_and_keeps_the_host_s_launch():
+    """Mistral-7B on one H200 to TP 2: each term of a floor host part and of the GPU part by the same
+    roofline ratio, each part's fixed cost less the source's roofline c0 plus the target's; a host part
+    that launches the next step unchanged."""
     from prefixstudy.model.arch import load_arch
     from prefixstudy.model.gpus import get_gpu
     from prefixstudy.model.roofline import Deployment
@@ -304,7 +305,19 @@ def test_the_roofline_transfer_scales_the_host_part_as_the_gpu_part():
     assert t.coef_ms == pytest.approx({"prefill_tokens": 0.02 * r2["prefill_tokens"] / r1["prefill_tokens"]})
     assert t.host["coef_ms"] == pytest.approx({"decode_tokens": 0.06 * r2["decode_tokens"] / r1["decode_tokens"]})
     assert transfer(CostModel(4.0, {"prefill_tokens": 0.02}), src, dst, 1000.0).host == {}
-    # the prompt tokens the host hashes are host work: carried unchanged, and so is what the part is
-    launch = CostModel(4.0, {}, host={"c0_ms": 5.0, "coef_ms": {"prefix_queries": 0.001}, "overlap": "previous step"})
-    assert transfer(launch, src, dst, 1000.0).host == {"c0_ms": pytest.approx(5.0 - r1["c0"] + r2["c0"]),
-                                                       "coef_ms": {"prefix_queries": 0.001}, "overlap": "previous step"}
+    # the host's launch of each step is the CPU's work: carried unchanged, while the GPU part moves
+    host = {"c0_ms": 5.0, "coef_ms": {"decode_tokens": 0.06, "prefix_queries": 0.001}, "overlap": "previous step"}
+    launched = transfer(CostModel(4.0, {"prefill_tokens": 0.02}, host=host), src, dst, 1000.0)
+    assert launched.host == host and launched.coef_ms == pytest.approx(t.coef_ms)
+
+
+def test_a_default_engine_calibration_without_kv_usage_is_refused_in_one_line():
+    """The simulator's default-engine form prices the KV a step holds: steps whose KV usage or block
+    count was not recorded cannot fit it, and the refusal names the run."""
+    df = gpu_span_steps()
+    with pytest.raises(UserError, match=r"^--calibration runs/x: its steps do not record the KV cache's usage with "
+                                        r"its block count \(kv_cache_usage, manifest num_blocks\); no KV term to fit$"):
+        fit(df, source="runs/x", async_scheduling=True)
+    with pytest.raises(UserError, match="no KV term to fit"):
+        fit(df.assign(kv_tokens=[float("nan")] + [0.0] * (len(df) - 1)), source="runs/x", async_scheduling=True)
+    assert fit(df.assign(kv_tokens=0.0, prefix_queries=0), source="runs/x", async_scheduling=True).host_overlaps

@@ -1,7 +1,8 @@
-"""The other default-engine step-cost forms (experiments/sim/async_forms.py): their designs on numbers
-worked by hand, the roofline, kv and launch fits recovering known coefficients, the KV a step holds, and their
-committed tables (experiments/results/sim-accuracy/async-forms/, async-forms-roofline/, async-forms-kv/,
-async-forms-kv-roofline/ and async-forms-launch/) are what their async.csv gives."""
+"""The default-engine step-cost forms: the simulator's (``sim.cost.fit``) and the ones it is compared
+with (experiments/sim/async_forms.py): their designs on numbers worked by hand, the roofline, kv and
+shipped fits recovering known coefficients, the KV a step holds, and the forms' committed tables
+(experiments/results/sim-accuracy/async-forms/, async-forms-linear/, async-forms-roofline/,
+async-forms-kv/ and async-forms-kv-roofline/) are what their async.csv gives."""
 
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ def forms():
 def test_a_step_s_gemm_rows_fill_the_segments_in_order(forms):
     # one 1214-token prompt beside 20 decoders: T = 1234 rows
     steps = pd.DataFrame({"prefill_tokens": [1214, 0], "num_prefill_reqs": [1, 0], "decode_tokens": [20, 100]})
-    row = forms.design(steps, forms.PIECEWISE_TERMS)[0]
+    from prefixstudy.sim.cost import design
+
+    row = design(steps, forms.PIECEWISE_TERMS)[0]
     assert row.tolist() == [1, 64, 64, 128, 256, 512, 210, 0, 0, 0, 20, 1, 1]
-    assert forms.design(steps, forms.PIECEWISE_TERMS)[1].tolist() == [1, 64, 36, 0, 0, 0, 0, 0, 0, 0, 100, 0, 0]
+    assert design(steps, forms.PIECEWISE_TERMS)[1].tolist() == [1, 64, 36, 0, 0, 0, 0, 0, 0, 0, 100, 0, 0]
 
 
 MEMORY = [4.0, 0.05, 2.0]  # fixed ms, ms per decode token, ms per prompt request
@@ -85,7 +88,7 @@ def test_the_roofline_fit_recovers_the_branches_that_made_the_steps(forms):
     np.testing.assert_allclose(fitted.memory, MEMORY, rtol=1e-6)
     np.testing.assert_allclose(fitted.compute, COMPUTE, rtol=1e-6)
     # The linear form fitted to the same steps misprices them: it cannot leave the fixed cost out.
-    linear = np.abs(forms.fit(steps, async_scheduling=True).predict(steps) / truth - 1)
+    linear = np.abs(forms.fit_linear(steps, async_scheduling=True).predict(steps) / truth - 1)
     assert linear.max() > 0.05
 
 
@@ -116,7 +119,7 @@ def test_kv_tokens_are_the_blocks_a_lone_request_holds(forms):
     from prefixstudy.sim.cost import load_steps
 
     d = REPO / "experiments/results/h200-tp1"
-    s = forms.with_kv_tokens(d, load_steps(d))
+    s = load_steps(d)  # kv_tokens from the records' KV usage and the manifest's block count
     lone = s[(s["rate"] == 1) & (s["num_running"] == 1) & (s["context_tokens"].between(1214, 1232))]
     assert sorted(set(zip(lone["context_tokens"] > 1216, lone["kv_tokens"], strict=True))) == [(False, 1216), (True, 1232)]
     top = s[s["rate"] == 96].groupby("mode")["kv_tokens"].max()
@@ -129,7 +132,7 @@ def test_the_kv_form_recovers_the_coefficients_that_made_the_steps(forms):
     from prefixstudy.sim.cost import busy_steps, load_steps
 
     d = REPO / "experiments/results/h200-tp1"
-    s = forms.with_kv_tokens(d, load_steps(d))
+    s = load_steps(d)
     true = {"prefill_tokens": 0.02, "num_prefill_reqs": 1.2, "decode_tokens": 0.045, "kv_tokens": 1e-5}
     s["step_ms"] = 4.0 + sum(c * s[t] for t, c in true.items())
     m = forms.fit_kv(s, "synthetic")
@@ -144,12 +147,14 @@ def test_the_kv_form_recovers_the_coefficients_that_made_the_steps(forms):
     assert m.gpu_ms(replace(f, kv_tokens=100_000)) == pytest.approx(m.gpu_ms(f) + 1.0)
 
 
-def test_the_launch_form_recovers_the_gpu_part_and_the_host_s_launch_that_made_the_steps(forms):
+def test_the_shipped_fit_recovers_the_gpu_part_and_the_host_s_launch_that_made_the_steps(forms):
     """The steps of tests/unit/sim/test_async.launched_steps, with the KV a step holds (0 to 200
-    tokens) priced at 0.001 ms a token: the launch form's fit gives back a GPU part that prices
-    every step as it ran, and the host's launch (3 ms + 0.02 ms a decoder + 0.004 ms a hashed token);
-    the priced steps span the host records exactly.  A host part fitted as a floor under each step
-    (the kv form's) matches the records' 16-step sums with an R² under 0.9."""
+    tokens) priced at 0.001 ms a token: the simulator's default-engine fit (``sim.cost.fit``) gives
+    back a GPU part that prices every step as it ran, and the host's launch (3 ms + 0.02 ms a decoder
+    + 0.004 ms a hashed token); the priced steps span the host records exactly.  A host part fitted as
+    a floor under each step (the kv form's) matches the records' 16-step sums with an R² under 0.9."""
+    from prefixstudy.sim.cost import fit
+
     from tests.unit.sim.test_async import launched_steps
 
     s = launched_steps().assign(kv_tokens=lambda d: 50 * (d.index % 5))
@@ -161,7 +166,7 @@ def test_the_launch_form_recovers_the_gpu_part_and_the_host_s_launch_that_made_t
         end = start + gpu_ms
         ends.append(end)
     s["host_step_ms"] = pd.Series(ends).diff().fillna(ends[0])
-    m = forms.fit_launch(s, "synthetic")
+    m = fit(s, "synthetic", async_scheduling=True)
     priced = [m(f) for f in s.itertuples(index=False)]
     assert priced == pytest.approx(s["step_ms"].tolist(), abs=1e-6)
     assert m.host_overlaps and m.host["c0_ms"] == pytest.approx(3.0, abs=1e-3)
@@ -170,8 +175,8 @@ def test_the_launch_form_recovers_the_gpu_part_and_the_host_s_launch_that_made_t
     assert forms.fit_kv(s, "synthetic").host["r2"] < 0.9
 
 
-@pytest.mark.parametrize("folder", ["async-forms", "async-forms-roofline", "async-forms-kv",
-                                    "async-forms-kv-roofline", "async-forms-launch"])
+@pytest.mark.parametrize("folder", ["async-forms", "async-forms-linear", "async-forms-roofline", "async-forms-kv",
+                                    "async-forms-kv-roofline"])
 def test_its_tables_are_what_its_async_csv_gives(folder, tmp_path):
     accuracy_async = load_script("experiments/sim/accuracy_async.py")
     accuracy_async.write(pd.read_csv(ACC / folder / "async.csv"), tmp_path)
@@ -209,11 +214,11 @@ def _prompt_and_decode_price_ratios(study: str) -> tuple[pd.DataFrame, pd.DataFr
     repeat's engine (its start, in the order the run started them)."""
     import json
 
-    from prefixstudy.sim.cost import busy_steps, fit, load_steps
+    from prefixstudy.sim.cost import busy_steps, fit_linear, load_steps
 
     d = REPO / "experiments/results" / study
     steps = busy_steps(load_steps(d))
-    steps = steps.assign(priced=fit(steps, study, async_scheduling=True).predict(steps))
+    steps = steps.assign(priced=fit_linear(steps, study, async_scheduling=True).predict(steps))
     on = steps[steps["mode"] == "on"]
     ratio = pd.DataFrame({kind: g.groupby(["rate", "repeat"]).apply(lambda x: x["step_ms"].sum() / x["priced"].sum())
                           for kind, g in (("prompt", on[on["prefill_tokens"] > 0]), ("decode", on[on["prefill_tokens"] == 0]))})

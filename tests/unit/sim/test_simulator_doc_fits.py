@@ -1,6 +1,6 @@
 """docs/simulator.md quotes the step-cost fits of h200-tp1-sync and h200-tp1; they are the fits in
-those studies' manifest.json (``step_fit``), at the precision the page prints, and the host part the
-simulator fits on the default engine's studies."""
+those studies' manifest.json (``step_fit``), at the precision the page prints, and the two parts the
+simulator fits on h200-tp1 for vLLM's default engine."""
 
 from __future__ import annotations
 
@@ -31,21 +31,35 @@ def test_the_sync_fit_is_the_one_the_page_was_checked_against():
                                            "2.018·prefill_requests")
 
 
-def test_the_quoted_host_part_is_the_async_fit_of_h200_tp1():
+def test_the_quoted_default_engine_parts_are_the_simulator_s_fit_of_h200_tp1():
+    """The GPU part and the host's launch docs/simulator.md quotes are ``sim.cost.fit_study`` on h200-tp1."""
     from prefixstudy.sim.cost import fit_study
+    from prefixstudy.sim.step import ROW_TERMS
 
-    h = fit_study(REPO / "experiments/results/h200-tp1").host
-    assert set(h["coef_ms"]) == {"decode_tokens"}
+    m = fit_study(REPO / "experiments/results/h200-tp1")
+    c, h = m.coef_ms, m.host
+    rows = [c[t] for t in ROW_TERMS if t in c]
+    gpu = (f"{m.c0_ms:.3f} ms + {c['decode_tokens']:.3f} ms a decode token + {c['num_prefill_reqs']:.3f} ms a prompt "
+           f"request + {c['prompt_step']:.3f} ms a prompt step + {min(rows):.4f}–{max(rows):.4f} ms a GEMM row by "
+           f"segment + {c['kv_tokens'] * 1000:.4f} ms per 1,000 KV tokens")
+    host = (f"{h['c0_ms']:.3f} + {h['coef_ms']['decode_tokens']:.4f}·decode_tokens + "
+            f"{h['coef_ms']['prefix_queries']:.5f}·prefix_queries ms, and the GPU waits for it at "
+            f"{h['binding_steps']:,} of its {h['n_steps']:,} steps")
+    assert (gpu, host) == (
+        "4.555 ms + 0.043 ms a decode token + 1.017 ms a prompt request + 2.176 ms a prompt step + 0.0030–0.0230 ms a "
+        "GEMM row by segment + 0.0093 ms per 1,000 KV tokens",
+        "4.317 + 0.0452·decode_tokens + 0.00078·prefix_queries ms, and the GPU waits for it at 6,859 of its 45,530 steps")
+    assert h["overlap"] == "previous step" and m.n_steps == 45_530
+    text = " ".join((REPO / "docs/simulator.md").read_text().split())
+    assert gpu in text and host in text
+
+
+def test_the_quoted_floor_host_part_is_the_linear_fit_of_h200_tp1():
+    from prefixstudy.sim.cost import fit_linear, load_steps
+
+    h = fit_linear(load_steps(REPO / "experiments/results/h200-tp1"), async_scheduling=True).host
+    assert set(h["coef_ms"]) == {"decode_tokens"} and "overlap" not in h
     words = (f"{h['c0_ms']:.3f} + {h['coef_ms']['decode_tokens']:.4f}·decode_tokens, above the measured GPU span at "
              f"{h['binding_steps']:,} of its {h['n_steps']:,} steps")
     assert words == "4.536 + 0.0453·decode_tokens, above the measured GPU span at 14,218 of its 45,530 steps"
     assert words in " ".join((REPO / "docs/simulator.md").read_text().split())
-
-
-@pytest.mark.parametrize("study", ["h200-cache-pressure-spans", "h200-cache-pressure-spans-4400", "h200-multiturn-spans"])
-def test_on_the_gpu_timed_cells_and_sessions_the_host_part_is_above_no_gpu_span(study):
-    from prefixstudy.sim.cost import fit_study
-
-    assert fit_study(REPO / "experiments/results" / study).host["binding_steps"] == 0
-    assert ("On the GPU-timed cache-pressure cells and multi-turn sessions the host part is above the GPU span at no "
-            "step") in " ".join((REPO / "docs/simulator.md").read_text().split())

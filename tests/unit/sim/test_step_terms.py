@@ -16,10 +16,10 @@ def test_step_terms_md_is_what_the_committed_records_give():
     assert mod.OUT.read_text() == mod.table()
 
 
-def test_the_fit_prices_off_s_prompt_steps_long_and_on_s_high_load_decode_steps_long():
+def test_the_linear_fit_prices_off_s_prompt_steps_long_and_on_s_high_load_decode_steps_long():
     mod = _script()
     b = mod.steps_of(mod.STUDY)
-    pts = mod.by_point(b, mod.fit(b).predict(b)).set_index(["mode", "rate", "kind"])["err_pct"].round(1)
+    pts = mod.by_point(b, mod.fit_linear(b).predict(b)).set_index(["mode", "rate", "kind"])["err_pct"].round(1)
     assert (pts["off", 1.0, "prompt"], pts["off", 16.0, "prompt"]) == (15.5, 15.2)
     assert (pts["on", 56.0, "decode only"], pts["on", 96.0, "decode only"]) == (10.1, 17.6)
     # and within 5 % on every other decode-only group
@@ -46,7 +46,7 @@ def test_each_effect_is_two_groups_of_real_steps_and_its_size():
 def test_the_gpu_waits_for_the_host_at_on_s_middle_loads_and_the_host_part_recovers_half():
     mod = _script()
     b = mod.steps_of(mod.STUDY)
-    t = mod.loop_idle(b, mod.fit(b, async_scheduling=True).host).set_index(["mode", "rate"]).round(2)
+    t = mod.loop_idle(b, mod.fit_linear(b, async_scheduling=True).host).set_index(["mode", "rate"]).round(2)
     assert (t.loc[("on", 32.0), "idle_pct"], t.loc[("on", 56.0), "idle_pct"]) == (3.11, 6.21)
     assert t.xs("off", level="mode")["idle_pct"].max() == 0.25
     assert (round(t.loc[("on", 32.0), "idle_per_new_ms"], 1), round(t.loc[("on", 56.0), "idle_per_new_ms"], 1)) == (0.9, 1.3)

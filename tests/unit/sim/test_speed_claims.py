@@ -25,6 +25,8 @@ def test_the_default_engine_sentence_is_the_last_lines_side_by_side_run():
             f"({last['ratio_points_phase']:.2f}×) and the whole command {med['branch']['wall_s']:.1f} s against "
             f"{med['stepwise']['wall_s']:.1f} s ({last['ratio_wall']:.2f}×)") in text
     assert f"the code at {last['branch_commit'].split()[0]} and only that file" in text
+    pairs = [a["sim_s"] / b["sim_s"] for a, b in zip(last["runs"]["stepwise"], last["runs"]["branch"], strict=True)]
+    assert f"each interleaved pair of runs gives {min(pairs):.2f}–{max(pairs):.2f}×" in text
 
 
 def test_the_lane_table_quotes_its_own_line():

@@ -45,7 +45,7 @@ import pandas as pd
 
 from prefixstudy.errors import UserError
 from prefixstudy.metrics import engine_fit
-from prefixstudy.sim.step import ROW_TERMS, term_getter
+from prefixstudy.sim.step import ROW_TERMS, RowSegment, term_getter
 
 TERMS = engine_fit.TERMS
 OLD_NAMES = {"prompt_tokens": "prefill_tokens", "generation_tokens": "decode_tokens"}
@@ -77,8 +77,11 @@ class CostModel:
     fit_error: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # Each term's reader, once: the simulator prices every step it takes.
-        self._gpu_terms = tuple((c, term_getter(t)) for t, c in self.coef_ms.items())
+        # Each term's reader, once: the simulator prices every step it takes.  The segments of a
+        # step's GEMM rows (``rows_A_B``) are priced together, in order of A, up to the step's rows.
+        rows = {t: c for t, c in self.coef_ms.items() if isinstance(term_getter(t), RowSegment)}
+        self._row_segments = tuple(sorted((term_getter(t).lo, term_getter(t).hi, c) for t, c in rows.items()))
+        self._gpu_terms = tuple((c, term_getter(t)) for t, c in self.coef_ms.items() if t not in rows)
         self._host_terms = tuple((c, term_getter(t)) for t, c in self.host.get("coef_ms", {}).items())
 
     @property
@@ -94,7 +97,14 @@ class CostModel:
         return self.host.get("overlap") == HOST_OVERLAP
 
     def gpu_ms(self, f) -> float:
-        return self.c0_ms + sum(c * get(f) for c, get in self._gpu_terms)
+        out = self.c0_ms + sum(c * get(f) for c, get in self._gpu_terms)
+        if self._row_segments:
+            rows = f.prefill_tokens + f.decode_tokens
+            for lo, hi, c in self._row_segments:
+                if rows <= lo:
+                    break
+                out += c * (min(rows, hi) - lo)
+        return out
 
     def host_ms(self, f) -> float:
         return self.host["c0_ms"] + sum(c * get(f) for c, get in self._host_terms)

@@ -136,6 +136,9 @@ def test_a_piecewise_gpu_part_prices_its_row_segments_and_a_prompt_step_by_hand(
     prompt = StepFeatures(1214, 20, 0, 21, num_prefill_reqs=1, kv_tokens=100_000)
     assert m(prompt) == pytest.approx(4.0 + 0.64 + 4.2 + 1.0 + 2.0 + 1.0)
     assert m(StepFeatures(0, 20, 0, 20)) == pytest.approx(4.0 + 0.2 + 1.0)  # no prompt: no prompt_step
+    # the segments priced in order of their rows, whatever order the model lists them in
+    backwards = CostModel(4.0, dict(reversed(m.coef_ms.items())))
+    assert backwards(prompt) == pytest.approx(m(prompt)) and backwards(StepFeatures(0, 20, 0, 20)) == pytest.approx(5.2)
     rows = pd.DataFrame({"prefill_tokens": [1214, 0], "decode_tokens": [20, 20], "kv_tokens": [100_000, 0]})
     assert m.predict(rows) == pytest.approx([12.84, 5.2])
     # as the simulator's worker processes and a saved cost_model.json get it

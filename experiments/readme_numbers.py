@@ -1470,13 +1470,14 @@ def seed_says_block(results: Path = RESULTS) -> str:
         f"and OFF {best(s, 1000, 'off')}.",
         "",
         f"At 1 req/s the report says 115.35 → 94.56 ms, a 20.8 ms saving. The simulated saving is "
-        f"{at1.loc['off', 'mean_e2e_ms'] - at1.loc['on', 'mean_e2e_ms']:.1f} ms. The absolute E2E is far apart: "
+        f"{at1.loc['off', 'mean_e2e_ms'] - at1.loc['on', 'mean_e2e_ms']:.1f} ms. The absolute E2E is far from the "
+        "report's: "
         f"ON's simulated TPOT there is {tpot:.2f} ms, so 143 output tokens take about {142 * tpot:.0f} ms of "
         "decode alone. The reported 94.56 ms cannot be 143 generated tokens on that hardware (fewer tokens, or "
         "TTFT, would explain it; the results README's TP 8 section has the roofline's floor). In the simulation a "
         f"lone request's step costs the GPU {cost.gpu_ms(lone):.2f} ms on 8 A100s and the host "
-        f"{cost.launch_ms(lone):.2f} ms to launch, so there the host sets the pace: its launch is CPU work, "
-        f"carried unchanged from {Path(calib).name}'s host, and nothing measured on the target checks that.",
+        f"{cost.launch_ms(lone):.2f} ms to launch (the slower of the two sets the pace), both carried from "
+        f"{Path(calib).name} by the roofline; no run on the target checks either.",
         "",
         "For 8 × H200, where nothing has been measured ([`experiments/results/sim-seed-h200x8-tp8/`]"
         "(../experiments/results/sim-seed-h200x8-tp8/), `sim-seed-h200x8-tp4-parallel/`, the same calibration and "

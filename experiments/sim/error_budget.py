@@ -8,9 +8,10 @@ A prediction's error has two parts, measured apart on the committed studies (H20
   did not see (the held-out point checks), one entry per kind of calibration (the ``timing`` of
   ``cost_model.json``): GPU-span step records of vLLM's default engine (``async.csv``), step records
   of one engine step at a time (``accuracy.csv``), request timestamps alone (``timestamps.csv``);
-* **transfer**: the same fit carried to another TP degree by the datasheet roofline
-  (``accuracy.csv``'s "transfer from" checks, TP 1 and TP 2 on one H200 each way).  Nothing else has
-  been measured: no second GPU kind, no second model.
+* **transfer**: the same fit carried by the datasheet roofline to another TP degree (``accuracy.csv``'s
+  "transfer from" checks, TP 1 and TP 2 on one H200 each way, one step at a time) and to another GPU
+  kind (``gpu-transfer.csv``, experiments/sim/gpu_transfer.py: one H200 and one H100 each way, at TP 1,
+  vLLM's default engine).  Nothing else has been measured: no third GPU kind, no second model.
 
 Each entry counts the unsaturated points (what most measured repeats say), over the means of their
 repeats: how many the simulator's mean E2E came within 5 and 10 % of, the mean |error|, and how many
@@ -43,7 +44,11 @@ CALIBRATIONS = {
     "engine": ("accuracy.csv", "held-out point", "step records of one engine step at a time"),
     "request-timestamps": ("timestamps.csv", "timestamps", "request timestamps alone"),
 }
-TRANSFER = ("accuracy.csv", "transfer from", "TP 1 to TP 2 and back, on one H200")  # by the datasheet roofline
+# By the datasheet roofline: (table, its checks as the simulator runs them, what was measured).  The
+# GPU-kind table's checks with a comma are its diagnostics (the host carried another way).
+TRANSFERS = {"tp": ("accuracy.csv", lambda c: c.str.startswith("transfer from"), "TP 1 to TP 2 and back, on one H200"),
+             "gpu": ("gpu-transfer.csv", lambda c: c.str.startswith("transfer from") & ~c.str.contains(","),
+                     "H200 to H100 and back at TP 1, on vLLM's default engine")}
 
 
 def gpus(studies, results: Path = Path("experiments/results")) -> list[str]:
@@ -74,16 +79,18 @@ def errors(df: pd.DataFrame, table: str) -> dict:
 
 
 def budget(acc: Path = ACC) -> dict:
-    tables = {name: pd.read_csv(acc / name) for name in {t for t, _, _ in CALIBRATIONS.values()} | {TRANSFER[0]}}
-    out = {"source": f"{acc.as_posix()} (experiments/sim/error_budget.py)", "calibration": {}}
+    names = {t for t, _, _ in CALIBRATIONS.values()} | {t for t, _, _ in TRANSFERS.values()}
+    tables = {name: pd.read_csv(acc / name) for name in names}
+    out = {"source": f"{acc.as_posix()} (experiments/sim/error_budget.py)", "calibration": {}, "transfer": {}}
     for timing, (table, check, what) in CALIBRATIONS.items():
         df = tables[table]
         out["calibration"][timing] = {"what": what, "table": table, "check": check,
                                       **errors(df[df["check"] == check], table)}
-    table, prefix, what = TRANSFER
-    df = tables[table]
-    out["transfer"] = {"tp": {"what": what, "table": table, "check": f"{prefix} ...",
-                              **errors(df[df["check"].str.startswith(prefix)], table)}}
+    for kind, (table, checks, what) in TRANSFERS.items():
+        df = tables[table]
+        df = df[checks(df["check"])]
+        out["transfer"][kind] = {"what": what, "table": table, "check": " and ".join(sorted(set(df["check"]))),
+                                 **errors(df, table)}
     return out
 
 

@@ -9,7 +9,7 @@ apart on the committed studies and shipped, with the GPU kinds each part was mea
 * the **calibration**: the step cost fitted on a run, predicting that engine at points the fit did
   not see, by the kind of record it was fitted on (``cost_model.json``'s ``timing``);
 * the **transfer**: that fit carried to another GPU, TP degree or model by the datasheet roofline,
-  measured only between TP 1 and TP 2 on one H200.
+  measured only between TP 1 and TP 2 on one H200, and between one H200 and one H100 at TP 1.
 
 ``sentences`` is pure: the manifest's ``sim`` entry, the run's cost model and the budget in,
 sentences out."""
@@ -80,17 +80,29 @@ def transfer_sentence(sim: dict, budget: dict) -> str:
     if not moves:
         return ("Transfer: none. The simulated GPU, TP degree and model are the calibration's own, so the "
                 "calibration's error is all of it.")
-    e = budget["transfer"]["tp"]
-    far = {"GPU": "another GPU", "model": "another model"}
-    reach = [far[m] for m in moves if m in far]
+    measured = [budget["transfer"][k] for k, m in (("tp", "TP degree"), ("gpu", "GPU"))
+                if m in moves and k in budget["transfer"]] or [budget["transfer"]["tp"]]
+    kinds = set(budget["transfer"].get("gpu", {}).get("gpus", ()))
+    reach = []
+    if "GPU" in moves and not {_kind(src), _kind(dst)} <= kinds:
+        reach.append(f"a GPU kind outside {' and '.join(sorted(kinds))}" if kinds else "another GPU")
     if max(src.get("tp") or 0, dst.get("tp") or 0) > 2:
         reach.append("a TP degree past 2")
+    if "model" in moves:
+        reach.append("another model")
     beyond = ("the same kind of transfer as this one" if not reach else
-              f"this one also goes to {' and '.join(reach)}, where nothing has been measured: read that figure "
-              f"as the least of this part's error, not a bound")
+              f"this one also goes to {' and '.join(reach)}, where nothing has been measured: read "
+              f"{'that figure' if len(measured) == 1 else 'those figures'} as the least of this part's error, "
+              f"not a bound")
+    parts = "; and from ".join(f"{e['what']}, where it came {_counts(e, 'points')}, high at {e['predicted_high']}"
+                               for e in measured)
     return (f"Transfer, from {_where(src)} to {_where(dst)} by the datasheet roofline ({' and '.join(moves)}): "
-            f"measured only from {e['what']}, where it came {_counts(e, 'points')}, "
-            f"high at {e['predicted_high']}; {beyond}.")
+            f"measured only from {parts}; {beyond}.")
+
+
+def _kind(p: dict) -> str:
+    """A GPU's kind as the budget names it: "H100-SXM" is H100."""
+    return str(p.get("gpu", "?")).split("-")[0]
 
 
 def of_run(manifest: dict, run_dir: Path) -> list[str]:

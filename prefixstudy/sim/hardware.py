@@ -23,12 +23,13 @@ bf16; P = the decoder layers' projection weights, V·h = lm_head, L layers, hidd
 it to the target's roofline, so each coefficient is multiplied by ``roofline(target) /
 roofline(source)``; the part of ``c0`` the roofline does not explain (CPU scheduling, sampling,
 kernel launches) is carried over unchanged.  The host part of a default-engine calibration
-(``CostModel.host``) is the host's work to schedule and launch each step (``sim.cost.fit_host_paired``):
-CPU work, carried unchanged.  That assumes the target's host schedules as fast as the calibration's
-and that more GPUs of a TP group do not add to it (vLLM hands each step to every worker); neither is
-measured.  A host part fitted as a floor under each step's price (``sim.cost.fit_host``) is carried as
-the GPU part is, each term by its ratio and its fixed cost beyond the source's roofline kept, so that
-it stays the slower pipeline at the steps where it was: an assumption too.  ``extrapolations`` names
+(``CostModel.host``: the host's launch of each step, ``sim.cost.fit_host_paired``, or a floor under each
+step, ``sim.cost.fit_host``) is carried the same way: each term by the GPU part's ratio, its fixed cost
+beyond the source's roofline kept; a term only the host has (``prefix_queries``, the prompt tokens it
+hashes) unchanged.  A launch measured from host stamps holds waits on the GPU too: between one H200
+and one H100 (experiments/sim/gpu_transfer.py) this rule prices the other machine's default engine
+closer than carrying the launch unchanged, but two machines cannot tell a host's speed from its GPU's,
+and the target's host is not measured: an assumption, not a measurement.  ``extrapolations`` names
 what the calibration's data cannot check about such a transfer.
 """
 
@@ -125,8 +126,8 @@ def transfer(model: CostModel, src: Deployment, dst: Deployment, mean_context_to
     scale = {"c0": r_dst["c0"] / r_src["c0"],
              **{t: r_dst[ROOFLINE_OF.get(t, t)] / r_src[ROOFLINE_OF.get(t, t)] for t in model.coef_ms}}
     host = model.host
-    if host and not model.host_overlaps:  # a floor under each step: scaled with the GPU part
-        scale |= {t: r_dst[t] / r_src[t] for t in host["coef_ms"]}
+    if host:  # a term of the host's own (the prompt tokens it hashes) is host work: the same on any GPU
+        scale |= {t: r_dst[t] / r_src[t] if t in r_src else 1.0 for t in host["coef_ms"]}
         host = {**host, "c0_ms": host["c0_ms"] - r_src["c0"] + r_dst["c0"],
                 "coef_ms": {t: c * scale[t] for t, c in host["coef_ms"].items()}}
     note = (f"transferred from {src.arch.name} on {src.gpu.name} TP {src.tp} to {dst.arch.name} on "

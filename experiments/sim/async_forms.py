@@ -147,7 +147,7 @@ def fit_piecewise(steps: pd.DataFrame, source: str) -> CostModel:
 
 
 def fit_kv(steps: pd.DataFrame, source: str) -> CostModel:
-    """The linear GPU part with ``kv_tokens`` beside its terms, and the simulator's host part."""
+    """The linear GPU part with ``kv_tokens`` beside its terms, and the floor host part."""
     return fit_terms(steps, source, KV_TERMS)
 
 

@@ -247,6 +247,6 @@ class Simulator:
                 "num_prefill_reqs": f.num_prefill_reqs, "num_decode_reqs": f.num_reqs - f.num_prefill_reqs,
                 "num_running": len(self.sched.running) + (self.lane.num_held if self.lane else 0),
                 "num_waiting": len(self.sched.waiting),
-                "kv_cache_usage": float(usage), "prefix_queries": f.prompt_tokens_new if caching else 0,
+                "kv_cache_usage": float(usage), "prefix_queries": f.prefix_queries,
                 "prefix_hits": f.cached_tokens if caching else 0,
                 "prompt_tokens": f.prefill_tokens, "generation_tokens": f.decode_tokens, "timing": "sim"}

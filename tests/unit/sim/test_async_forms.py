@@ -17,10 +17,7 @@ ACC = REPO / "experiments/results/sim-accuracy"
 
 @pytest.fixture(scope="module")
 def forms():
-    import sys
-
-    sys.path.insert(0, str(REPO / "experiments/sim"))  # it imports accuracy_async beside it
-    return load_script("experiments/sim/async_forms.py")
+    return load_script("experiments/sim/async_forms.py")  # it finds accuracy_async beside it itself
 
 
 def test_a_step_s_gemm_rows_fill_the_segments_in_order(forms):

@@ -16,10 +16,7 @@ ACC = REPO / "experiments/results/sim-accuracy"
 
 @pytest.fixture(scope="module")
 def script():
-    import sys
-
-    sys.path.insert(0, str(REPO / "experiments/sim"))  # it imports accuracy_async beside it
-    return load_script("experiments/sim/gpu_transfer.py")
+    return load_script("experiments/sim/gpu_transfer.py")  # it finds accuracy_async beside it itself
 
 
 def test_every_measured_point_of_each_target_is_simulated_under_each_check(script):

@@ -26,7 +26,7 @@ kernel launches) is carried over unchanged.  The host part of a default-engine c
 (``CostModel.host``: the host's launch of each step, ``sim.cost.fit_host_paired``, or a floor under each
 step, ``sim.cost.fit_host``) is carried the same way: each term by the GPU part's ratio, its fixed cost
 beyond the source's roofline kept; a term only the host has (``prefix_queries``, the prompt tokens it
-hashes) unchanged.  A launch measured from host stamps holds waits on the GPU too: between one H200
+hashes) unchanged.  A launch measured from host stamps may hold waits on the GPU too: between one H200
 and one H100 (experiments/sim/gpu_transfer.py) this rule prices the other machine's default engine
 closer than carrying the launch unchanged, but two machines cannot tell a host's speed from its GPU's,
 and the target's host is not measured: an assumption, not a measurement.  ``extrapolations`` names

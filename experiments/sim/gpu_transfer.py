@@ -23,6 +23,7 @@ between two GPU kinds at TP 1, on two machines; the TP degree and any other GPU 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -45,15 +46,19 @@ PAIRS = (("h200-tp1", "h100-tp1-spans"), ("h100-tp1-spans", "h200-tp1"))
 UNCHANGED, OWN_HOST = ", the host unchanged", ", the target's host"
 
 
+@functools.cache
+def fitted(name: str, results: Path = RESULTS):
+    """A study's fit as ``prefixstudy simulate --calibration`` makes it, once per study."""
+    return fit(load_steps(results / name), str(results / name), async_scheduling=True)
+
+
 def carried(src: str, dst: str, results: Path = RESULTS):
     """``src``'s fit, the same carried to ``dst``'s GPU and TP degree, and ``dst``'s own fit (for its host)."""
     cfg = load_config(results / dst / "config.yaml")
     arch = load_arch(cfg.model)
-    fitted = fit(load_steps(results / src), str(results / src), async_scheduling=True)
-    model = transfer(fitted, Deployment(arch, *calibration_hardware(results / src)[:2]),
+    model = transfer(fitted(src, results), Deployment(arch, *calibration_hardware(results / src)[:2]),
                      Deployment(arch, *calibration_hardware(results / dst)[:2]), mean_context_tokens(load_rows(cfg)))
-    own = fit(load_steps(results / dst), str(results / dst), async_scheduling=True)
-    return fitted, model, own
+    return fitted(src, results), model, fitted(dst, results)
 
 
 def rows(results: Path = RESULTS) -> list[dict]:
@@ -61,9 +66,9 @@ def rows(results: Path = RESULTS) -> list[dict]:
     error on the target's real steps at that point (``accuracy_async.period_error``)."""
     out = []
     for src, dst in PAIRS:
-        fitted, model, own = carried(src, dst, results)
+        source_fit, model, own = carried(src, dst, results)
         steps = load_steps(results / dst)
-        checks = ((f"transfer from {src}", model), (f"transfer from {src}{UNCHANGED}", replace(model, host=fitted.host)),
+        checks = ((f"transfer from {src}", model), (f"transfer from {src}{UNCHANGED}", replace(model, host=source_fit.host)),
                   (f"transfer from {src}{OWN_HOST}", replace(model, host=own.host)))
         for check, m in checks:
             for r in accuracy_async.simulate_points(results / dst, lambda mode, rate, m=m: m, check):
@@ -75,7 +80,7 @@ def rows(results: Path = RESULTS) -> list[dict]:
 def hosts(results: Path = RESULTS) -> str:
     lines = ["| study | GPU | host's launch, fitted on its host stamps (ms) |", "|---|---|---|"]
     for name in dict.fromkeys(s for pair in PAIRS for s in pair):
-        h = fit(load_steps(results / name), name, async_scheduling=True).host
+        h = fitted(name, results).host
         terms = " + ".join(f"{c:.4g}·{t}" for t, c in h["coef_ms"].items())
         lines.append(f"| {name} | {calibration_hardware(results / name)[0].name} | {h['c0_ms']:.3f} + {terms} |")
     return "\n".join(lines) + "\n"

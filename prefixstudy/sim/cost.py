@@ -45,7 +45,7 @@ import pandas as pd
 
 from prefixstudy.errors import UserError
 from prefixstudy.metrics import engine_fit
-from prefixstudy.sim.step import ROW_TERMS, RowSegment, term_getter
+from prefixstudy.sim.step import ROW_TERMS, RowSegment, prompt_step, term_getter
 
 TERMS = engine_fit.TERMS
 OLD_NAMES = {"prompt_tokens": "prefill_tokens", "generation_tokens": "decode_tokens"}
@@ -142,12 +142,12 @@ class CostModel:
 
 
 def term_column(df: pd.DataFrame, name: str) -> np.ndarray:
-    """Cost term ``name`` (``sim.step.term_getter``) of every step record in ``df``."""
-    if name.startswith("rows_"):
-        lo, hi = (int(x) for x in name.removeprefix("rows_").split("_"))
+    """Cost term ``name`` (``sim.step.term_getter``) of every step record in ``df``, column-wise."""
+    get = term_getter(name)
+    if isinstance(get, RowSegment):
         rows = df["prefill_tokens"].to_numpy(dtype=float) + df["decode_tokens"].to_numpy(dtype=float)
-        return np.clip(rows - lo, 0, hi - lo)
-    if name == "prompt_step":
+        return np.clip(rows - get.lo, 0, get.hi - get.lo)
+    if get is prompt_step:
         return (df["prefill_tokens"].to_numpy(dtype=float) > 0).astype(float)
     return df[name].to_numpy(dtype=float)
 

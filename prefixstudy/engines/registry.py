@@ -41,6 +41,11 @@ class Capabilities:
     # Its requests take vLLM's per-request `cache_salt` (`sweep.cache_isolation: salt`): each point
     # and repeat then gets its own salt, for servers with no reset endpoint.
     cache_salt: bool = False
+    # Its requests share engine steps that an LLM engine's scheduler forms, so a run on it can
+    # calibrate the simulator's step cost (`simulate --calibration`).  The echo stand-in answers
+    # each request alone, at a fixed cost per token, and a simulated run's step cost is its
+    # cost_model.json.
+    shared_steps: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,17 +59,17 @@ class Backend:
 BACKENDS: dict[str, Backend] = {
     "vllm": Backend("prefixstudy.engines.vllm", "VllmEngine", "VllmEngineConfig", Capabilities(
         needs_vllm=True, replicas=True, cpu_tier=True, capacity_units=("blocks", "bytes", "share", "offload_gib"),
-        cache_salt=True)),
+        cache_salt=True, shared_steps=True)),
     "echo": Backend("prefixstudy.engines.echo", "EchoEngine", "EchoEngineConfig", Capabilities(
         replicas=True, capacity_units=("blocks", "tier_blocks"), local_by_default=True, cache_salt=True)),
     "http": Backend("prefixstudy.engines.http", "HttpEngine", "HttpEngineConfig", Capabilities(
-        local_by_default=True, cache_salt=True)),
+        local_by_default=True, cache_salt=True, shared_steps=True)),
     "vllm-server": Backend("prefixstudy.engines.vllm_server", "VllmServerEngine", "VllmServerEngineConfig",
                            Capabilities(needs_vllm=True, cpu_tier=True, capacity_units=("offload_gib",),
-                                        gpus_in_process=True, cache_salt=True)),
+                                        gpus_in_process=True, cache_salt=True, shared_steps=True)),
     # One SGLang server per arm, each needing the GPU it runs on: under Ray the actor holds it.
     "sglang-server": Backend("prefixstudy.engines.sglang_server", "SglangServerEngine", "SglangServerEngineConfig",
-                             Capabilities(gpus_in_process=True)),
+                             Capabilities(gpus_in_process=True, shared_steps=True)),
     "sim": Backend("prefixstudy.engines.sim", "SimEngine", "SimEngineConfig", Capabilities(
         virtual_time=True, needs_vllm=True, arm_overlays=False)),
 }

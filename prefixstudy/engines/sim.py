@@ -20,8 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import Field
 
+from prefixstudy.engines.registry import capabilities, kinds_that
 from prefixstudy.engines.vllm import VllmEngineConfig
 from prefixstudy.errors import UserError
 
@@ -50,6 +52,27 @@ class SimEngineConfig(VllmEngineConfig):
         return cls.model_validate({**data, **{k: v for k, v in fields.items() if v is not None}, "kind": "sim"})
 
 
+def check_calibration(path: Path, where: str) -> None:
+    """A calibration is a cost_model.json, or the results folder of a run whose requests shared an
+    engine's steps (the registry's ``shared_steps``): one line, naming ``where``, for anything else.
+    A folder without a readable config.yaml is left to the fit, which names what it lacks."""
+    if not path.exists():
+        raise UserError(f"{where}: {path} not found (a study's results folder or a cost_model.json)")
+    try:
+        kind = yaml.safe_load((path / "config.yaml").read_text())["engine"]["kind"]
+        can = capabilities(kind)
+    except (OSError, yaml.YAMLError, TypeError, KeyError):
+        return
+    if can.shared_steps:
+        return
+    if can.virtual_time:
+        why = f"it is a simulated run; give its step cost instead, {path / 'cost_model.json'}"
+    else:
+        why = (f"it ran engine.kind {kind}, whose requests never share an engine step, so it holds no step cost "
+               f"for vLLM's scheduler to replay; calibrate on a run of {', '.join(kinds_that('shared_steps'))}")
+    raise UserError(f"{where}: {path}: {why}")
+
+
 class SimEngine:
     kind = "sim"
 
@@ -59,10 +82,7 @@ class SimEngine:
 
     @classmethod
     def check_config(cls, model: str, engine: SimEngineConfig, modes: list[str]) -> None:
-        path = Path(engine.calibration)
-        if not path.exists():
-            raise UserError(f"field 'engine.calibration': {path} not found (a study's results folder or a "
-                            f"cost_model.json)")
+        check_calibration(Path(engine.calibration), "field 'engine.calibration'")
 
     @classmethod
     def versions(cls) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from prefixstudy.config import StudyConfig, load_config
 from prefixstudy.errors import UserError, first_line
 from prefixstudy.configs import recorded_model_dir
+from prefixstudy.engines.sim import check_calibration
 from prefixstudy.model.arch import Arch, load_arch
 from prefixstudy.model.gpus import GPU, find_gpu, get_gpu
 from prefixstudy.model.roofline import Deployment
@@ -79,6 +80,7 @@ def calibration_source(calibration: Path) -> tuple[dict, Arch, GPU | None, int |
         arch = model_arch(rec["model"], f"{calibration}: field 'transfer.target.model'")
         prices = {"model": rec["model"], "gpu": rec["gpu"], "tp": int(rec["tp"])}
         return prices, arch, gpu, None, replace(cost, transfer={})
+    check_calibration(calibration, "--calibration")
     gpu, tp, bs = calibration_hardware(calibration)
     model = load_config(calibration / "config.yaml").model
     arch = model_arch(model, f"--calibration {calibration}: config.yaml field 'model'")

@@ -205,6 +205,36 @@ def test_engine_kind_sim_names_a_missing_calibration_in_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+REFUSED = {
+    "echo": "it ran engine.kind echo, whose requests never share an engine step, so it holds no step cost for "
+            "vLLM's scheduler to replay; calibrate on a run of vllm, http, vllm-server, sglang-server",
+    "sim": "it is a simulated run; give its step cost instead, {run}/cost_model.json",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(REFUSED))
+def test_a_calibration_without_an_engines_shared_steps_is_refused_in_one_line(tmp_path, kind):
+    """An echo run (each request answered alone) or a simulated run's folder as `--calibration`:
+    exit 2, one line, no results folder; the Python API refuses it the same way, under the flag's
+    name."""
+    from click.testing import CliRunner
+
+    from prefixstudy.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"model": TINY, "engine": {"kind": kind}}))
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"model": TINY, "out": str(tmp_path / "out")}))
+    why = REFUSED[kind].format(run=run)
+    r = CliRunner().invoke(main, ["simulate", str(study), "--calibration", str(run), "--no-report"])
+    assert (r.exit_code, r.output) == (2, f"error: field 'engine.calibration': {run}: {why}\n")
+    with pytest.raises(UserError) as refused:
+        simulate(load_config(None, OVERRIDES), run, out=tmp_path / "out")
+    assert str(refused.value) == f"--calibration: {run}: {why}"
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("kind", ["vllm", "sim"])
 def test_a_fleet_is_refused_in_one_line(calibration, tmp_path, kind):
     """`prefixstudy simulate` of a config with replicas: 2 (the simulator has no router), whether

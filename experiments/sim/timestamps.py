@@ -22,6 +22,12 @@ docs/simulator.md), timestamps.md (per point) and timestamps-verifiable.md (``ve
 repeats pin the measured mean closely enough to check the 10 % goal).  ``--studies`` re-runs those studies and keeps the
 others' rows; ``--calibrations`` re-runs only those columns (``step records`` after a change to the
 step-record fit, whose timestamp fits it leaves as they are).
+
+``--pipelined`` is the variant that ``prefixstudy simulate`` does not ship: a study whose engine
+scheduled step N+1 while step N ran (``ran_pipelined``) is fitted and simulated that way, with no
+host launch (timestamps cannot time one apart from the step), where the shipped fit simulates every
+engine one step at a time.  Only the timestamp column of those studies; its tables go to
+sim-accuracy/timestamps-pipelined.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import pandas as pd
 
 from prefixstudy.config import load_config
 from prefixstudy.model.arch import load_arch
-from prefixstudy.sim.cost import async_recorded, fit, fit_study, load_steps
+from prefixstudy.sim.cost import HOST_OVERLAP, async_recorded, fit, fit_study, load_steps
 from prefixstudy.sim.fit_requests import fit_points, fit_timestamps, has_step_records, load_run
 from prefixstudy.sim.run import calibration_hardware
 from prefixstudy.sim.study import DEFAULT_BLOCK_SIZE, SimTarget, block_count
@@ -55,6 +61,18 @@ STUDIES = {"h200-tp1": RESULTS / "h200-tp1-sync", "h200-tp2": RESULTS / "h200-tp
 STEP_RECORDS_OF = {"h200-vllm-server": RESULTS / "h200-tp1", "h100-vllm-server": RESULTS / "h100-tp1-spans",
                    "h100-tp1": RESULTS / "h100-tp1-spans"}
 CALIBRATIONS = ("step records", "timestamps")
+NO_HOST = {"c0_ms": 0.0, "coef_ms": {}, "overlap": HOST_OVERLAP}  # --pipelined: no host launch to price
+
+
+def ran_pipelined(study_dir: Path) -> bool:
+    """Whether a study's engine scheduled step N+1 while step N ran: its config's
+    ``engine.async_scheduling`` where set, else its step records' timing, else vLLM's default on a
+    GPU (every study here ran vLLM on one; ``vllm serve`` records no steps)."""
+    setting = getattr(load_config(study_dir / "config.yaml").engine, "async_scheduling", None)
+    steps = load_steps(study_dir) if (study_dir / "iterations.parquet").exists() else None
+    if setting is None and steps is not None and len(steps):
+        return async_recorded(study_dir, steps)
+    return True if setting is None else bool(setting)
 
 
 def calibrations_of(name: str) -> tuple[str, ...]:
@@ -63,8 +81,9 @@ def calibrations_of(name: str) -> tuple[str, ...]:
     return CALIBRATIONS if name in STEP_RECORDS_OF or has_step_records(STUDIES[name]) else ("timestamps",)
 
 
-def held_out(name: str, study_dir: Path, only: tuple[str, ...] = CALIBRATIONS) -> list[dict]:
+def held_out(name: str, study_dir: Path, only: tuple[str, ...] = CALIBRATIONS, pipelined: bool = False) -> list[dict]:
     cfg = load_config(study_dir / "config.yaml")
+    host = NO_HOST if pipelined and ran_pipelined(study_dir) else None
     rows = load_rows(cfg)
     gpu, tp, _ = calibration_hardware(study_dir)
     target = SimTarget(gpu.name, tp, block_count(cfg, load_arch(cfg.model), gpu, tp, DEFAULT_BLOCK_SIZE),
@@ -94,7 +113,8 @@ def held_out(name: str, study_dir: Path, only: tuple[str, ...] = CALIBRATIONS) -
             else:
                 print(f"{name}: timestamp fit without {point or 'the saturated points'}", file=sys.stderr)
                 keep = (req["mode"] != mode) | (req["rate"] != rate) if point else slice(None)
-                fits[key] = fit_timestamps(cfg, rows, target, req[keep], summary, f"{study_dir} without {point}")
+                fits[key] = fit_timestamps(cfg, rows, target, req[keep], summary, f"{study_dir} without {point}",
+                                           host=host)
         return fits[key]
 
     out = []
@@ -184,6 +204,22 @@ def claims(pp: pd.DataFrame) -> list[str]:
     return out
 
 
+def pipelined_claims(shipped: pd.DataFrame, variant: pd.DataFrame) -> list[str]:
+    """docs/simulator.md's sentences on the ``--pipelined`` variant, one per study it ran: its timestamp
+    fit's unsaturated held-out points within 10 % and mean |error|, beside the shipped fit's."""
+    def tally(df: pd.DataFrame, study: str) -> tuple[int, int, float]:
+        pp = per_point(df[(df["study"] == study) & (df["check"] == "timestamps")])
+        e = pp[pp["saturated_meas_share"] <= 0.5]["mean_e2e_ms_err"].abs()
+        return len(e), int((e <= 0.10).sum()), float(e.mean())
+
+    out = []
+    for study in variant["study"].unique():
+        (n, v10, vm), (_, s10, sm) = tally(variant, study), tally(shipped, study)
+        out.append(f"{study}: pipelined, within 10 % at {v10} of {n} held-out points, mean |error| {vm * 100:.1f} %; "
+                   f"one step at a time (shipped) {s10} and {sm * 100:.1f} %")
+    return out
+
+
 def write(df: pd.DataFrame, out: Path) -> None:
     df.to_csv(out / "timestamps.csv", index=False)
     pp = per_point(df)
@@ -199,14 +235,23 @@ def main() -> None:
     ap.add_argument("--calibrations", default=",".join(CALIBRATIONS),
                     help="Re-run only these columns of the studies (step records, timestamps).")
     ap.add_argument("--tables-only", action="store_true", help="Only rewrite the tables from timestamps.csv.")
+    ap.add_argument("--pipelined", action="store_true",
+                    help="The variant (module docstring): the studies that ran pipelined, timestamps only, into "
+                         "sim-accuracy/timestamps-pipelined unless --out says otherwise.")
     a = ap.parse_args()
+    if a.pipelined:
+        a.out = a.out / "timestamps-pipelined" if a.out == RESULTS / "sim-accuracy" else a.out
+        a.out.mkdir(parents=True, exist_ok=True)
+        if a.studies == ",".join(STUDIES):
+            a.studies = ",".join(n for n, d in STUDIES.items() if ran_pipelined(d))
+        a.calibrations = "timestamps"
     path = a.out / "timestamps.csv"
     old = pd.read_csv(path) if path.exists() else pd.DataFrame({"study": []})
     if a.tables_only:
         write(old, a.out)
         return
     names, only = a.studies.split(","), tuple(a.calibrations.split(","))
-    rows = [r for n in names for r in held_out(n, STUDIES[n], only)]
+    rows = [r for n in names for r in held_out(n, STUDIES[n], only, a.pipelined)]
     kept = old[~(old["study"].isin(names) & old["check"].isin(only))] if len(old) else old
     df = pd.concat([kept, pd.DataFrame(rows)], ignore_index=True)
     order = {n: i for i, n in enumerate(STUDIES)}

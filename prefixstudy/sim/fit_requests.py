@@ -20,6 +20,12 @@ carried prompts), which only the scheduler knows.  So:
    ``TTFT_WEIGHT``, mean TTFT: a client's TTFT also holds the server's own latency (HTTP,
    detokenising), which the simulator does not model.
 
+The fitted engine runs one step at a time, whatever the run's engine did: a price per step fitted
+to timestamps holds what vLLM's async scheduling hides of the host's work, which timestamps cannot
+time apart from the step.  Fitting and simulating such runs pipelined, with no host launch (``host``;
+``experiments/sim/timestamps.py --pipelined``), came out further from held-out points
+(docs/simulator.md).
+
 To stay fast on a small machine the fit simulates a subsample: the first ``MAX_REQUESTS`` requests
 of one repeat of each unsaturated point (the arrival schedule's first requests are the same in a
 shorter schedule, so they are compared with the same measured requests).
@@ -144,8 +150,10 @@ def first_guess(req: pd.DataFrame, points: pd.DataFrame, max_requests: int = MAX
     return {"c0": float(coef[0]), **{t: float(c) for t, c in zip(TERMS, coef[1:], strict=True)}}
 
 
-def cost_model(x: dict[str, float], source: str = "") -> CostModel:
-    return CostModel(x["c0"], {t: x[t] for t in TERMS if x[t] > 0}, source=source, timing=TIMING)
+def cost_model(x: dict[str, float], source: str = "", host: dict | None = None) -> CostModel:
+    """``x``'s step price; with ``host`` (a ``CostModel.host``) the engine it prices is pipelined."""
+    return CostModel(x["c0"], {t: x[t] for t in TERMS if x[t] > 0}, source=source, timing=TIMING,
+                     host=dict(host or {}))
 
 
 class PointSimulator:
@@ -258,12 +266,15 @@ def search(evaluate, x0: dict[str, float], ref: dict[str, float], step: float = 
 
 def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame, summary: pd.DataFrame,
                    source: str, max_requests: int = MAX_REQUESTS, max_evals: int = MAX_EVALS,
-                   offset: bool = True, progress: bool = False) -> CostModel:
+                   offset: bool = True, progress: bool = False, host: dict | None = None) -> CostModel:
     """The step cost fitted to ``req``'s timestamps (``cfg``, ``rows``: the run's config and
-    dataset; ``target``: its engine, any cost).  Its error on the fitted points is in ``fit_error``."""
+    dataset; ``target``: its engine, any cost).  Its error on the fitted points is in ``fit_error``.
+    ``host``: a fixed host part (``CostModel.host``), which makes the simulated engine pipelined;
+    ``prefixstudy simulate`` gives none (module docstring)."""
     points = fit_points(req, summary, max_requests)
     check_loads(points, source)
     x0 = first_guess(req, points, max_requests)
+    target = replace(target, cost=cost_model(x0, host=host))  # its scheduler: pipelined with a host part
     # A zero coefficient moves by what moves c0 by a tenth at the points' typical step.
     new = (req["prompt_tokens"] - req["num_cached_tokens"]).clip(lower=1).mean()
     ref = {"c0": 0.1 * max(x0["c0"], 1e-3)}
@@ -272,7 +283,7 @@ def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame,
         sim = PointSimulator(cfg, rows, target, points, max_requests)
 
         def evaluate(x):
-            run = sim.run(cost_model(x))
+            run = sim.run(cost_model(x, host=host))
             err = point_errors(run, points, client_offset_ms(run, points)) if offset else point_errors(run, points)
             if progress:
                 print(f"  fit {sim.n_evals}: loss {loss(err):.4f} c0 {x['c0']:.3f} " +
@@ -280,7 +291,7 @@ def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame,
             return err
 
         res = search(evaluate, x0, ref, max_evals=max_evals)
-    cost = cost_model(res.x, source)
+    cost = cost_model(res.x, source, host)
     cost.n_steps = 0
     cost.fit_error = {**error_summary(res.errors), "loss": res.loss,
                       "client_offset_ms": float(res.errors["offset_ms"].iloc[0]),

@@ -96,8 +96,9 @@ def test_on_the_calibrations_own_hardware_the_calibration_is_all_of_it():
         "h200-tp2, h200-vllm-server). The repeats pin the measured mean to within 5 % at 15 of those points; it "
         "came within 5 % at 12 of them. "
         "This fit's own error "
-        "on the 4 points it was fitted to: mean |E2E error| 3.0 %. A calibration holds for the machine and day it "
-        "ran on.")
+        "on the 4 points it was fitted to: mean |E2E error| 3.0 %. It prices and simulates one engine step at a "
+        "time, whatever the calibration's engine did: request timestamps cannot time a host's launch apart from its "
+        "step (docs/simulator.md). A calibration holds for the machine and day it ran on.")
     assert transfer.startswith("Transfer: none.")
     tp2 = prediction.transfer_sentence({**sim, "target": {**here, "tp": 2}}, prediction.load_budget())
     assert tp2.endswith("high at 19; the same kind of transfer as this one.")

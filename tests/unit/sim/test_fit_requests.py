@@ -156,3 +156,35 @@ def test_a_cost_model_without_a_fit_error_reads_as_before(tmp_path):
     path.write_text(json.dumps({"c0_ms": 1.0, "coef_ms": {"decode_tokens": 0.1}}))
     assert CostModel.load(path).fit_error == {}
     assert fr.fit_error_line(tmp_path) == ""
+
+
+@pytest.mark.slow  # a simulated run and two simulations of its points
+def test_a_pipelined_run_is_reproduced_only_by_a_pipelined_fit(tmp_path):
+    """A run the simulator made with the ``TRUTH`` price on vLLM's async engine (step N+1 scheduled
+    while N runs, no host launch): the fit's own simulator, given that host part, gives every point
+    back exactly; built one step at a time, with the same prices, it does not (each first token one
+    step earlier).  experiments/sim/timestamps.py --pipelined fits committed runs this way."""
+    from prefixstudy.sim.cost import HOST_OVERLAP
+    from prefixstudy.sim.study import SimTarget
+    from prefixstudy.workloads import load_rows
+
+    host = {"c0_ms": 0.0, "coef_ms": {}, "overlap": HOST_OVERLAP}
+    truth = fr.cost_model(TRUTH, host=host)
+    assert truth.pipelined and truth.host == host and truth.host_ms(None) == 0.0
+    truth.transfer = {"target": {"model": TINY, "gpu": "cpu", "tp": 1}}
+    truth.save(tmp_path / "truth.json")
+    cfg = load_config(None, {**OVERRIDES, "sweep.rates": [20, 120], "sweep.modes": ["off"], "sweep.num_requests": 20})
+    run = simulate(cfg, tmp_path / "truth.json", out=tmp_path / "out")
+    req, summary = fr.load_run(run)
+    points = fr.fit_points(req, summary)
+    rows = load_rows(cfg)
+
+    def errors(cost):
+        target = SimTarget("cpu", 1, 256, 16, cost)
+        return fr.point_errors(fr.PointSimulator(cfg, rows, target, points, fr.MAX_REQUESTS).run(cost), points)
+
+    err = errors(truth)
+    assert np.abs(err[["ttft_ms_err", "tpot_ms_err", "e2e_ms_err"]].to_numpy()).max() < 1e-12
+    sync = errors(fr.cost_model(TRUTH))
+    assert (sync["ttft_ms_err"] < -0.05).all()  # a step sooner: the sync engine hands out its token at once
+

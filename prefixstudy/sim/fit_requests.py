@@ -20,10 +20,10 @@ carried prompts), which only the scheduler knows.  So:
    ``TTFT_WEIGHT``, mean TTFT: a client's TTFT also holds the server's own latency (HTTP,
    detokenising), which the simulator does not model.
 
-The fitted engine runs one step at a time, whatever the run's engine did: a price per step fitted
-to timestamps holds what vLLM's async scheduling hides of the host's work, which timestamps cannot
-time apart from the step.  Fitting and simulating such runs pipelined, with no host launch (``host``;
-``experiments/sim/timestamps.py --pipelined``), came out further from held-out points
+The fitted engine runs one step at a time, whatever the run's engine did: timestamps give one price
+per step and no host launch.  Fitting and simulating the runs of vLLM's async engine pipelined, with
+no host launch (``host``; ``experiments/sim/timestamps.py --pipelined``), came out further from
+held-out points on three of the four studies tried, both ``vllm serve`` runs among them
 (docs/simulator.md).
 
 To stay fast on a small machine the fit simulates a subsample: the first ``MAX_REQUESTS`` requests

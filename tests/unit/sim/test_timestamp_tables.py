@@ -155,3 +155,13 @@ def test_the_pipelined_variant_covers_the_studies_that_ran_pipelined_and_the_doc
     worse = {s for s in want if mean_abs(variant, s) > mean_abs(shipped, s)}
     assert worse == {"h200-vllm-server", "h100-vllm-server", "h100-tp1-spans"}
     assert "further from the measurements than the shipped fit on three of the four, both `vllm serve` runs" in doc
+
+    def worst(df: pd.DataFrame, study: str) -> tuple[str, float, float]:
+        pp = script.per_point(df[(df["study"] == study) & (df["check"] == "timestamps")])
+        u = pp[pp["saturated_meas_share"] <= 0.5]
+        w = u.loc[u["mean_e2e_ms_err"].abs().idxmax()]
+        return w["mode"], w["rate"], w["mean_e2e_ms_err"]
+
+    (mv, rv, ev), (ms, rs, es) = worst(variant, "h100-tp1"), worst(shipped, "h100-tp1")
+    assert (mv, rv) == (ms, rs)
+    assert (f"its worst point {mv.upper()} {rv:g} {script._pct(ev)} against {script._pct(es)}.") in doc

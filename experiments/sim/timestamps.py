@@ -68,10 +68,10 @@ def ran_pipelined(study_dir: Path) -> bool:
     """Whether a study's engine scheduled step N+1 while step N ran: its config's
     ``engine.async_scheduling`` where set, else its step records' timing, else vLLM's default on a
     GPU (every study here ran vLLM on one; ``vllm serve`` records no steps)."""
-    setting = getattr(load_config(study_dir / "config.yaml").engine, "async_scheduling", None)
     steps = load_steps(study_dir) if (study_dir / "iterations.parquet").exists() else None
-    if setting is None and steps is not None and len(steps):
-        return async_recorded(study_dir, steps)
+    if steps is not None and len(steps):
+        return async_recorded(study_dir, steps)  # the config's setting, else the steps' timing
+    setting = getattr(load_config(study_dir / "config.yaml").engine, "async_scheduling", None)
     return True if setting is None else bool(setting)
 
 

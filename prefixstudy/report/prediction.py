@@ -71,9 +71,9 @@ def calibration_sentence(sim: dict, cost: dict, budget: dict) -> str:
     if "e2e_mean_abs_err" in fit:
         text += (f" This fit's own error on the {fit.get('points', '?')} points it was fitted to: mean |E2E error| "
                  f"{fit['e2e_mean_abs_err'] * 100:.1f} %.")
-    if "e2e_mean_abs_err" in fit and not cost.get("host"):  # sim.fit_requests: one price per step
-        text += (" It prices and simulates one engine step at a time, whatever the calibration's engine did: "
-                 "request timestamps cannot time a host's launch apart from its step (docs/simulator.md).")
+        if not cost.get("host"):  # sim.fit_requests: one price per step
+            text += (" It prices and simulates one engine step at a time, whatever the calibration's engine did: "
+                     "request timestamps cannot time a host's launch apart from its step (docs/simulator.md).")
     return text + " A calibration holds for the machine and day it ran on."
 
 

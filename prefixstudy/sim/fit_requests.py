@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import UserError
@@ -266,11 +267,15 @@ def search(evaluate, x0: dict[str, float], ref: dict[str, float], step: float = 
 
 def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame, summary: pd.DataFrame,
                    source: str, max_requests: int = MAX_REQUESTS, max_evals: int = MAX_EVALS,
-                   offset: bool = True, progress: bool = False, host: dict | None = None) -> CostModel:
+                   offset: bool = True, progress: bool = False, host: dict | None = None,
+                   bar: bool | None = False) -> CostModel:
     """The step cost fitted to ``req``'s timestamps (``cfg``, ``rows``: the run's config and
     dataset; ``target``: its engine, any cost).  Its error on the fitted points is in ``fit_error``.
     ``host``: a fixed host part (``CostModel.host``), which makes the simulated engine pipelined;
-    ``prefixstudy simulate`` gives none (module docstring)."""
+    ``prefixstudy simulate`` gives none (module docstring).  ``bar``: a progress bar of the
+    simulations on stderr, which the search's backstop bounds (None: only on a terminal); a fit
+    takes tens of seconds on a study of a dozen points.  ``progress``: each simulation's loss and
+    coefficients, one line each."""
     points = fit_points(req, summary, max_requests)
     check_loads(points, source)
     x0 = first_guess(req, points, max_requests)
@@ -279,12 +284,14 @@ def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame,
     new = (req["prompt_tokens"] - req["num_cached_tokens"]).clip(lower=1).mean()
     ref = {"c0": 0.1 * max(x0["c0"], 1e-3)}
     ref |= {"prefill_tokens": ref["c0"] / new, "num_prefill_reqs": ref["c0"], "decode_tokens": ref["c0"] / 8}
-    with frozen_heap():
+    with frozen_heap(), tqdm(total=max_evals, desc="fitting the step cost", unit="simulation", leave=False,
+                             disable=None if bar is None else not bar, file=sys.stderr, dynamic_ncols=True) as shown:
         sim = PointSimulator(cfg, rows, target, points, max_requests)
 
         def evaluate(x):
             run = sim.run(cost_model(x, host=host))
             err = point_errors(run, points, client_offset_ms(run, points)) if offset else point_errors(run, points)
+            shown.update()
             if progress:
                 print(f"  fit {sim.n_evals}: loss {loss(err):.4f} c0 {x['c0']:.3f} " +
                       " ".join(f"{k} {v:.4g}" for k, v in x.items() if k != "c0"), file=sys.stderr)

@@ -141,7 +141,7 @@ def calibration_cost(calibration: Path, arch: Arch, gpu: GPU | None, tp: int, bl
     target = SimTarget(gpu.name if gpu else "cpu", tp, _blocks(cfg, arch, gpu, tp, bs), bs, None)
     log.warning("%s %s: fitting the step cost to its request timestamps (up to %d simulations of its points)",
                 calibration, why_no_step_fit(calibration), MAX_EVALS)
-    return fit_timestamps(cfg, load_rows(cfg), target, req, summary, str(calibration))
+    return fit_timestamps(cfg, load_rows(cfg), target, req, summary, str(calibration), bar=None)
 
 
 def _has_kv_size(cfg: StudyConfig) -> bool:

@@ -53,12 +53,13 @@ def test_a_default_engine_calibration_without_gpu_spans_is_fitted_to_its_timesta
     assert why_no_step_fit(calibration) == "has no step records that time a step's own cost (timing engine-async)"
     assert why_no_step_fit(REPO / "experiments/results/h200-vllm-server") == "has no step records"
     fitted = []
-    monkeypatch.setattr(sim_run, "fit_timestamps", lambda cfg, rows, target, req, summary, source: fitted.append(
-        (target.block_size, len(req), len(summary), source)) or "cost")
+    monkeypatch.setattr(sim_run, "fit_timestamps", lambda cfg, rows, target, req, summary, source, **kw: fitted.append(
+        (target.block_size, len(req), len(summary), source, kw)) or "cost")
     _, arch, gpu, block_size, _ = sim_run.calibration_source(calibration)
     with caplog.at_level("WARNING", logger="prefixstudy"):
         assert sim_run.calibration_cost(calibration, arch, gpu, 1, block_size) == "cost"
-    assert fitted == [(16, 1056, 8, str(calibration))]  # every request of its 4 points x 2 repeats
+    # every request of its 4 points x 2 repeats; the fit's bar on a terminal only (tqdm's disable=None)
+    assert fitted == [(16, 1056, 8, str(calibration), {"bar": None})]
     assert f"{calibration} has no step records that time a step's own cost (timing engine-async): fitting the step " \
            "cost to its request timestamps (up to 200 simulations of its points)" in caplog.text
 

@@ -89,6 +89,24 @@ def test_the_true_coefficients_reproduce_the_run_exactly(synthetic_run):
     assert fr.loss(fr.point_errors(sim.run(fr.cost_model({**TRUTH, "c0": 2.2})), points)) > 0.05
 
 
+def test_the_fit_shows_its_simulations_on_a_bar_that_leaves_no_line(synthetic_run, capsys):
+    """A fit runs for tens of seconds on a real study: on a terminal a bar counts its simulations
+    (``bar=None`` shows one only there), and clears itself for the result lines."""
+    req, summary = fr.load_run(synthetic_run)
+    cfg = load_config(synthetic_run / "config.yaml")
+    from prefixstudy.sim.study import SimTarget
+    from prefixstudy.workloads import load_rows
+
+    fr.fit_timestamps(cfg, load_rows(cfg), SimTarget("cpu", 1, 256, 16, None), req, summary, "x", max_evals=3, bar=True)
+    err = capsys.readouterr().err
+    states = [s for s in err.split("\r") if s.strip()]
+    assert states[0].startswith("fitting the step cost:   0%") and "| 0/3 " in states[0]
+    assert "| 3/3 " in states[-1] and err.endswith("\r")  # the last state, then the line cleared
+    fr.fit_timestamps(cfg, load_rows(cfg), SimTarget("cpu", 1, 256, 16, None), req, summary, "x", max_evals=3,
+                      bar=None)
+    assert capsys.readouterr().err == ""  # pytest's stderr is no terminal
+
+
 def test_the_first_guess_from_timestamps_is_near_the_truth(synthetic_run):
     req, summary = fr.load_run(synthetic_run)
     guess = fr.first_guess(req, fr.fit_points(req, summary))

@@ -272,9 +272,9 @@ def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame,
     """The step cost fitted to ``req``'s timestamps (``cfg``, ``rows``: the run's config and
     dataset; ``target``: its engine, any cost).  Its error on the fitted points is in ``fit_error``.
     ``host``: a fixed host part (``CostModel.host``), which makes the simulated engine pipelined;
-    ``prefixstudy simulate`` gives none (module docstring).  ``bar``: a progress bar of the
-    simulations on stderr, which the search's backstop bounds (None: only on a terminal); a fit
-    takes tens of seconds on a study of a dozen points.  ``progress``: each simulation's loss and
+    ``prefixstudy simulate`` gives none (module docstring).  ``bar``: the simulations counted on
+    stderr as they run (None: only on a terminal); a fit takes tens of seconds on a study of a
+    dozen points.  ``progress``: each simulation's loss and
     coefficients, one line each."""
     points = fit_points(req, summary, max_requests)
     check_loads(points, source)
@@ -284,8 +284,10 @@ def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame,
     new = (req["prompt_tokens"] - req["num_cached_tokens"]).clip(lower=1).mean()
     ref = {"c0": 0.1 * max(x0["c0"], 1e-3)}
     ref |= {"prefill_tokens": ref["c0"] / new, "num_prefill_reqs": ref["c0"], "decode_tokens": ref["c0"] / 8}
-    with frozen_heap(), tqdm(total=max_evals, desc="fitting the step cost", unit="simulation", leave=False,
-                             disable=None if bar is None else not bar, file=sys.stderr, dynamic_ncols=True) as shown:
+    # A count and a rate, no total: the search stops on its own, mostly well before the backstop, so
+    # a bar against max_evals would show an ETA several times too long.
+    with frozen_heap(), tqdm(desc="fitting the step cost", unit=" simulations", leave=False, file=sys.stderr,
+                             disable=None if bar is None else not bar, dynamic_ncols=True) as shown:
         sim = PointSimulator(cfg, rows, target, points, max_requests)
 
         def evaluate(x):

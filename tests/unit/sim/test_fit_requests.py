@@ -89,9 +89,10 @@ def test_the_true_coefficients_reproduce_the_run_exactly(synthetic_run):
     assert fr.loss(fr.point_errors(sim.run(fr.cost_model({**TRUTH, "c0": 2.2})), points)) > 0.05
 
 
-def test_the_fit_shows_its_simulations_on_a_bar_that_leaves_no_line(synthetic_run, capsys):
-    """A fit runs for tens of seconds on a real study: on a terminal a bar counts its simulations
-    (``bar=None`` shows one only there), and clears itself for the result lines."""
+def test_the_fit_counts_its_simulations_on_a_line_it_clears(synthetic_run, capsys):
+    """A fit runs for tens of seconds on a real study: on a terminal a line counts its simulations
+    (``bar=None`` shows one only there), with no total (the search stops on its own), and clears
+    itself for the result lines."""
     req, summary = fr.load_run(synthetic_run)
     cfg = load_config(synthetic_run / "config.yaml")
     from prefixstudy.sim.study import SimTarget
@@ -100,8 +101,9 @@ def test_the_fit_shows_its_simulations_on_a_bar_that_leaves_no_line(synthetic_ru
     fr.fit_timestamps(cfg, load_rows(cfg), SimTarget("cpu", 1, 256, 16, None), req, summary, "x", max_evals=3, bar=True)
     err = capsys.readouterr().err
     states = [s for s in err.split("\r") if s.strip()]
-    assert states[0].startswith("fitting the step cost:   0%") and "| 0/3 " in states[0]
-    assert "| 3/3 " in states[-1] and err.endswith("\r")  # the last state, then the line cleared
+    assert states[0].startswith("fitting the step cost: 0 simulations [00:00, ")
+    assert states[-1].startswith("fitting the step cost: 3 simulations [") and err.endswith("\r")  # then cleared
+    assert not any("%" in s for s in states)
     fr.fit_timestamps(cfg, load_rows(cfg), SimTarget("cpu", 1, 256, 16, None), req, summary, "x", max_evals=3,
                       bar=None)
     assert capsys.readouterr().err == ""  # pytest's stderr is no terminal

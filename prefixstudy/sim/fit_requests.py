@@ -274,8 +274,7 @@ def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame,
     ``host``: a fixed host part (``CostModel.host``), which makes the simulated engine pipelined;
     ``prefixstudy simulate`` gives none (module docstring).  ``bar``: the simulations counted on
     stderr as they run (None: only on a terminal); a fit takes tens of seconds on a study of a
-    dozen points.  ``progress``: each simulation's loss and
-    coefficients, one line each."""
+    dozen points.  ``progress``: each simulation's loss and coefficients, one line each."""
     points = fit_points(req, summary, max_requests)
     check_loads(points, source)
     x0 = first_guess(req, points, max_requests)
@@ -285,9 +284,11 @@ def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame,
     ref = {"c0": 0.1 * max(x0["c0"], 1e-3)}
     ref |= {"prefill_tokens": ref["c0"] / new, "num_prefill_reqs": ref["c0"], "decode_tokens": ref["c0"] / 8}
     # A count and a rate, no total: the search stops on its own, mostly well before the backstop, so
-    # a bar against max_evals would show an ETA several times too long.
+    # a bar against max_evals would show an ETA several times too long.  Every simulation is shown
+    # (each takes tenths of a second on a real study).
     with frozen_heap(), tqdm(desc="fitting the step cost", unit=" simulations", leave=False, file=sys.stderr,
-                             disable=None if bar is None else not bar, dynamic_ncols=True) as shown:
+                             mininterval=0, miniters=1, disable=None if bar is None else not bar,
+                             dynamic_ncols=True) as shown:
         sim = PointSimulator(cfg, rows, target, points, max_requests)
 
         def evaluate(x):

@@ -58,7 +58,7 @@ def test_a_default_engine_calibration_without_gpu_spans_is_fitted_to_its_timesta
     _, arch, gpu, block_size, _ = sim_run.calibration_source(calibration)
     with caplog.at_level("WARNING", logger="prefixstudy"):
         assert sim_run.calibration_cost(calibration, arch, gpu, 1, block_size) == "cost"
-    # every request of its 4 points x 2 repeats; the fit's bar on a terminal only (tqdm's disable=None)
+    # every request of its 4 points x 2 repeats; the fit's count on a terminal only (tqdm's disable=None)
     assert fitted == [(16, 1056, 8, str(calibration), {"bar": None})]
     assert f"{calibration} has no step records that time a step's own cost (timing engine-async): fitting the step " \
            "cost to its request timestamps (up to 200 simulations of its points)" in caplog.text

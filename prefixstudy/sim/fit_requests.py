@@ -166,7 +166,7 @@ class PointSimulator:
         self.sessions = {s.mode: s for s in sessions(self._cut(cfg, max_requests, modes), rows, target)}
         # Each point's first requests: as many as the run sent there, at most ``max_requests``.
         self.cfgs = {r: self._cut(cfg, min(max_requests, cfg.sweep.requests_for(r)), modes) for r in set(points["rate"])}
-        self.points, self.target, self.n_evals = points, target, 0
+        self.points, self.target = points, target
 
     @staticmethod
     def _cut(cfg: StudyConfig, n: int, modes: list[str]) -> StudyConfig:
@@ -175,7 +175,6 @@ class PointSimulator:
 
     def run(self, cost: CostModel) -> pd.DataFrame:
         """Simulated mean TTFT, TPOT and E2E at each point (same columns as ``fit_points``)."""
-        self.n_evals += 1
         out = []
         for p in self.points.itertuples(index=False):
             s: SimSession = self.sessions[p.mode]
@@ -267,14 +266,13 @@ def search(evaluate, x0: dict[str, float], ref: dict[str, float], step: float = 
 
 def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame, summary: pd.DataFrame,
                    source: str, max_requests: int = MAX_REQUESTS, max_evals: int = MAX_EVALS,
-                   offset: bool = True, progress: bool = False, host: dict | None = None,
-                   bar: bool | None = False) -> CostModel:
+                   offset: bool = True, host: dict | None = None, bar: bool | None = False) -> CostModel:
     """The step cost fitted to ``req``'s timestamps (``cfg``, ``rows``: the run's config and
     dataset; ``target``: its engine, any cost).  Its error on the fitted points is in ``fit_error``.
     ``host``: a fixed host part (``CostModel.host``), which makes the simulated engine pipelined;
     ``prefixstudy simulate`` gives none (module docstring).  ``bar``: the simulations counted on
     stderr as they run (None: only on a terminal); a fit takes tens of seconds on a study of a
-    dozen points.  ``progress``: each simulation's loss and coefficients, one line each."""
+    dozen points."""
     points = fit_points(req, summary, max_requests)
     check_loads(points, source)
     x0 = first_guess(req, points, max_requests)
@@ -295,9 +293,6 @@ def fit_timestamps(cfg: StudyConfig, rows, target: SimTarget, req: pd.DataFrame,
             run = sim.run(cost_model(x, host=host))
             err = point_errors(run, points, client_offset_ms(run, points)) if offset else point_errors(run, points)
             shown.update()
-            if progress:
-                print(f"  fit {sim.n_evals}: loss {loss(err):.4f} c0 {x['c0']:.3f} " +
-                      " ".join(f"{k} {v:.4g}" for k, v in x.items() if k != "c0"), file=sys.stderr)
             return err
 
         res = search(evaluate, x0, ref, max_evals=max_evals)

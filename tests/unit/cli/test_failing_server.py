@@ -1,7 +1,9 @@
 """A server that fails every request is a failed run, not a saturated one.
 
 Stub servers on 127.0.0.1 (http.server, in a thread of this process) answer /health, /v1/models
-and the prefix-cache reset like vLLM, and each measured request with one kind of failure.  The real
+and the prefix-cache reset like vLLM, and each measured request with one kind of failure.  Each
+stub's serving thread ends with its test: a loop left polling a closed socket spins a core for as
+long as the test process lives, under every test that comes after it.  The real
 CLI runs against them in a subprocess: every request is a row with its error, every point is
 `failed` (not SATURATED), the error reaches the console once per point, in one line, and the run
 exits 1 naming the first error.
@@ -12,6 +14,8 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -76,8 +80,22 @@ def completions(h: BaseHTTPRequestHandler, kind: str) -> None:
         raise AssertionError(kind)
 
 
-def stub(kind: str, die_after: int | None = None) -> ThreadingHTTPServer:
-    """``die_after``: the server stops listening once it has answered that many completions (each
+STUB_THREAD = "failing-server-stub"
+
+
+@pytest.fixture(autouse=True)
+def no_stub_outlives_its_test():
+    yield
+    left = [t for t in threading.enumerate() if t.name == STUB_THREAD]
+    for t in left:
+        t.join(5)
+    assert not [t for t in left if t.is_alive()], "a stub server's loop is still running after its test"
+
+
+@contextmanager
+def stub(kind: str, die_after: int | None = None) -> Iterator[ThreadingHTTPServer]:
+    """A stub server serving in a thread of this process, stopped on leaving the block.
+    ``die_after``: the server stops listening once it has answered that many completions (each
     on its own connection, so none lives on in a pooled one)."""
     answered = []
 
@@ -113,14 +131,22 @@ def stub(kind: str, die_after: int | None = None) -> ThreadingHTTPServer:
                     self.close_connection = True
                     answered.append(1)
                     if len(answered) == die_after:
-                        server.socket.close()  # nothing listens from now on
+                        # Nothing listens from now on: a new connection is refused at once, not
+                        # queued.  The serving loop would poll the closed socket without pause, so
+                        # it is stopped too (shutdown waits for it: not from its own thread).
+                        server.socket.close()
+                        threading.Thread(target=server.shutdown, daemon=True).start()
             else:
                 self.send_error(404)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    threading.Thread(target=server.serve_forever, name=STUB_THREAD, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()  # returns once the loop has ended (at once if it already has)
+        server.server_close()
 
 
 # kind -> the error every measured request's row carries
@@ -138,21 +164,17 @@ ERRORS = {
 
 
 def run_against(tmp: Path, kind: str, *flags, prime: bool = False) -> tuple[subprocess.CompletedProcess, Path]:
-    server = stub(kind)
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    cfg = tmp / "c.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "study": "dead", "executor": "local", "out": str(tmp / "res"),
-        "engine": {"kind": "http", "targets": {"on": url, "off": url}, "block_size": 16, "metrics_path": None},
-        "dataset": {"num_requests": N, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
-        "sweep": {"rates": [20], "num_requests": N, "warmup_requests": 0, "prime_prefixes": prime,
-                  "request_timeout_s": 10},
-    }))
-    try:
+    with stub(kind) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        cfg = tmp / "c.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "study": "dead", "executor": "local", "out": str(tmp / "res"),
+            "engine": {"kind": "http", "targets": {"on": url, "off": url}, "block_size": 16, "metrics_path": None},
+            "dataset": {"num_requests": N, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
+            "sweep": {"rates": [20], "num_requests": N, "warmup_requests": 0, "prime_prefixes": prime,
+                      "request_timeout_s": 10},
+        }))
         r = forkcli.run(["run", cfg, "--quiet", *flags], cwd=REPO, timeout=180)
-    finally:
-        server.shutdown()
-        server.server_close()
     (d,) = (tmp / "res" / "dead").iterdir()
     return r, d
 
@@ -220,18 +242,17 @@ def test_a_failed_prime_fails_its_point_and_keeps_its_planned_requests_as_rows(t
 
 @pytest.mark.slow
 def test_a_server_that_dies_mid_run_stops_it_with_the_resume_line(tmp_path):
-    server = stub("good", die_after=N // 2)  # in the first point's measured requests
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "study": "dies", "executor": "local", "out": str(tmp_path / "res"),
-        "engine": {"kind": "http", "targets": {"off": url}, "block_size": 16, "metrics_path": None,
-                   "health_timeout_s": 1},
-        "dataset": {"num_requests": N, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
-        "sweep": {"rates": [20, 40], "modes": ["off"], "num_requests": N, "warmup_requests": 0,
-                  "prime_prefixes": False}}))
-    r = forkcli.run(["run", cfg, "--quiet", "--no-report"], cwd=REPO, timeout=180)
-    server.server_close()
+    with stub("good", die_after=N // 2) as server:  # in the first point's measured requests
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "study": "dies", "executor": "local", "out": str(tmp_path / "res"),
+            "engine": {"kind": "http", "targets": {"off": url}, "block_size": 16, "metrics_path": None,
+                       "health_timeout_s": 1},
+            "dataset": {"num_requests": N, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
+            "sweep": {"rates": [20, 40], "modes": ["off"], "num_requests": N, "warmup_requests": 0,
+                      "prime_prefixes": False}}))
+        r = forkcli.run(["run", cfg, "--quiet", "--no-report"], cwd=REPO, timeout=180)
     (d,) = (tmp_path / "res" / "dies").iterdir()
     assert r.returncode == 1, r.stderr  # not 2: the input was fine, the server went away
     lines = r.stderr.splitlines()
@@ -247,19 +268,15 @@ def test_a_server_that_dies_mid_run_stops_it_with_the_resume_line(tmp_path):
 
 @pytest.mark.slow
 def test_a_base_url_ending_in_v1_is_named_with_the_fix(tmp_path):
-    server = stub("good")
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "study": "v1", "executor": "local", "out": str(tmp_path / "res"),
-        "engine": {"kind": "http", "targets": {"off": f"{url}/v1"}, "block_size": 16, "health_timeout_s": 1},
-        "dataset": {"num_requests": N, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
-        "sweep": {"rates": [20], "modes": ["off"], "num_requests": N, "warmup_requests": 0}}))
-    try:
+    with stub("good") as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "study": "v1", "executor": "local", "out": str(tmp_path / "res"),
+            "engine": {"kind": "http", "targets": {"off": f"{url}/v1"}, "block_size": 16, "health_timeout_s": 1},
+            "dataset": {"num_requests": N, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
+            "sweep": {"rates": [20], "modes": ["off"], "num_requests": N, "warmup_requests": 0}}))
         r = forkcli.run(["run", cfg, "--quiet", "--no-report"], cwd=REPO, timeout=180)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert r.returncode != 0 and len(r.stderr.splitlines()) == 1, r.stderr
     assert (f"{url}/v1 not healthy after 1 s (HTTP 404); the base URL is the server's root, without /v1: {url}"
             in r.stderr), r.stderr

@@ -161,19 +161,15 @@ def test_an_in_process_stand_in_runs_locally_by_default(tmp_path):
 def test_a_plain_install_measures_a_server_over_http(base_venv, tmp_path):
     from tests.unit.cli.test_failing_server import stub
 
-    server = stub("good")
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    cfg = tmp_path / "http.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "study": "plain", "out": str(tmp_path / "res"),
-        "engine": {"kind": "http", "targets": {"on": url, "off": url}, "block_size": 16, "metrics_path": None},
-        "dataset": {"num_requests": 4, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
-        "sweep": {"rates": [20], "num_requests": 4, "warmup_requests": 0}}))
-    try:
+    with stub("good") as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        cfg = tmp_path / "http.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "study": "plain", "out": str(tmp_path / "res"),
+            "engine": {"kind": "http", "targets": {"on": url, "off": url}, "block_size": 16, "metrics_path": None},
+            "dataset": {"num_requests": 4, "prefix_len": 32, "suffix_len": 4, "output_len": 4},
+            "sweep": {"rates": [20], "num_requests": 4, "warmup_requests": 0}}))
         r = plain(base_venv, "run", cfg, "--quiet", "--no-report")
-    finally:
-        server.shutdown()
-        server.server_close()
     assert r.returncode == 0, r.stderr
     (d,) = (tmp_path / "res" / "plain").iterdir()
     m = json.loads((d / "manifest.json").read_text())

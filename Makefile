@@ -41,11 +41,13 @@ docs: $(STAMP)
 	@mkdir -p build
 	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict > build/mkdocs.log 2>&1 || { cat build/mkdocs.log; exit 1; }
 
-# First, on two workers, every test not marked `alone`: the unit and CLI tests, and the real
+# First, on three workers, every test not marked `alone`: the unit and CLI tests, and the real
 # engines, servers and Ray clusters whose claims are counts, hits, files and messages.  Each test
 # file is one unit of work (its module fixtures run once); the tests that share a Ray cluster or the
-# `vllm serve` study are one each (tests/conftest.py, group_of).
-XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+# `vllm serve` study are one each (tests/conftest.py, group_of).  Two workers take the engines,
+# servers and clusters first; the third joins once those are handed out, and takes unit files only
+# (tests/conftest.py, HEAVY_WORKERS).
+XDIST := -n 3 --dist loadgroup --no-loadscope-reorder
 # Then the tests marked `alone`, one at a time with the machine to themselves: the shared engine
 # study and the simulator against it measure latency and dispatch lag, and the overload run a
 # deadline, which a second worker's load would move (on two workers a 97 ms dispatch lag and an

@@ -45,6 +45,21 @@ RAY_FIXTURES = {"ray_head", "ray_address", "ray_study", "fleet_run", "ray_cluste
 RAY_FILES = {"test_ray.py", "test_fleet_cluster.py", "test_engine_start_log.py"}
 RAY_TESTS = {"test_overload_is_cut_at_the_point_deadline_and_flagged_and_a_default_run_prints_only_its_own"}
 GROUP_ORDER = ["ray", "engines", "servers"]
+# Workers beyond the first two (make test's phase 1 runs three) take only unit-test files, and only
+# once every other unit (the engines, servers and Ray clusters) has been handed out.  Two
+# engine-heavy streams keep 2 cores busy by themselves, and a third beside them only stretches the
+# longest (the Ray group) by what it takes; but the unit files after them wait on echo runs and
+# child processes for a quarter of their time, which a third worker fills.
+HEAVY_WORKERS = 2
+LIGHT = "tests/unit/"
+# Among the unit files, these go first, longest first: each took 20 s or more of a worker in phase 1
+# (benchmarks/results/test_phases_20261206b.txt).  Handed out last, one of them would be the phase's
+# tail, run by one worker while the others have nothing left.
+LONG_UNIT_FILES = ["tests/unit/sim/test_simulate.py", "tests/unit/test_pinned_results.py",
+                   "tests/unit/report/test_hit_rate_report.py", "tests/unit/cli/test_failing_server.py",
+                   "tests/unit/metrics/test_resummarize.py", "tests/unit/report/test_report.py",
+                   "tests/unit/cli/test_signals.py", "tests/unit/sim/test_fast_path.py",
+                   "tests/unit/sim/test_fit_requests.py"]
 GROUPS_ENV = "PREFIXSTUDY_TEST_GROUPS"
 
 
@@ -83,8 +98,16 @@ def pytest_collection_modifyitems(config, items):
         return
     groups = {it.nodeid: group_of(it) for it in items}
     rank = {g: i for i, g in enumerate(GROUP_ORDER)}
-    # A stable sort: inside a group, and among the files, the collection's own order stays.
-    items.sort(key=lambda it: rank.get(groups[it.nodeid], len(rank)))
+    # Unit files after every other unit (a third worker takes only those), the long ones first.
+    light = {f: len(rank) + 1 + i for i, f in enumerate(LONG_UNIT_FILES)}
+    last = len(rank) + 1 + len(light)
+
+    def order(it) -> int:
+        g = groups[it.nodeid]
+        return rank[g] if g in rank else light.get(g, last if g.startswith(LIGHT) else len(rank))
+
+    # A stable sort: inside a group, and among the files of one rank, the collection's own order stays.
+    items.sort(key=order)
     if os.environ.get("PYTEST_XDIST_WORKER") == "gw0" and os.environ.get(GROUPS_ENV):
         tmp = f"{os.environ[GROUPS_ENV]}.{os.getpid()}"
         Path(tmp).write_text(json.dumps(groups))
@@ -98,7 +121,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ByGroup(LoadScopeScheduling):
         """Each test's group from the file gw0 wrote while collecting (every worker has finished
-        collecting before the first scope is split)."""
+        collecting before the first scope is split); a light worker's units as above."""
 
         groups: dict | None = None
 
@@ -106,6 +129,22 @@ def pytest_xdist_make_scheduler(config, log):
             if self.groups is None:
                 self.groups = json.loads(Path(os.environ[GROUPS_ENV]).read_text() or "{}")
             return self.groups.get(nodeid) or nodeid.split("::", 1)[0]
+
+        def _light(self, node) -> bool:
+            return self.nodes.index(node) >= HEAVY_WORKERS
+
+        def _assign_work_unit(self, node) -> None:
+            if self._light(node):
+                if any(not scope.startswith(LIGHT) for scope in self.workqueue):
+                    return  # not yet: mark_test_complete asks again
+                # the first unit file left: the queue holds nothing else by now
+            super()._assign_work_unit(node)
+
+        def mark_test_complete(self, node, item_index, duration=0) -> None:
+            super().mark_test_complete(node, item_index, duration)
+            for other in self.nodes:  # a light worker with nothing to run may start now
+                if other is not node and self._light(other) and not self._pending_of(self.assigned_work[other]):
+                    self._reschedule(other)
 
     return ByGroup(config, log)
 

@@ -3,8 +3,9 @@
 A CLI test needs a process of its own: its exit code, what reaches its stderr, and that no
 traceback gets out are the claims.  Starting Python and importing prefixstudy with pandas, pyarrow
 and pydantic costs about a second of CPU a call, and the bad-input corpus alone makes 149 calls.
-So a server process imports all of that once and forks a child for each call (one server per
-call running at the same time: a thread pool of three calls keeps three).
+So a server process imports all of that once, and the report's modules with matplotlib (another
+0.3 s, in about one call in five), and forks a child for each call (one server per call running at
+the same time: a thread pool of three calls keeps three).
 The child is a process like any other: it takes the call's working directory and environment,
 writes to its own stdout and stderr, runs ``python -m prefixstudy``'s own ``__main__``, runs its
 atexit handlers and exits with the CLI's code.  An uncaught exception prints its traceback and
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 _SERVER = r"""
 import atexit, json, os, runpy, signal, sys, traceback
 import numpy, pandas, pyarrow, pyarrow.parquet, pydantic, yaml, click  # noqa: F401 - the point of the server
-import prefixstudy.cli, prefixstudy.config, prefixstudy.study, prefixstudy.results  # noqa: F401
+import prefixstudy.cli, prefixstudy.config, prefixstudy.study, prefixstudy.results, prefixstudy.report  # noqa: F401
 requests, replies = os.fdopen(int(sys.argv[1]), "r"), os.fdopen(int(sys.argv[2]), "w")
 for line in requests:
     call = json.loads(line)

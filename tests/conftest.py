@@ -102,9 +102,12 @@ def pytest_collection_modifyitems(config, items):
     light = {f: len(rank) + 1 + i for i, f in enumerate(LONG_UNIT_FILES)}
     last = len(rank) + 1 + len(light)
 
-    def order(it) -> int:
+    def order(it) -> tuple[int, int]:
         g = groups[it.nodeid]
-        return rank[g] if g in rank else light.get(g, last if g.startswith(LIGHT) else len(rank))
+        # In the Ray group, the shared head's users first: it stops after its last user
+        # (tests/integration/conftest.py), rather than idle beside the clusters the others start.
+        shared = g == "ray" and "ray_head" in getattr(it, "fixturenames", ())
+        return (rank[g] if g in rank else light.get(g, last if g.startswith(LIGHT) else len(rank)), 0 if shared else 1)
 
     # A stable sort: inside a group, and among the files of one rank, the collection's own order stays.
     items.sort(key=order)

@@ -98,16 +98,19 @@ def pytest_collection_modifyitems(config, items):
         return
     groups = {it.nodeid: group_of(it) for it in items}
     rank = {g: i for i, g in enumerate(GROUP_ORDER)}
-    # Unit files after every other unit (a third worker takes only those), the long ones first.
-    light = {f: len(rank) + 1 + i for i, f in enumerate(LONG_UNIT_FILES)}
-    last = len(rank) + 1 + len(light)
+    # The named groups, then the other files, then the unit files (a third worker takes only those),
+    # the long ones first.
+    long_first = {f: i for i, f in enumerate(LONG_UNIT_FILES)}
 
-    def order(it) -> tuple[int, int]:
+    def order(it) -> tuple[int, int, int]:
         g = groups[it.nodeid]
-        # In the Ray group, the shared head's users first: it stops after its last user
-        # (tests/integration/conftest.py), rather than idle beside the clusters the others start.
-        shared = g == "ray" and "ray_head" in getattr(it, "fixturenames", ())
-        return (rank[g] if g in rank else light.get(g, last if g.startswith(LIGHT) else len(rank)), 0 if shared else 1)
+        if g in rank:
+            # In the Ray group, the shared head's users first: it stops after its last user
+            # (tests/integration/conftest.py), rather than idle beside the clusters the others start.
+            return rank[g], 0, "ray_head" not in getattr(it, "fixturenames", ())
+        if not g.startswith(LIGHT):
+            return len(rank), 0, 0
+        return len(rank) + 1, long_first.get(g, len(long_first)), 0
 
     # A stable sort: inside a group, and among the files of one rank, the collection's own order stays.
     items.sort(key=order)

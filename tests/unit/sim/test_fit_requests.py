@@ -98,14 +98,14 @@ def test_the_fit_counts_its_simulations_on_a_line_it_clears(synthetic_run, capsy
     from prefixstudy.sim.study import SimTarget
     from prefixstudy.workloads import load_rows
 
-    fr.fit_timestamps(cfg, load_rows(cfg), SimTarget("cpu", 1, 256, 16, None), req, summary, "x", max_evals=3, bar=True)
+    rows, target = load_rows(cfg), SimTarget("cpu", 1, 256, 16, None)
+    fr.fit_timestamps(cfg, rows, target, req, summary, "x", max_evals=3, bar=True)
     err = capsys.readouterr().err
     states = [s for s in err.split("\r") if s.strip()]
     # one state per simulation, no percentage or ETA; then the line cleared
     assert [s.split(" [")[0] for s in states] == [f"fitting the step cost: {n} simulations" for n in range(4)]
     assert not any("%" in s for s in states) and err.endswith("\r")
-    fr.fit_timestamps(cfg, load_rows(cfg), SimTarget("cpu", 1, 256, 16, None), req, summary, "x", max_evals=3,
-                      bar=None)
+    fr.fit_timestamps(cfg, rows, target, req, summary, "x", max_evals=3, bar=None)
     assert capsys.readouterr().err == ""  # pytest's stderr is no terminal
 
 

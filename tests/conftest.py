@@ -158,7 +158,9 @@ def pytest_xdist_make_scheduler(config, log):
             return self.groups.get(nodeid) or nodeid.split("::", 1)[0]
 
         def _light(self, node) -> bool:
-            return self.nodes.index(node) >= HEAVY_WORKERS
+            # By the worker's name, not by when it came up: gw0 and gw1 take the engines, and their
+            # engines' OpenMP threads are bound to cores 0 and 1 (VLLM_CPU_OMP_THREADS_BIND above).
+            return int(node.gateway.id.removeprefix("gw")) >= HEAVY_WORKERS
 
         def _assign_work_unit(self, node) -> None:
             if self._light(node):

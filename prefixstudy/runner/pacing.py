@@ -24,7 +24,7 @@ def settle_heap() -> None:
     engine core freeze their heaps too.
 
     Most calls collect only what was allocated since the last freeze (the last point's garbage and
-    survivors): 1 ms after a stand-in point of 40,000 objects, against 655 ms for the first,
+    survivors): 1 ms after a stand-in point of 40,000 objects, against 627 ms for the first,
     full call with vLLM imported (benchmarks/settle_heap.py on the 2-core machine).  A full collection,
     unfreezing first so that cyclic garbage among the frozen objects goes too, is made on the first
     call and once the calls since have frozen a quarter as many objects as the last full one left:

@@ -10,8 +10,8 @@ import time
 
 # The objects a full collection left frozen, the last time settle_heap made one (None: never), and
 # the objects each call since has frozen.  Counted as they are frozen: asking the interpreter
-# (gc.get_freeze_count) walks every frozen object, 95 ms over vLLM's 0.66 M, a hundred times the
-# collection of a point's own objects.
+# (gc.get_freeze_count) walks every frozen object, 0.105 s over vLLM's 0.66 M, a hundred times the
+# collection of a point's own objects (benchmarks/results/settle_heap.jsonl).
 _after_full: list[int | None] = [None]
 _frozen_since: list[int] = [0]
 

@@ -217,7 +217,7 @@ def _typed(df: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     """Columns in schema order and dtype; a missing column gets its default; empty frames keep every column.
 
     The frame is built once from its columns' arrays: inserting them one at a time grows the
-    columns' string index at each step, six times the cost for a point's records."""
+    columns' string index at each step, most of the cost for a point's records."""
     n = len(df)
     data = {}
     for c, t in columns.items():

@@ -26,11 +26,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from tests.scripts import load_script
+from tests.tables import assert_same_table
 
 REPO = Path(__file__).resolve().parents[3]
 RESULTS = REPO / "experiments/results"
@@ -58,16 +58,7 @@ def test_committed_summary_is_reproduced(run):
     got = summarize(req, points, tol, it)
     its = typed_iterations(it)
     got = add_engine_columns(got, its, fit_step_cost(its))
-    assert list(got.columns[:len(committed.columns)]) == list(committed.columns)  # new columns go at the end
-    assert len(got) == len(committed) > 0
-    for c in committed.columns:
-        a, b = got[c].to_numpy(), committed[c].to_numpy()
-        if a.dtype.kind in "fiu" and b.dtype.kind in "fiu":
-            np.testing.assert_allclose(a.astype(float), b.astype(float), rtol=1e-9, equal_nan=True, err_msg=c)
-        else:
-            assert (got[c].astype(object).fillna("").astype(str).tolist()
-                    == committed[c].astype(object).fillna("").astype(str).tolist()), c
-
+    assert_same_table(got, committed, run)
 
 def test_runs_found():
     pressure = [f"h200-cache-pressure/groups-{g}/blocks-{c}" for g, cs in ((40, (4400, 4800, 5200, 6400)),

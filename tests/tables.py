@@ -4,7 +4,7 @@ a relative 1e-9.
 The engine columns come from a least-squares fit (``metrics.engine_fit``) that runs through
 OpenBLAS, and OpenBLAS picks its kernels for the CPU it finds: on a 2-core AMD EPYC VM the committed
 h200-tp1-sync study re-derived to fitted shares and slowdowns up to a relative 1.1e-12 from the
-committed ones, while every flag, count and text matched.  There OpenBLAS chose its Zen kernels;
+committed ones, while every flag, count and text matched.  There numpy's OpenBLAS chose its Haswell kernels;
 forced to its SkylakeX ones (OPENBLAS_CORETYPE=SkylakeX), the same VM re-derived the committed bytes.
 A byte comparison would make the test pass or fail by the machine it ran on."""
 

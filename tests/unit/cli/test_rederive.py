@@ -50,6 +50,7 @@ def test_rederive_rewrites_the_derived_tables_from_the_records_and_nothing_else(
     # the derived tables are today's: the committed ones (which experiments/resummarize.py wrote),
     # every flag and count exact, the fitted numbers to the last bits OpenBLAS leaves (tests/tables.py)
     for name in ("summary.csv", "headline.csv", "arms.csv"):
+        assert after[name].partition(b"\n")[0] == (STUDY / name).read_bytes().partition(b"\n")[0], name  # same header
         assert_same_table(_table(run / name), _table(STUDY / name), name)
     # the records and the config are untouched; no file appears but headline.csv and the report's
     untouched = [k for k in before if k.startswith(("requests.parquet", "iterations.parquet")) or k == "config.yaml"]

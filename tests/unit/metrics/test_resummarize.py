@@ -60,6 +60,7 @@ def test_committed_summary_is_reproduced(run):
     got = add_engine_columns(got, its, fit_step_cost(its))
     assert_same_table(got, committed, run)
 
+
 def test_runs_found():
     pressure = [f"h200-cache-pressure/groups-{g}/blocks-{c}" for g, cs in ((40, (4400, 4800, 5200, 6400)),
                                                                          (48, (5600, 6400))) for c in cs]

@@ -1,5 +1,5 @@
-"""A derived table against its committed copy: the same columns, rows and text, and numbers equal to
-a relative 1e-9.
+"""A derived table against its committed copy: the committed columns first (new ones may follow at
+the end), the same rows and text, and numbers equal to a relative 1e-9.
 
 The engine columns come from a least-squares fit (``metrics.engine_fit``) that runs through
 OpenBLAS, and OpenBLAS picks its kernels for the CPU it finds: on a 2-core AMD EPYC VM the committed

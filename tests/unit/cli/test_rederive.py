@@ -16,10 +16,6 @@ REPO = Path(__file__).resolve().parents[3]
 STUDY = REPO / "experiments" / "results" / "h200-tp1-sync"
 
 
-def _table(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path)
-
-
 def _files(d: Path) -> dict[str, bytes]:
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
@@ -51,7 +47,7 @@ def test_rederive_rewrites_the_derived_tables_from_the_records_and_nothing_else(
     # every flag and count exact, the fitted numbers to the last bits OpenBLAS leaves (tests/tables.py)
     for name in ("summary.csv", "headline.csv", "arms.csv"):
         assert after[name].partition(b"\n")[0] == (STUDY / name).read_bytes().partition(b"\n")[0], name  # same header
-        assert_same_table(_table(run / name), _table(STUDY / name), name)
+        assert_same_table(pd.read_csv(run / name), pd.read_csv(STUDY / name), name)
     # the records and the config are untouched; no file appears but headline.csv and the report's
     untouched = [k for k in before if k.startswith(("requests.parquet", "iterations.parquet")) or k == "config.yaml"]
     assert untouched and all(after[k] == before[k] for k in untouched)

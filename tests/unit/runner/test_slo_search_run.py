@@ -16,10 +16,10 @@ from prefixstudy.study import run_study
 
 # Every request takes two 5 ms decode steps and none waits for another: the objective holds at every
 # rate, so each arm's search doubles up to max_rate.  Two requests a point leave the saturation
-# check no clock to read: the completion rule needs three arrivals and the backlog trend ten, and
-# echo has no admission limit or engine steps.  So a loaded machine's stall cannot make a point
-# saturated and turn the search, and these runs share the machine (at 6 requests a point, a stall of
-# 1 / 64 s at a point's end was enough).
+# check no clock to read: the completion rule needs three arrivals and the backlog trend ten, echo
+# has no admission limit or engine steps, and a point runs until both are answered (its cap is
+# 900 s).  So a loaded machine's stall cannot make a point saturated and turn the search, and these
+# runs share the machine (at 6 requests a point, a stall of 1/64 s at a point's end was enough).
 FREE = {"engine": {"kind": "echo", "block_size": 16, "decode_ms_per_token": 5}, "executor": "local",
         "arrivals.process": "constant", "dataset.prefix_len": 32, "dataset.suffix_len": 16, "dataset.output_len": 2,
         "sweep.num_requests": 2, "sweep.warmup_requests": 0, "sweep.repeats": 2, "sweep.rates": [8, 64],

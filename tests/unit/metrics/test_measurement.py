@@ -4,6 +4,7 @@ the engine prefill share and decode slowdown, block bootstraps, headline.csv, kn
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,6 +12,8 @@ import pytest
 
 from prefixstudy.metrics import bootstrap, engine_fit, headline, saturation
 from prefixstudy.schema import typed_iterations, typed_requests
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def point(e2e_ms, gap_s=1.0, mode="on", rate=1.0, repeat=0, errors=None):
@@ -122,6 +125,29 @@ def test_completions_that_fall_behind_saturate_the_point():
     # one late request of twelve (92 %) is not a trend
     assert saturation.saturation(point([100.0] * 11 + [5000.0]), steps([1] * 12))["completion_ratio"] == 11 / 12
     assert "completed" not in saturation.saturation(point([100.0] * 11 + [5000.0]), steps([1] * 12))["reason"]
+
+
+def test_two_late_requests_flag_a_point_of_fewer_than_20_as_docs_saturation_says():
+    # The last request sent, a hair slower than the early ones, is late by itself: the window is
+    # extended only by the early requests' longest E2E.  One late request is not a trend.
+    gap = 1 / 64
+    last_late = [100.0] * 5 + [100.5]
+    s = saturation.saturation(point(last_late, gap_s=gap), None)
+    assert s["completion_ratio"] == 5 / 6 and not s["saturated"]
+    # One more, held up for just over an arrival gap at the point's end, flags it.
+    both_late = [100.0] * 4 + [100.0 + gap * 1e3 + 1.0, 100.5]
+    s = saturation.saturation(point(both_late, gap_s=gap), None)
+    assert s["completion_ratio"] == 4 / 6 and s["saturated"]
+    assert s["reason"] == "completed 67% of arrivals in the window"
+
+    def flagged(n: int) -> bool:  # by the completion rule, whatever the others say
+        e2e = [100.0] * (n - 2) + [100.0 + gap * 1e3 + 1.0, 100.5]
+        return "completed" in saturation.saturation(point(e2e, gap_s=gap), None)["reason"]
+
+    assert [n for n in range(3, 41) if not flagged(n)][0] == 20
+    assert all(flagged(n) for n in range(3, 20))
+    text = " ".join((REPO / "docs/saturation.md").read_text().split())
+    assert "So on a point of fewer than 20 requests a stall of about one arrival gap can flag it" in text
 
 
 def test_unfinished_sent_request_saturates_and_arrival_rate_is_the_schedules():

@@ -131,18 +131,18 @@ def test_two_late_requests_flag_a_point_of_fewer_than_20_as_docs_saturation_says
     # The last request sent, a hair slower than the early ones, is late by itself: the window is
     # extended only by the early requests' longest E2E.  One late request is not a trend.
     gap = 1 / 64
-    last_late = [100.0] * 5 + [100.5]
-    s = saturation.saturation(point(last_late, gap_s=gap), None)
+    s = saturation.saturation(point([100.0] * 5 + [100.5], gap_s=gap), None)
     assert s["completion_ratio"] == 5 / 6 and not s["saturated"]
-    # One more, held up for just over an arrival gap at the point's end, flags it.
-    both_late = [100.0] * 4 + [100.0 + gap * 1e3 + 1.0, 100.5]
-    s = saturation.saturation(point(both_late, gap_s=gap), None)
+
+    def two_late(n: int) -> dict:  # ... and one more, held up just over an arrival gap at the end
+        return saturation.saturation(point([100.0] * (n - 2) + [100.0 + gap * 1e3 + 1.0, 100.5], gap_s=gap), None)
+
+    s = two_late(6)  # flags the point
     assert s["completion_ratio"] == 4 / 6 and s["saturated"]
     assert s["reason"] == "completed 67% of arrivals in the window"
 
     def flagged(n: int) -> bool:  # by the completion rule, whatever the others say
-        e2e = [100.0] * (n - 2) + [100.0 + gap * 1e3 + 1.0, 100.5]
-        return "completed" in saturation.saturation(point(e2e, gap_s=gap), None)["reason"]
+        return "completed" in two_late(n)["reason"]
 
     assert [n for n in range(3, 41) if not flagged(n)][0] == 20
     assert all(flagged(n) for n in range(3, 20))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,8 +145,16 @@ def test_settle_heap_frees_cyclic_garbage_and_freezes_the_rest(monkeypatch):
     gc.freeze()  # as the previous point left it: `lost` is frozen while still referenced
     lost_ref = weakref.ref(lost)
     del lost
+    switch = sys.getswitchinterval()
     try:
-        pacing.settle_heap()
+        # No other thread of this process (xdist's channel, one a test left) may allocate between the
+        # call's count and its freeze: that object would be frozen uncounted.  The call releases the
+        # GIL to none of them before the switch interval ends.
+        sys.setswitchinterval(60)
+        try:
+            pacing.settle_heap()
+        finally:
+            sys.setswitchinterval(switch)
         assert lost_ref() is None  # unfrozen, collected
         assert all(o is not keep for o in gc.get_objects())  # frozen: no collection scans it
         # the interpreter, pandas, pytest: all frozen with it, and counted as the full collection's

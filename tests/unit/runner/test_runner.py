@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -342,22 +341,3 @@ def test_an_engine_that_does_not_start_stops_the_study_with_one_line(tmp_path, m
     run, = (tmp_path / "apart" / "default").iterdir()
     assert [p["mode"] for p in json.loads((run / "manifest.json").read_text())["points"]] == ["on"]
 
-
-def test_docs_quote_the_settle_benchmark_s_last_line():
-    """docs/performance.md and the settle's docstring give benchmarks/settle_heap.py's last line:
-    the code as it is."""
-    import inspect
-    import json
-
-    from prefixstudy.runner import pacing
-
-    repo = Path(__file__).resolve().parents[3]
-    last = json.loads((repo / "benchmarks/results/settle_heap.jsonl").read_text().splitlines()[-1])
-    assert last["full_between"] < last["between_points"]  # most calls between points were not full
-    text = " ".join((repo / "docs/performance.md").read_text().split())
-    assert (f"{last['first_s']:.3f} s for the first call with vLLM imported, a median "
-            f"{last['incremental_median_s']:.3f} s between stand-in points of {last['point_objects']:,} objects, and "
-            f"{last['freeze_count_walk_s']:.3f} s for one count of the frozen heap") in text
-    doc = " ".join(inspect.getdoc(pacing.settle_heap).split())
-    assert (f"{last['incremental_median_s'] * 1e3:.0f} ms after a stand-in point of {last['point_objects']:,} objects, "
-            f"against {last['first_s'] * 1e3:.0f} ms for the first, full call") in doc

@@ -111,14 +111,6 @@ def test_a_kind_of_calibration_no_study_checks_is_said_to_be_unmeasured():
         "out, so its part of the error is unmeasured. A calibration holds for the machine and day it ran on.")
 
 
-def test_the_docs_quote_the_shipped_budget():
-    b = prediction.load_budget()
-    text = " ".join((REPO / "docs/simulator.md").read_text().split())
-    assert (f"quotes a default-engine calibration held out at {b['calibration']['gpu-span']['mean_abs_err'] * 100:.1f} % "
-            f"mean error, a TP transfer measured at {b['transfer']['tp']['mean_abs_err'] * 100:.1f} % mean error and a "
-            f"GPU-kind transfer at {b['transfer']['gpu']['mean_abs_err'] * 100:.1f} %") in text
-
-
 def test_a_measured_run_gets_none_and_a_simulated_one_reads_its_cost_model():
     assert prediction.of_run(json.loads((REPO / "experiments/results/h200-tp1/manifest.json").read_text()),
                              REPO / "experiments/results/h200-tp1") == []

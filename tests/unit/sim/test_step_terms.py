@@ -1,6 +1,6 @@
 """The table of what vLLM's default engine's steps show beside the step-cost fit
 (experiments/results/sim-accuracy/step-terms.md) is what h200-tp1's committed records give, through
-experiments/sim/step_terms.py, and its numbers say what docs/simulator.md says of them."""
+experiments/sim/step_terms.py, and what those records show of the linear fit's misses."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 with (experiments/sim/async_forms.py): their designs on numbers worked by hand, the roofline, kv and
 shipped fits recovering known coefficients, the KV a step holds, and the forms' committed tables
 (experiments/results/sim-accuracy/async-forms/, async-forms-linear/, async-forms-roofline/,
-async-forms-kv/ and async-forms-kv-roofline/) are what their async.csv gives."""
+async-forms-kv/ and async-forms-kv-roofline/) are what their async.csv gives, and what h200-tp1's
+steps show of its repeats near ON's knee."""
 
 from __future__ import annotations
 
@@ -181,27 +182,33 @@ def test_its_tables_are_what_its_async_csv_gives(folder, tmp_path):
         assert (tmp_path / name).read_text() == (ACC / folder / name).read_text(), name
 
 
+@pytest.mark.parametrize("folder", ["async-forms", "async-forms-linear", "async-forms-roofline", "async-forms-kv",
+                                    "async-forms-kv-roofline"])
+def test_its_async_csv_covers_every_calibration_study_and_point(folder, monkeypatch):
+    """Each form's async.csv holds every check of the simulator's own (accuracy_async.coverage_problems):
+    every GPU-span default-engine study, each of its points and repeats, measured values as summary.csv's."""
+    monkeypatch.chdir(REPO)
+    accuracy_async = load_script("experiments/sim/accuracy_async.py")
+    assert accuracy_async.coverage_problems(pd.read_csv(ACC / folder / "async.csv")) == []
+
+
 def test_near_on_s_knee_the_slow_repeats_are_the_ones_whose_host_loop_ran_past_the_gpu():
-    """docs/simulator.md: at ON 32 and 56 req/s on h200-tp1 the measured repeats spread far more than
-    the simulated ones (each on its own arrivals), and the slower repeats are those whose host
-    records add up to more than their steps' GPU spans."""
+    """At ON 32 and 56 req/s on h200-tp1 the measured repeats spread far more than the simulated ones
+    (each on its own arrivals), and the repeats rank by how far their host records add up past their
+    steps' GPU spans: the fastest has the least, the slowest the most."""
     from prefixstudy.sim.cost import load_steps
 
     steps = load_steps(REPO / "experiments/results/h200-tp1")
     on = steps[steps["mode"] == "on"]
     sums = on.groupby(["rate", "repeat"])[["host_step_ms", "step_ms"]].sum()
-    host_past_gpu_s = ((sums["host_step_ms"] - sums["step_ms"]) / 1e3).round(2)
-    assert host_past_gpu_s.loc[32.0].tolist() == [0.27, 0.65, 0.55]
-    assert host_past_gpu_s.loc[56.0].tolist() == [0.20, 1.56, 1.23]
+    host_past_gpu_s = (sums["host_step_ms"] - sums["step_ms"]) / 1e3
     rows = pd.read_csv(ACC / "async-forms-roofline/async.csv")
     rows = rows[(rows["check"] == "held-out point") & (rows["study"] == "h200-tp1") & (rows["mode"] == "on")]
-    # the ranges docs/simulator.md quotes, measured and simulated, in ms
-    quoted = {32.0: ((913, 1125), (912, 920)), 56.0: ((1074, 1769), (1217, 1258))}
-    for rate, (meas_ms, sim_ms) in quoted.items():
+    for rate in (32.0, 56.0):
         at = rows[rows["rate"] == rate].set_index("repeat")
         meas, sim = at["mean_e2e_ms_meas"], at["mean_e2e_ms_sim"]
-        assert (round(meas.min()), round(meas.max())) == meas_ms and (round(sim.min()), round(sim.max())) == sim_ms
-        assert meas.idxmin() == 0 == host_past_gpu_s.loc[rate].idxmin()  # the fastest repeat had the least host excess
+        assert len(meas) == 3
+        assert meas.sort_values().index.tolist() == host_past_gpu_s.loc[rate].sort_values().index.tolist(), rate
         assert meas.max() / meas.min() > 1.2 and sim.max() / sim.min() < 1.04
 
 
@@ -227,21 +234,17 @@ def _prompt_and_decode_price_ratios(study: str) -> tuple[pd.DataFrame, pd.DataFr
 
 
 def test_near_on_s_knee_the_faster_repeat_is_the_one_whose_prompt_steps_ran_cheaper_on_the_gpu():
-    """docs/simulator.md: ON's steps that carry a prompt cost more, against one price, in some repeats
-    than in others, its decode-only steps do not, and within a point the repeat with the cheapest
-    prompt steps is the fastest."""
+    """ON's steps that carry a prompt cost more, against one price, in some repeats than in others, its
+    decode-only steps do not, and within a point the repeat with the cheapest prompt steps is the
+    fastest.  On h200-tp1 at 32 and 56 req/s the slow repeats ran on a later engine start than the
+    fast one."""
     ratio, on = _prompt_and_decode_price_ratios("h200-tp1")
-    r = ratio.round(2)
-    assert r.loc[32.0, "prompt"].tolist() == [0.95, 1.38, 1.24] and r.loc[56.0, "prompt"].tolist() == [0.88, 1.13, 1.06]
-    assert r.loc[32.0, "decode"].tolist() == [0.98, 1.0, 0.99] and r.loc[56.0, "decode"].tolist() == [0.9, 0.91, 0.91]
-    # The slow repeats are those run after the resume, on fresh engines (ON's second start).
-    assert on.loc[[16.0, 32.0, 56.0], "engine"].tolist() == [0, 0, 1, 0, 1, 1, 0, 1, 1]
     fixed_ratio, fixed = _prompt_and_decode_price_ratios("h200-tp1-fixed-order")
-    assert fixed_ratio.loc[56.0, "prompt"].round(2).tolist() == [1.1, 1.05, 0.89]
-    assert fixed.loc[56.0, "mean_e2e_ms"].round().tolist() == [1706, 1625, 1183]
-    # One engine served a slow and a fast repeat at 16 req/s.
-    assert fixed.loc[16.0, "engine"].tolist() == [0, 1, 1]
-    assert fixed_ratio.loc[16.0, "prompt"].round(2).tolist() == [1.16, 1.31, 0.92]
+    for rate in (32.0, 56.0):
+        spread = ratio.loc[rate].max() / ratio.loc[rate].min() - 1
+        assert spread["prompt"] > 0.2 and spread["decode"] < 0.02, rate
+        engine, fastest = on.loc[rate, "engine"], on.loc[rate, "mean_e2e_ms"].idxmin()
+        assert engine[fastest] == 0 and (engine.drop(fastest) > 0).all(), rate
     for ratios, points, rates in ((ratio, on, (16.0, 32.0, 56.0)), (fixed_ratio, fixed, (16.0, 32.0, 40.0, 56.0))):
         for rate in rates:
             at = points.loc[rate]

@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo lint docs test test-fast bench clean chromium
+.PHONY: install demo lint docs test test-fast bench clean chromium results
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -63,6 +63,11 @@ test: chromium lint docs
 # report builds, CLI studies, fresh venvs, vLLM imports).  No engine, `vllm serve` or Ray cluster.
 test-fast: lint docs
 	$(BIN)/python -m pytest -q -m "not engine and not slow" $(XDIST) --durations=5
+
+# The tables and figures that README.md and docs/ show, rendered from the committed results into
+# their <!-- results: NAME --> blocks and plots/ (experiments/render_results.py; --check to verify).
+results: $(STAMP)
+	$(BIN)/python experiments/render_results.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/dispatch.py

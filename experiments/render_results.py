@@ -40,20 +40,17 @@ def pages(repo: Path = REPO) -> list[Path]:
 
 def script(rel: str):
     spec = importlib.util.spec_from_file_location(Path(rel).stem, REPO / rel)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    spec.loader.exec_module(mod := importlib.util.module_from_spec(spec))
     return mod
 
 
 def ci(v: float, lo: float, hi: float, scale: float = 1.0, bound: bool = False) -> str:
     """``v [lo, hi]`` to the interval's precision: one digit of its half-width, two where that starts with 1."""
-    v, lo, hi = scale * v, scale * lo, scale * hi
-    half = (hi - lo) / 2
-    if not (math.isfinite(half) and half > 0):
-        return ("≥ " if bound else "") + num(v)
-    d = math.floor(math.log10(half))
-    d -= half / 10 ** d < 2
-    return ("≥ " if bound else "") + "{} [{}, {}]".format(*(f"{round(x, -d):.{max(0, -d)}f}" for x in (v, lo, hi)))
+    v, lo, hi, mark = scale * v, scale * lo, scale * hi, "≥ " if bound else ""
+    if not (math.isfinite(half := (hi - lo) / 2) and half > 0):
+        return mark + num(v)
+    d = math.floor(math.log10(half)) - (half / 10 ** math.floor(math.log10(half)) < 2)
+    return mark + "{} [{}, {}]".format(*(f"{round(x, -d):.{max(0, -d)}f}" for x in (v, lo, hi)))
 
 
 def num(x: float, digits: int = 3) -> str:
@@ -85,15 +82,12 @@ def study(d: Path):
 
 
 def h200_tp1_rates(res: Path) -> str:
-    hd = head(res / "h200-tp1")
-    ok = calm(hd)
-    rows = []
+    ok, rows = calm(hd := head(res / "h200-tp1")), []
     for _, h in pd.concat([ok, hd[hd["arrival_rate"] > ok["arrival_rate"].max()].head(1)]).iterrows():
         sat = {a: round(h[f"{a}_saturated_share"] * h["n_repeats"]) for a in ARMS}
         e2e = {a: ci(h[f"{a}_mean_e2e_ms"], h[f"{a}_mean_e2e_lo"], h[f"{a}_mean_e2e_hi"], bound=sat[a] > 0) for a in ARMS}
-        share = (h[f"off_engine_prefill_share{s}"] for s in ("", "_lo", "_hi"))
-        rows.append([num(h["arrival_rate"]), e2e["off"], e2e["on"], ci(*(h[f"gain_mean_e2e{s}"] for s in ("", "_lo", "_hi")),
-                     100, bool(h["gain_is_bound"])), ci(*share, 100),
+        gain, share = ([h[f"{c}{s}"] for s in ("", "_lo", "_hi")] for c in ("gain_mean_e2e", "off_engine_prefill_share"))
+        rows.append([num(h["arrival_rate"]), e2e["off"], e2e["on"], ci(*gain, 100, bool(h["gain_is_bound"])), ci(*share, 100),
                      ", ".join(f"{a.upper()} ({k} of {h['n_repeats']:.0f})" for a, k in sat.items() if k) or "neither"])
     return table(["arrival rate (req/s)", "OFF mean E2E (ms)", "ON mean E2E (ms)", "gain (%)",
                   "OFF prompt share of engine time (%)", "saturated"], rows,
@@ -102,48 +96,43 @@ def h200_tp1_rates(res: Path) -> str:
 
 def h200_tp1_throughput(res: Path) -> str:
     b = {a: headline.knee_bracket(head(res / "h200-tp1"), a) for a in ARMS}
-    sweep = {a: (b[a]["lo"], b[a]["hi"]) for a in ARMS}
-    row1 = ["engine kept up (h200-tp1 sweep)"]
-    for a in ARMS:
-        row1 += [f"{b[a]['lo']:.1f} ({b[a]['lo_repeats'] - b[a]['lo_saturated']} of {b[a]['lo_repeats']} kept up)",
-                 f"{b[a]['hi']:.1f} ({b[a]['hi_saturated']} of {b[a]['hi_repeats']} saturated)"]
     slo = manifest(res / "h200-tp1-slo")["slo_search"]
     at = pd.read_csv(res / "h200-tp1-slo/summary.csv").groupby(["mode", "rate"])["arrival_rate"].mean()
-    search = {a: (at[(a, slo["arms"][a]["lo_req_s"])], at[(a, slo["arms"][a]["hi_req_s"])]) for a in ARMS}
     (metric, bound), = slo["objectives_ms"].items()
-    row2 = [f"{metric.replace('e2e_', 'E2E ')} ≤ {bound:g} ms (h200-tp1-slo search)",
-            *(f"{search[a][i]:.1f} ({'missed' if i else 'met'})" for a in ARMS for i in (0, 1))]
-    for row, r in ((row1, sweep), (row2, search)):
-        on, off = r["on"], r["off"]
-        row.append(f"{on[0] / off[0]:.1f} [{on[0] / off[1]:.1f}, {on[1] / off[0]:.1f}]")
+    rows = [["engine kept up (h200-tp1 sweep)", {a: (b[a]["lo"], b[a]["hi"]) for a in ARMS},
+             {a: (f"{b[a]['lo_repeats'] - b[a]['lo_saturated']} of {b[a]['lo_repeats']} kept up",
+                  f"{b[a]['hi_saturated']} of {b[a]['hi_repeats']} saturated") for a in ARMS}],
+            [f"{metric.replace('e2e_', 'E2E ')} ≤ {bound:g} ms (h200-tp1-slo search)",
+             {a: (at[(a, slo["arms"][a]["lo_req_s"])], at[(a, slo["arms"][a]["hi_req_s"])]) for a in ARMS},
+             {a: ("met", "missed") for a in ARMS}]]
     return table(["limit", "ON highest sustained (req/s)", "ON lowest failed", "OFF highest sustained", "OFF lowest failed",
-                  "ON / OFF [bracket]"], [row1, row2],
+                  "ON / OFF [bracket]"],
+                 [[what, *(f"{r[a][i]:.1f} ({why[a][i]})" for a in ARMS for i in (0, 1)),
+                   f"{r['on'][0] / r['off'][0]:.1f} [{r['on'][0] / r['off'][1]:.1f}, {r['on'][1] / r['off'][0]:.1f}]"]
+                  for what, r, why in rows],
                  "Actual arrival rates; the bracket runs from each arm's sustained rate to its failed one.")
 
 
 def h200_tp1_run(res: Path) -> str:
     d = res / "h200-tp1"
     m, cfg = manifest(d), yaml.safe_load((d / "config.yaml").read_text())
-    pts, reps = m["points"], int(cfg["sweep"].get("repeats", 1))
-    ran = {(float(p["rate"]), int(p["repeat"])) for p in pts if p.get("status") == "ok" and p["mode"] == "off"}
+    reps = int(cfg["sweep"].get("repeats", 1))
+    ran = {(float(p["rate"]), int(p["repeat"])) for p in m["points"] if p.get("status") == "ok" and p["mode"] == "off"}
     missing = [f"{r:g} req/s repeat {k + 1}" for r in cfg["sweep"]["rates"] for k in range(reps) if (float(r), k) not in ran]
-    cut = pd.Timestamp(m["resumed_at"][0]).timestamp() if m.get("resumed_at") else math.inf
-    before = sum(p["started_at"] < cut for p in pts)
     return table(["what", "h200-tp1"], [
         ["GPU", m["device"]], ["engine", f"{m['engine']} {m['vllm_version']}, {m['executor']} executor"],
         ["repeats a rate", reps], ["point length (s)", f"{cfg['sweep']['min_duration_s']:g}"],
         ["device calls (the engines restart at each)", 1 + len(m.get("resumed_at") or [])],
-        ["points before / after the first resume", f"{before} / {len(pts) - before}"],
         ["points not run", ", ".join(missing) or "none"], ["step timing", ", ".join(m["step_timing"])],
         ["step-timing checks", {True: "pass", False: "fail"}.get((m.get("step_checks") or {}).get("ok"), "not run")]])
 
 
 def interval_coverage(res: Path) -> str:
     c = json.loads((REPO / "benchmarks/results/interval_loo.json").read_text())["summary"]
-    names = {"t_repeats": "t over the other repeats' means", "within": "the requests' own noise",
-             "within_pooled": "the requests' noise plus a between-repeat variance pooled over other rates"}
+    how = {"t_repeats": "t over the other repeats' means", "within": "the requests' own noise",
+           "within_pooled": "the requests' noise and a between-repeat variance pooled over other rates"}
     return table(["a left-out repeat's mean predicted by", "held out", "inside the 95 % interval"],
-                 [[names[k], c[k]["held_out"], c[k]["covered"]] for k in names])
+                 [[how[k], c[k]["held_out"], c[k]["covered"]] for k in how])
 
 
 def async_vs_sync(res: Path) -> str:
@@ -157,8 +146,7 @@ def async_vs_sync(res: Path) -> str:
 
 def split_table(res: Path) -> str:
     """Per rate both arms kept up: the gain split into parts (metrics.gain_split) and the arm order's effect."""
-    d = res / "h200-tp1"
-    st, coef = study(d)
+    st, coef = study(d := res / "h200-tp1")
     g = gain_split.gain_split(gain_split.request_parts(st.requests, st.iterations, coef)).set_index("rate")
     o = order.order_effect(st.manifest["points"], pd.read_csv(d / "summary.csv"), "on", "off").set_index("rate")
     parts = ("prefill_stalls", "own_prefill", "decode_steps", "queue", "residual")
@@ -182,14 +170,9 @@ def step_fit(res: Path) -> str:
              for k in fit.get("by_kind") or [] if k["mode"] == "on" and k["kind"] == "mixed"]
     sync = manifest(res / "h200-tp1-sync")["step_fit"]["e_ms_per_prefill_req"]
     rows.append(["a prefilling request, sync engine (h200-tp1-sync)", f"{sync:.2f}", "–"])
-    return table(["cost of", "fitted (ms)", "datasheet explains (%)"], rows)
-
-
-def closure_table(res: Path) -> str:
-    st, coef = study(res / "h200-tp1")
-    hd = head(res / "h200-tp1")
-    pred = closure.arm_table(coef, hd, requests.counted(st.requests), closure.admission_limit(st.manifest), ARMS).set_index("arm")
-    return table(["arm", "engine time a request adds (ms)", "predicted knee (req/s)", "measured: kept up at",
+    pred = closure.arm_table(coef, hd := head(res / "h200-tp1"), req, closure.admission_limit(st.manifest), ARMS).set_index("arm")
+    return table(["cost of", "fitted (ms)", "datasheet explains (%)"], rows) + "\n\n" + table(
+                 ["arm", "engine time a request adds (ms)", "predicted knee (req/s)", "measured: kept up at",
                   "measured: saturated at"],
                  [[a.upper(), f"{pred.loc[a, 'work_ms']:.1f}", f"{pred.loc[a, 'knee_rate']:.0f}",
                    *(f"{headline.knee_bracket(hd, a)[k]:.1f}" for k in ("lo", "hi"))] for a in ARMS],
@@ -197,16 +180,12 @@ def closure_table(res: Path) -> str:
 
 
 def threeway(res: Path) -> str:
-    t = pd.read_csv(res / "h200-threeway/threeway.csv")
-    peer = t[t["way"] == "vllm bench serve"].set_index(["mode", "rate"])
-    rows = []
-    for way in ("vllm-server (HTTP)", "in-process"):
-        a = t[t["way"] == way].set_index(["mode", "rate"])
-        rows += [[way, k[0].upper(), f"{k[1]:g}", f"{a.loc[k, 'e2e_ms']:.0f}", f"{peer.loc[k, 'e2e_ms']:.0f}",
-                  f"{100 * (a.loc[k, 'e2e_ms'] / peer.loc[k, 'e2e_ms'] - 1):+.1f}"]
-                 for k in a.index.intersection(peer.index) if not (a.loc[k, "saturated"] or peer.loc[k, "saturated"])]
-    return table(["prefixstudy", "arm", "offered rate (req/s)", "its mean E2E (ms)", "vllm bench serve's (ms)", "gap (%)"],
-                 rows)
+    t = pd.read_csv(res / "h200-threeway/threeway.csv").set_index(["way", "mode", "rate"])
+    peer = t.loc["vllm bench serve"]
+    rows = [[way, m.upper(), f"{r:g}", f"{x.e2e_ms:.0f}", f"{peer.loc[(m, r), 'e2e_ms']:.0f}",
+             f"{100 * (x.e2e_ms / peer.loc[(m, r), 'e2e_ms'] - 1):+.1f}"] for (way, m, r), x in t.iterrows()
+            if way != "vllm bench serve" and (m, r) in peer.index and not (x.saturated or peer.loc[(m, r), "saturated"])]
+    return table(["prefixstudy", "arm", "offered rate", "its mean E2E (ms)", "vllm bench serve's (ms)", "gap (%)"], rows)
 
 
 def studies(res: Path) -> str:
@@ -216,28 +195,20 @@ def studies(res: Path) -> str:
         arms = list(dict.fromkeys(summ["mode"]))
         engine = m.get("engine") or yaml.safe_load((d / "config.yaml").read_text())["engine"].get("kind", "vllm")
         rates = summ.groupby("rate")["arrival_rate"].mean()
-        gain, kept = "–", []
-        if (d / "headline.csv").is_file():
-            hd = head(d)
-            both = [a for a in arms if f"{a}_saturated_share" in hd]
-            ok = calm(hd, both[:2]) if len(both) >= 2 else hd.iloc[:0]
-            narrow = ok[50 * (ok["gain_mean_e2e_hi"] - ok["gain_mean_e2e_lo"]) <= MID_HALF_POINTS]
-            for _, h in (narrow if len(narrow) else ok).iloc[-1:].iterrows():
-                gain = f"{ci(*(h[f'gain_mean_e2e{s}'] for s in ('', '_lo', '_hi')), 100)} at {num(h['arrival_rate'])}"
-            for a in both:
-                b = headline.knee_bracket(hd, a)
-                kept.append(f"{a.upper()} {'≥ ' if not math.isfinite(b['hi']) else ''}{num(b['lo'])}")
+        hd, gain = head(d), "–"
+        both = [a for a in arms if f"{a}_saturated_share" in hd]
+        ok = calm(hd, both[:2])  # one arm: no gain
+        narrow = ok[50 * (ok["gain_mean_e2e_hi"] - ok["gain_mean_e2e_lo"]) <= MID_HALF_POINTS]
+        for _, h in (narrow if len(narrow) else ok).iloc[-1:].iterrows():
+            gain = f"{ci(*(h[f'gain_mean_e2e{s}'] for s in ('', '_lo', '_hi')), 100)} at {num(h['arrival_rate'])}"
+        kept = [f"{a.upper()} {'' if math.isfinite(b['hi']) else '≥ '}{num(b['lo'])}"
+                for a, b in ((a, headline.knee_bracket(hd, a)) for a in both)]
         rows.append([f"[{d.name}]({d.name}/{'report.md' if (d / 'report.md').is_file() else ''})", m.get("device", "–"),
                      f"{engine} {m.get('vllm_version') or ''}: {', '.join(a.upper() for a in arms)}".replace(" :", ":"),
                      f"{num(rates.min())}–{num(rates.max())} ({len(rates)})", int(summ["repeat"].max()) + 1, gain,
                      ", ".join(kept) or "–"])
     return table(["study", "GPU / machine", "engine: arms", "arrival rates (req/s; count)", "repeats",
                   "gain in mean E2E (%) at a mid rate (req/s)", "highest sustained rate (req/s)"], rows)
-
-
-def saturation(verdict: str) -> str:
-    s = script("benchmarks/saturation_error_rates.py")
-    return s.markdown(s.read_rows(), verdict)
 
 
 def sim_table(res: Path, csv: str, mod: str = "accuracy_async", fn: str = "summary") -> str:
@@ -257,18 +228,19 @@ def seed_says(res: Path) -> str:
             e2e = {a: t.loc[r, "mean_e2e_ms"] for a, t in by.items()}
             cells = [ci(e2e[a], e2e[a] * (1 - band(a, r)), e2e[a] * (1 + band(a, r)), bound=bool(by[a].loc[r, "saturated"]))
                      for a in ARMS]
-            sat = ", ".join(a.upper() for a in ARMS if by[a].loc[r, "saturated"]) or "neither"
-            rows.append([name.removeprefix("sim-seed-"), f"{r:g}", *cells, f"{100 * (1 - e2e['on'] / e2e['off']):.0f}", sat])
+            rows.append([name.removeprefix("sim-seed-"), f"{r:g}", *cells, f"{100 * (1 - e2e['on'] / e2e['off']):.0f}",
+                         ", ".join(a.upper() for a in ARMS if by[a].loc[r, "saturated"]) or "neither"])
     return table(["simulated target", "rate (req/s)", "ON mean E2E (ms)", "OFF mean E2E (ms)", "saved (%)", "saturated"], rows,
                  f"Brackets: the TP 1 → TP 2 transfer's error at that mode and nearest rate ({band.direction}).")
 
 
 BLOCKS = {
     "h200-tp1-rates": h200_tp1_rates, "h200-tp1-throughput": h200_tp1_throughput, "h200-tp1-run": h200_tp1_run,
-    "interval-coverage": interval_coverage, "async-vs-sync": async_vs_sync,
-    "gain-split": split_table, "step-fit": step_fit, "closure": closure_table, "threeway": threeway, "studies": studies,
-    "saturated": lambda res: saturation("saturated"), "saturated-http": lambda res: saturation("saturated_http"),
-    "seed-says": seed_says, "sim-accuracy": lambda res: sim_table(res, "accuracy.csv", "accuracy"),
+    "interval-coverage": interval_coverage, "async-vs-sync": async_vs_sync, "gain-split": split_table, "step-fit": step_fit,
+    "threeway": threeway, "studies": studies, "seed-says": seed_says,
+    **{name: lambda res, v=verdict: (s := script("benchmarks/saturation_error_rates.py")).markdown(s.read_rows(), v)
+       for name, verdict in (("saturated", "saturated"), ("saturated-http", "saturated_http"))},
+    "sim-accuracy": lambda res: sim_table(res, "accuracy.csv", "accuracy"),
     "sim-accuracy-async": lambda res: sim_table(res, "async.csv"),
     "sim-accuracy-async-verifiable": lambda res: sim_table(res, "async.csv", fn="verifiable"),
     "sim-gpu-transfer": lambda res: sim_table(res, "gpu-transfer.csv"),
@@ -282,14 +254,12 @@ def rendered(res: Path = RESULTS, repo: Path = REPO) -> dict[Path, str]:
     for page in pages(repo):
         text = page.read_text()
         for _, name, _, _ in MARK.findall(text):
-            where = page.relative_to(repo)
-            if name not in BLOCKS:
-                raise SystemExit(f"{where}: unknown block {name!r}; known: {', '.join(BLOCKS)}")
-            if name in seen:
-                raise SystemExit(f"{where}: block {name!r} also in {seen[name]}")
-            seen[name] = where
+            if name not in BLOCKS or name in seen:
+                raise SystemExit(f"{page.relative_to(repo)}: " + (f"block {name!r} also in {seen[name]}" if name in seen
+                                 else f"unknown block {name!r}; known: {', '.join(BLOCKS)}"))
+            seen[name] = page.relative_to(repo)
             cache[name] = BLOCKS[name](res).rstrip("\n")
-        if seen and MARK.search(text):
+        if MARK.search(text):
             out[page] = MARK.sub(lambda mt: f"{mt[1]}{cache[mt[2]]}\n{mt[4]}", text)
     return out
 
@@ -301,21 +271,17 @@ def stale(res: Path = RESULTS, repo: Path = REPO) -> list[str]:
         old = {name: body for _, name, body, _ in MARK.findall(page.read_text())}
         bad += [f"{page.relative_to(repo)}: block {name} is stale" for _, name, body, _ in MARK.findall(text)
                 if old[name] != body]
-    shown = "\n".join(p.read_text() for p in pages(repo))
     images = {p.relative_to(repo).as_posix() for p in (repo / "plots").rglob("*") if p.suffix in IMAGES}
-    bad += [f"{f}: missing" for f in sorted(set(FIGURES) - images)]
-    bad += [f"{f}: not made by make results" for f in sorted(images - set(FIGURES))]
-    return bad + [f"{f}: shown by no page" for f in sorted(FIGURES) if f not in shown]
+    bad += [f"{f}: " + ("missing" if f in FIGURES else "not made by make results") for f in sorted(images ^ set(FIGURES))]
+    return bad + [f"{f}: shown by no page" for f in sorted(FIGURES) if not any(f in p.read_text() for p in pages(repo))]
 
 
 def write(res: Path = RESULTS, repo: Path = REPO) -> None:
     for page, text in rendered(res, repo).items():
         page.write_text(text)
-    for p in sorted((repo / "plots").rglob("*"), reverse=True):  # files before their folders
-        if p.is_file() and p.suffix in IMAGES and p.relative_to(repo).as_posix() not in FIGURES:
+    for p in (repo / "plots").rglob("*"):
+        if p.suffix in IMAGES and p.relative_to(repo).as_posix() not in FIGURES:
             p.unlink()
-        elif p.is_dir() and not any(p.iterdir()):
-            p.rmdir()
     for rel, fig in FIGURES.items():
         figure_kit.save(fig(res), (repo / rel).with_suffix(""), ("png",))
 

@@ -51,6 +51,6 @@ def test_an_unknown_or_repeated_block_name_fails_the_render(tmp_path):
     (tmp_path / "README.md").write_text("<!-- results: nosuch -->\n<!-- /results -->\n")
     with pytest.raises(SystemExit, match="README.md: unknown block 'nosuch'"):
         render.rendered(render.RESULTS, tmp_path)
-    (tmp_path / "README.md").write_text("<!-- results: arm-order -->\n<!-- /results -->\n" * 2)
-    with pytest.raises(SystemExit, match="block 'arm-order' also in README.md"):
+    (tmp_path / "README.md").write_text("<!-- results: threeway -->\n<!-- /results -->\n" * 2)
+    with pytest.raises(SystemExit, match="block 'threeway' also in README.md"):
         render.rendered(render.RESULTS, tmp_path)

@@ -46,8 +46,8 @@ FLOOD_GUESS = {"on": 50.0, "off": 20.0}  # req/s, a first guess of each mode's c
 FIRST_REPEAT = 100
 STATIONARY_MAX, OVERLOAD_MIN = 0.8, 1.1  # the loads the targets are for
 FALSE_MAX, DETECT_MIN = 0.02, 0.95  # the targets
-MARKS = {v: (f"<!-- saturation_error_rates: {v} -->", "<!-- /saturation_error_rates -->")
-         for v in ("saturated", "saturated_http")}
+# docs/saturation.md's blocks, in experiments/render_results.py's syntax (make results renders them too).
+MARKS = {v: (f"<!-- results: {v.replace('_', '-')} -->", "<!-- /results -->") for v in ("saturated", "saturated_http")}
 
 _SESSIONS: dict = {}
 

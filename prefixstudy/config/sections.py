@@ -110,6 +110,19 @@ class ArrivalConfig(BaseModel):
         return self
 
 
+class EngineWarmupConfig(BaseModel):
+    """Each engine's warm-up after it starts, before its first point: batches of requests until the
+    engine's step time settles (prefixstudy.runner.warmup)."""
+
+    model_config = _STRICT
+    batch_requests: int = Field(4, ge=1, description="Requests sent at once in each warm-up batch, with fresh "
+                                "suffixes; counted nowhere.")
+    tolerance: float = Field(0.1, gt=0, lt=1, description="Warm once the median token gaps of the last three "
+                             "batches lie within this share of their median.")
+    max_batches: int = Field(10, ge=0, description="At most this many batches (then the warm-up is recorded as not "
+                             "settled); 0: no warm-up.")
+
+
 class SweepConfig(BaseModel):
     model_config = _STRICT
     rates: list[float] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1,
@@ -127,6 +140,9 @@ class SweepConfig(BaseModel):
                                   "requests); 0: `num_requests` alone.")
     warmup_requests: int = Field(2, ge=0, description="Requests sent one at a time before each point's measured "
                                  "ones, with fresh suffixes; recorded with `warmup` true and counted nowhere.")
+    engine_warmup: EngineWarmupConfig = Field(default_factory=EngineWarmupConfig, description="Each engine's "
+                                              "warm-up after it starts, until its step time settles (manifest: "
+                                              "`engines`).")
     cache_isolation: Literal["reset", "salt"] = Field(
         "reset", description="How each point starts cold: `reset` empties the prefix cache before it; `salt` "
         "gives each point and repeat its own vLLM `cache_salt` (no reset: for servers without a reset "

@@ -1,21 +1,28 @@
 """Executor ``local``: the engines in this process.  With more than one arm and
 ``sweep.interleave_arms`` every arm's engine stays up and the arms take turns point by point
 (``RunPlan.turns``: A B, B A, ...), so that the arm is not confounded with the time or the
-order it ran in; otherwise one arm's whole sweep runs after another's."""
+order it ran in; otherwise one arm's whole sweep runs after another's.  Each engine warms up
+until its step time settles before its first point (``runner.warmup``)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from prefixstudy.executors.base import StudySink, interleaved, point_line, repeat_tag
 from prefixstudy.runner import ModeSession, run_until_signal
+from prefixstudy.runner.warmup import note as warmup_note
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
     from prefixstudy.sweep.plan import RunPlan
+
+
+log = logging.getLogger(__name__)
 
 
 class LocalExecutor:
@@ -33,6 +40,7 @@ class LocalExecutor:
             for mode in cfg.sweep.modes:
                 bar.set_description(f"starting engine (cache {mode.upper()})")
                 async with ModeSession(cfg, mode, rows, progress=bar.update) as session:
+                    engine_started(session, sink)
                     for rate, repeat in plan.of(mode):
                         await self._point(cfg, session, rate, repeat, sink, bar)
         finally:
@@ -44,6 +52,7 @@ class LocalExecutor:
             for mode in cfg.sweep.modes:  # every engine up before the first point is measured
                 bar.set_description(f"starting engine (cache {mode.upper()})")
                 sessions[mode] = await stack.enter_async_context(ModeSession(cfg, mode, rows, progress=bar.update))
+                engine_started(sessions[mode], sink)
             take_round = getattr(sink, "take_round", None)  # an SLO search's rounds, on the engines kept up
             work = (cfg, plan)
             while work is not None:
@@ -66,3 +75,15 @@ class LocalExecutor:
         if failed and session.engine.is_dead():
             bar.set_description(f"restarting engine (cache {mode.upper()})")
             await session.restart()
+            engine_started(session, sink)
+
+
+def engine_started(session: ModeSession, sink: StudySink) -> None:
+    """The manifest's ``engines`` entry of an engine that started (and warmed up), and the console
+    note of a warm-up that did not settle."""
+    eng = session.engine
+    sink.append("engines", session.mode, {"pid": os.getpid(), "startup_s": eng.startup_s,
+                                          "block_size": eng.block_size, "warmup": session.warmup})
+    if note := warmup_note(session.mode, session.warmup):
+        with tqdm.external_write_mode():  # its own line, not the progress bar's
+            log.warning("%s", note)

@@ -51,6 +51,7 @@ class EngineActor:
                 "node_ip": ray.util.get_node_ip_address(), "device": gpu_name_via_nvml(self.use_gpu),
                 **engine_class(self.session.cfg.engine.kind).versions(),
                 "startup_s": self.session.engine.startup_s, "block_size": self.session.engine.block_size,
+                "warmup": self.session.warmup,
                 **({"replicas": self.session.engine.started} if self.session.cfg.replicas > 1 else {})}
 
     async def run_point(self, rate: float, repeat: int = 0) -> PointResult:

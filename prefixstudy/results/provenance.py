@@ -75,13 +75,15 @@ MANIFEST_KEYS: dict[str, Key] = {
                        optional=True),
     "step_timing_methods": Key("object", "each `step_timing` value and how its steps were timed, in words",
                                optional=True),
-    "parallel": Key("object", "Ray executor: whether the modes' engines ran side by side (`requested`, `used`, "
-                    "`reason`; `replica_nodes` for fleets)", optional=True),
+    "parallel": Key("object", "Ray executor: whether the modes' engines ran side by side (`used`), took turns "
+                    "point by point with every engine up (`turns`) or neither (`requested`, `reason`; "
+                    "`replica_nodes` for fleets)", optional=True),
     "ray": Key("object", "Ray executor: the cluster (`address`, `gcs_address`, `ray_version`, `nodes`, "
                "`cluster_cpus`, `cluster_gpus`, `engine_resources`, `replicas`, "
                "`engine_workers_in_placement_group`)", optional=True),
-    "engines": Key("object", "Ray executor: per mode, one entry per engine start (`pid`, `host`, `node_ip`, "
-                   "`device`, `vllm_version`, `startup_s`, `block_size`, `actor`; `replicas` for a fleet)",
+    "engines": Key("object", "per mode, one entry per engine start (`pid`, `startup_s`, `block_size`, "
+                   "`warmup`: its warm-up's `settled`, `stopped`, `batches`, `requests`, `gap_ms` per batch, `s`; "
+                   "Ray executor: `host`, `node_ip`, `device`, `vllm_version`, `actor`; `replicas` for a fleet)",
                    optional=True),
     "merged_from": Key("array", "`prefixstudy merge`: the runs joined (`run`, `modes`, `device`, `executor`, "
                        "`started_at`, `status`)", optional=True),

@@ -1,8 +1,8 @@
-"""``ModeSession``: one engine (one mode, any backend, through ``engines.Engine`` only) and the
-points run on it: reset (or salt) the prefix cache and prove it cold with a probe (``runner.cold``),
-prime the group prefixes, send the warm-up requests,
-then send the measured requests on the arrival schedule, and estimate what the cache should have
-served."""
+"""``ModeSession``: one engine (one mode, any backend, through ``engines.Engine`` only), warmed up
+once it starts until its step time settles (``runner.warmup``), and the points run on it: reset
+(or salt) the prefix cache and prove it cold with a probe (``runner.cold``), prime the group
+prefixes, send the point's warm-up requests, then send the measured requests on the arrival
+schedule, and estimate what the cache should have served."""
 
 from __future__ import annotations
 
@@ -21,12 +21,14 @@ from prefixstudy.config import StudyConfig
 from prefixstudy.engines import RequestTrace
 from prefixstudy.engines import pool as engine_pool
 from prefixstudy.engines.build import make_engine
+from prefixstudy.engines.registry import capabilities
 from prefixstudy.errors import StudyFailed, describe_failure
 from prefixstudy.runner.cold import ColdStart, ColdStartFailed
 from prefixstudy.runner.pacing import _sleep_until, settle_heap
 from prefixstudy.runner.plan import point_plan, token_range, warmup_rows
 from prefixstudy.runner.records import iteration_frame, itl_summary, make_record
 from prefixstudy.runner.signals import stop_requested
+from prefixstudy.runner.warmup import batch_gap_ms, settled, skipped
 from prefixstudy.schema import PointResult, RequestRecord, typed_iterations, typed_requests
 from prefixstudy.workloads.base import DatasetRow, group_prefixes
 
@@ -48,6 +50,7 @@ class ModeSession:
         self._seq = 0
         self._sent: list[_Sent] = []
         self.cold = ColdStart(cfg.sweep.cache_isolation, mode, rows, self.caching, cfg.engine.max_model_len)
+        self.warmup: dict = {}  # what the last warm-up did (runner.warmup), for the manifest's `engines`
 
     async def __aenter__(self) -> "ModeSession":
         try:
@@ -62,7 +65,53 @@ class ModeSession:
             hint = "" if log else "; -v shows the engine's own log"
             raise StudyFailed(f"cache {self.mode.upper()}: the engine did not start ({describe_failure(e, log)}){hint}",
                               log=log) from e
+        await self._warm_up_or_close()
         return self
+
+    async def _warm_up_or_close(self) -> None:
+        try:
+            self.warmup = await self.warm_up()
+        except BaseException:  # Ctrl-C in the warm-up: the engine started here is stopped here
+            await self.__aexit__(None, None, None)
+            raise
+
+    async def warm_up(self) -> dict:
+        """Batches of ``sweep.engine_warmup.batch_requests`` requests sent at once, with fresh
+        suffixes, until the engine's step time settles (``runner.warmup.settled``) or
+        ``max_batches``; each batch within ``max_point_duration_s`` from the first.  A request that
+        fails ends it (the first point will fail or not on its own).  Returns its record."""
+        w = self.cfg.sweep.engine_warmup
+        if w.max_batches == 0:
+            return skipped("sweep.engine_warmup.max_batches is 0")
+        if not capabilities(self.cfg.engine.kind).shared_steps:
+            return skipped(f"engine.kind {self.cfg.engine.kind} forms no engine steps to settle")
+        if self.cfg.replicas > 1:
+            return skipped("a fleet's replicas are reached through its router; each point's warm-ups warm them")
+        rows = warmup_rows(self.rows, self.prefixes, w.batch_requests * w.max_batches, self.token_range)
+        t0 = time.monotonic()
+        deadline = t0 + self.cfg.sweep.max_point_duration_s
+        gaps: list[float] = []
+        stopped, sent = "max_batches", 0
+        for b in range(w.max_batches):
+            batch = rows[b * w.batch_requests:(b + 1) * w.batch_requests]
+            traces = await asyncio.gather(*(self._one(row, self._rid("engine-warmup", 0, sent + i), time.monotonic(),
+                                                      deadline=deadline) for i, row in enumerate(batch)))
+            sent += len(batch)
+            errors = [t.error for t in traces if t.error]
+            if errors:
+                stopped = f"failed: {errors[0][:200]}"
+                break
+            gaps.append(batch_gap_ms(traces))
+            if settled(gaps, w.tolerance):
+                stopped = "settled"
+                break
+            if time.monotonic() >= deadline:
+                stopped = "deadline"
+                break
+        self._sent = []  # the warm-up's requests stay out of every point's cache estimate
+        return {"settled": stopped == "settled", "stopped": stopped, "batches": len(gaps), "requests": sent,
+                "gap_ms": [round(g, 4) for g in gaps], "s": round(time.monotonic() - t0, 3),
+                "batch_requests": w.batch_requests, "tolerance": w.tolerance}
 
     async def __aexit__(self, *exc) -> None:
         await self.engine.aclose()
@@ -83,6 +132,7 @@ class ModeSession:
                 self.engine.shutdown()
             raise StudyFailed(f"cache {self.mode.upper()}: the engine died and did not come back "
                               f"({describe_failure(e, getattr(e, 'log', ''))})", log=getattr(e, "log", "")) from e
+        self.warmup = await self.warm_up()
 
     def _rid(self, kind: str, rate: float, i: int, repeat: int = 0) -> str:
         self._seq += 1  # request ids stay unique across points on one engine

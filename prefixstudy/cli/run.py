@@ -152,8 +152,8 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
             click.echo(f"grid: {len(grid)} cells over {', '.join(a.name for a in axes)}, each a run folder under one "
                        f"parent: {', '.join(c.dir for c in grid)}")
         if cannot:  # a GPU study checked on a laptop: fine to check, not to run (a Ray cluster's GPUs may do)
-            click.echo(f"note: it cannot run on this machine: {cannot}" + ("; a Ray cluster's GPUs would do"
-                                                                           if executor_name == "ray" else ""))
+            click.echo(f"note: cannot run here: {cannot}" + ("; a Ray cluster's GPUs would do"
+                                                            if executor_name == "ray" else ""))
         return
     from prefixstudy.sweep.folder import is_sweep
 

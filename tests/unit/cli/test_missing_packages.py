@@ -147,7 +147,7 @@ def test_a_gpu_config_checked_on_a_cpu_machine_says_it_cannot_run_here(tmp_path)
     assert r.returncode == 0, r.stderr
     ok, note = r.stdout.splitlines()
     assert ok.startswith("ok: study h200-tp1, 1440 dataset rows") and ok.endswith("executor local; nothing run (--dry-run)")
-    assert note == "note: it cannot run on this machine: field 'device': cuda asked for, but torch sees no CUDA GPU here"
+    assert note == "note: cannot run here: field 'device': cuda asked for, but torch sees no CUDA GPU here"
     r = cli("", "run", "h200-tp1", "--out", tmp_path / "res", "--executor", "local")
     assert (r.returncode, r.stderr) == (2, "error: field 'device': cuda asked for, but torch sees no CUDA GPU here\n")
     assert not (tmp_path / "res").exists()

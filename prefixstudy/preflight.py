@@ -11,7 +11,7 @@ import logging
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines.registry import capabilities, engine_class, kinds_that
 from prefixstudy.errors import UserError, installed
-from prefixstudy.executors.base import engines_run_here, interleaved
+from prefixstudy.executors.base import engines_run_here, shares_one_device
 from prefixstudy.results.provenance import device_name
 
 log = logging.getLogger(__name__)
@@ -64,13 +64,16 @@ def check_simulated(cfg: StudyConfig) -> None:
 
 
 def check_resident(cfg: StudyConfig) -> None:
-    """Interleaved arms keep every arm's engine up at once: their memory shares must fit together."""
+    """Interleaved arms in this process keep every arm's engine up at once on one device: their memory
+    shares must fit together."""
     share = cfg.engine.resident_share
-    if interleaved(cfg) and share == 1.0:
+    if not shares_one_device(cfg):
+        return
+    if share == 1.0:
         raise UserError(f"field 'sweep.interleave_arms': engine.kind {cfg.engine.kind} sizes each engine by the "
                         f"memory free when it starts, so {len(cfg.sweep.modes)} arms up at once on one device would "
                         "not get the same KV cache; set sweep.interleave_arms: false (one arm's engine at a time)")
-    if interleaved(cfg) and share is not None and share * len(cfg.sweep.modes) > MAX_RESIDENT:
+    if share is not None and share * len(cfg.sweep.modes) > MAX_RESIDENT:
         raise UserError(f"field 'engine.gpu_memory_utilization': {len(cfg.sweep.modes)} arms x {share:g} do not fit "
                         f"on one device at once (sweep.interleave_arms keeps every arm's engine up); use at most "
                         f"{MAX_RESIDENT / len(cfg.sweep.modes):.2f}, or sweep.interleave_arms: false")

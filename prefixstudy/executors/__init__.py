@@ -1,8 +1,9 @@
 """Stage: executors.  Where the sessions (an engine and the code that sends it requests) live.
 
-``local``: in this process, one mode after the other.  ``ray``: one Ray actor per mode, side by
-side when the cluster has room.  ``auto``: ray when it can be imported, else local (and local for
-an in-process stand-in such as echo).
+``local``: in this process; with ``sweep.interleave_arms`` every arm's engine stays up and the arms
+take turns point by point.  ``ray``: one Ray actor per mode, side by side when the cluster has room,
+else taking turns point by point where it places every arm's actor at once.  ``auto``: ray when it
+can be imported, else local (and local for an in-process stand-in such as echo).
 
 An executor runs the points of a config and hands every ``PointResult`` to the study through a
 ``StudySink``; it never writes results or the manifest itself.  Its progress line per point

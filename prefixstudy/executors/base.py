@@ -68,11 +68,17 @@ def engines_run_here(cfg: "StudyConfig") -> bool:
 
 
 def interleaved(cfg: "StudyConfig") -> bool:
-    """Whether the arms take turns point by point (``sweep.interleave_arms``): in process, with more
-    than one arm and one replica.  A Ray run's arms go side by side on their own GPUs, or one after
-    the other."""
-    return (cfg.sweep.interleave_arms and len(cfg.sweep.modes) > 1 and cfg.replicas == 1
-            and resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address) == "local")
+    """Whether the arms take turns point by point (``sweep.interleave_arms``), with more than one
+    arm and one replica.  The local executor keeps every arm's engine up in this process; the Ray
+    executor keeps every arm's actor up where the cluster places them all at once but cannot run
+    them side by side (``ray_plan.plan_parallel``: side by side, the arms run each point in step)."""
+    return cfg.sweep.interleave_arms and len(cfg.sweep.modes) > 1 and cfg.replicas == 1
+
+
+def shares_one_device(cfg: "StudyConfig") -> bool:
+    """Whether the arms' engines, kept up together, share this machine's one device: interleaved
+    in this process.  A Ray run gives each engine resources of its own (its placement group)."""
+    return interleaved(cfg) and resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address) == "local"
 
 
 def repeat_tag(cfg: "StudyConfig", repeat: int) -> str:

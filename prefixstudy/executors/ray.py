@@ -1,10 +1,11 @@
 """Executor ``ray``: one actor per mode on a Ray cluster, its load generator beside it.
 
 Each mode's ``ModeSession`` (the engine and the code that sends the requests) runs inside one
-``EngineActor`` (``ray_actor``), so measured latency never crosses the network.  The driver plans resources (GPU
-placement groups, or CPUs; ``ray_plan``), decides whether ON and OFF run side by side, asks the
-actors for points, and hands every ``PointResult`` that comes back to the study's sink: results
-travel through Ray, no shared filesystem is needed.  An actor that dies (OOM, crash, killed) turns its
+``EngineActor`` (``ray_actor``), so measured latency never crosses the network.  The driver plans
+resources (GPU placement groups, or CPUs; ``ray_plan``), decides whether the arms run side by side,
+take turns point by point on actors kept up together, or run one after the other, asks the actors
+for points, and hands every ``PointResult`` that comes back to the study's sink: results travel
+through Ray, no shared filesystem is needed.  An actor that dies (OOM, crash, killed) turns its
 point into a failed row with the cause, a fresh actor takes its place and the sweep goes on.
 
 Ray is imported here and in the other ``ray_*`` modules (lazily), and nowhere else.
@@ -20,12 +21,13 @@ from tqdm import tqdm
 
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import StudyFailed, UserError, first_line
-from prefixstudy.executors.base import StudySink, point_line, repeat_tag
+from prefixstudy.executors.base import StudySink, interleaved, point_line, repeat_tag
 from prefixstudy.executors.ray_actor import EngineActor, _gpus_in_process, actor_env
 from prefixstudy.executors.ray_cluster import NAMESPACE, alive_node_ids, alive_nodes, connect, ray_failure
 from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_placement, node_slots, one_after_the_other,
                                             plan_parallel, summarize_actor_error)
 from prefixstudy.runner import run_until_signal
+from prefixstudy.runner.warmup import note as warmup_note
 from prefixstudy.schema import PointResult
 from prefixstudy.sweep.plan import RunPlan
 
@@ -150,10 +152,13 @@ class _ModeRunner:
         self.ex.bar.set_description(f"restarting engine (cache {self.mode.upper()})")
         await self._start_actor()
 
+    async def start(self) -> None:
+        self.ex.bar.set_description(f"starting engine (cache {self.mode.upper()})")
+        await self._start_actor()
+
     async def run_all(self) -> None:
         ex = self.ex
-        ex.bar.set_description(f"starting engine (cache {self.mode.upper()})")
-        await self._start_actor()
+        await self.start()
         # Side by side, no point is measured while the other engine still compiles and warms up.
         ex.engines_up += 1
         if ex.engines_up == len(ex.runners) or not ex.parallel:
@@ -163,30 +168,34 @@ class _ModeRunner:
 
     async def run_points(self) -> None:
         """The executor's current plan's points, in order, on this mode's actor."""
+        for rate, repeat in self.ex.plan.of(self.mode):
+            await self.run_point(rate, repeat)
+
+    async def run_point(self, rate: float, repeat: int) -> None:
+        """One point on this mode's actor, handed to the sink; an actor that died is replaced first."""
         from ray.exceptions import RayActorError, RayError
 
         ex = self.ex
-        for rate, repeat in ex.plan.of(self.mode):
-            if self.dead:  # only now, so a failure at the last point costs no engine start
-                await self._replace_actor()
-                self.dead = False
-            ex.bar.set_description(f"cache {self.mode.upper()} @ {rate:g} req/s" + repeat_tag(ex.cfg, repeat))
-            asked_at = time.time()
+        if self.dead:  # only now, so a failure at the last point costs no engine start
+            await self._replace_actor()
+            self.dead = False
+        ex.bar.set_description(f"cache {self.mode.upper()} @ {rate:g} req/s" + repeat_tag(ex.cfg, repeat))
+        asked_at = time.time()
+        try:
+            res = await self.actor.run_point.remote(rate, repeat)
+        except RayActorError as e:
+            res = PointResult.failed(self.mode, rate, summarize_actor_error(e), repeat, started_at=asked_at)
+            self.dead = True
+        except RayError as e:  # the call failed, the actor may live: recover() below will tell
+            res = PointResult.failed(self.mode, rate, f"{type(e).__name__}: {' '.join(str(e).split())}"[:500],
+                                     repeat, started_at=asked_at)
+        self.finished_requests += ex.cfg.sweep.requests_for(rate)
+        ex.point_done(res)
+        if res.meta.get("status") == "failed" and not self.dead:
             try:
-                res = await self.actor.run_point.remote(rate, repeat)
-            except RayActorError as e:
-                res = PointResult.failed(self.mode, rate, summarize_actor_error(e), repeat, started_at=asked_at)
+                await self.actor.recover.remote()  # restarts an engine that died inside a living actor
+            except RayActorError:
                 self.dead = True
-            except RayError as e:  # the call failed, the actor may live: recover() below will tell
-                res = PointResult.failed(self.mode, rate, f"{type(e).__name__}: {' '.join(str(e).split())}"[:500],
-                                         repeat, started_at=asked_at)
-            self.finished_requests += ex.cfg.sweep.requests_for(rate)
-            ex.point_done(res)
-            if res.meta.get("status") == "failed" and not self.dead:
-                try:
-                    await self.actor.recover.remote()  # restarts an engine that died inside a living actor
-                except RayActorError:
-                    self.dead = True
 
     async def stop(self) -> None:
         import ray
@@ -216,7 +225,8 @@ class _ModeRunner:
 
 
 class RayExecutor:
-    """Runs every mode in its own Ray actor; ON and OFF side by side when the cluster has room."""
+    """Runs every mode in its own Ray actor: side by side when the cluster has room; else, where it
+    places every arm's actor at once, the arms take turns point by point; else one after the other."""
 
     name = "ray"
 
@@ -259,10 +269,10 @@ class RayExecutor:
         self.use_gpu = bool(gpus) and cfg.device != "cpu"
         tp = cfg.engine.tensor_parallel_size
         plan = plan_parallel(cfg.ray.parallel, len(cfg.sweep.modes), nodes, self.use_gpu, tp,
-                             cfg.ray.num_cpus_per_engine, cfg.replicas)
-        self.parallel = plan["used"]
-        if warning := one_after_the_other(plan):
-            log.warning("%s", warning)
+                             cfg.ray.num_cpus_per_engine, cfg.replicas, interleave=interleaved(cfg))
+        self.parallel, self.turns = plan["used"], plan["turns"]
+        if note := one_after_the_other(plan):
+            log.warning("%s", note)
         if cfg.replicas > 1:  # which node each replica of each mode is aimed at
             ids = alive_node_ids()
             slots = [node_slots(n, self.use_gpu, tp, cfg.ray.num_cpus_per_engine) for n in nodes]
@@ -292,6 +302,9 @@ class RayExecutor:
 
     def engine_started(self, mode: str, info: dict) -> None:
         self.sink.append("engines", mode, info)
+        if note := warmup_note(mode, info["warmup"]):
+            with tqdm.external_write_mode():  # its own line, not the progress bar's
+                log.warning("%s", note)
         # The driver may sit on a CPU-only head node: the engines' device is the one that counts.
         self.sink.record("device", info["device"])
 
@@ -319,6 +332,11 @@ class RayExecutor:
             if self.parallel:
                 await asyncio.gather(*(r.run_all() for r in self.runners))
                 await self._later_rounds()
+            elif self.turns:
+                for r in self.runners:  # every engine up (and warm) before the first point is measured
+                    await r.start()
+                await self._take_turns()
+                await self._later_rounds()
             else:
                 for r in self.runners:
                     try:
@@ -330,10 +348,17 @@ class RayExecutor:
             self.bar.close()
             log.info("ray executor: %d mode(s) in %.1f s", len(self.runners), time.monotonic() - t0)
 
+    async def _take_turns(self) -> None:
+        """The plan's points one at a time, the arms taking turns (``RunPlan.turns``: A B, B A, ...)."""
+        runner = {r.mode: r for r in self.runners}
+        for mode, rate, repeat in self.plan.turns(self.cfg):
+            await runner[mode].run_point(rate, repeat)
+
     async def _later_rounds(self) -> None:
-        """An SLO search's next rounds on the actors still up (side by side, every arm's engine is),
-        so that no engine, and no cluster this run started, starts again between rounds.  Modes run
-        one after the other stop each engine to free its resources: their rounds start them again."""
+        """An SLO search's next rounds on the actors still up (side by side or in turns, every arm's
+        engine is), so that no engine, and no cluster this run started, starts again between rounds.
+        Modes run one after the other stop each engine to free its resources: their rounds start them
+        again."""
         take_round = getattr(self.sink, "take_round", None)
         while take_round is not None:
             work = take_round([r.mode for r in self.runners])
@@ -342,4 +367,7 @@ class RayExecutor:
             self.cfg, self.plan = work
             self.bar.total += self.plan.requests(self.cfg)
             self.bar.refresh()
-            await asyncio.gather(*(r.run_points() for r in self.runners if r.mode in self.cfg.sweep.modes))
+            if self.turns:
+                await self._take_turns()
+            else:
+                await asyncio.gather(*(r.run_points() for r in self.runners if r.mode in self.cfg.sweep.modes))

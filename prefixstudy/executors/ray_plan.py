@@ -35,11 +35,14 @@ def engine_slots(nodes: list[dict], use_gpu: bool, tp: int, cpus_per_engine: int
 
 
 def plan_parallel(requested: str, n_modes: int, nodes: list[dict], use_gpu: bool, tp: int,
-                  cpus_per_engine: int, replicas: int = 1) -> dict:
-    """Whether the modes run side by side: ``{"requested", "used", "reason"}`` for the manifest.
+                  cpus_per_engine: int, replicas: int = 1, interleave: bool = False) -> dict:
+    """How the modes run: ``{"requested", "used", "turns", "reason"}`` for the manifest.  ``used``:
+    side by side (every arm's engine at once, the points in step); ``turns``: every arm's engine
+    placed at once, but one point runs at a time, the arms taking turns (``interleave``, the
+    config's ``sweep.interleave_arms``); neither: one arm's engine after the other's.
 
     Raises UserError when not even one engine fits, or ``on`` is asked for and two do not fit.
-    With ``replicas`` > 1 a mode is a fleet of that many engines (``plan_fleets``).
+    With ``replicas`` > 1 a mode is a fleet of that many engines (``plan_fleets``; no turns).
     """
     if replicas > 1:
         return plan_fleets(requested, n_modes, nodes, use_gpu, tp, cpus_per_engine, replicas)
@@ -50,14 +53,23 @@ def plan_parallel(requested: str, n_modes: int, nodes: list[dict], use_gpu: bool
     if slots < 1:
         have = f"{gpus} GPUs, {cpus} CPUs over {len(nodes)} node(s)"
         raise UserError(f"the Ray cluster has no room for one engine: it needs {need}, the cluster has {have}")
+    # Turns need every arm's engine placed at once; only one of them runs a point at a time, so
+    # the cores a side-by-side engine wants for its loops (CPU_OVERHEAD_PER_ENGINE) are not needed.
+    can_turn = interleave and slots >= n_modes
 
-    def out(used: bool, reason: str) -> dict:
-        return {"requested": requested, "used": used, "reason": reason}
+    def out(used: bool, reason: str, turns: bool = False) -> dict:
+        return {"requested": requested, "used": used, "turns": turns, "reason": reason}
+
+    def not_side_by_side(why: str, sep: str = "; ") -> dict:
+        if can_turn:
+            every = "both engines" if n_modes == 2 else f"all {n_modes} engines"
+            return out(False, f"{why}{sep}{every} are placed at once and the arms take turns point by point", turns=True)
+        return out(False, f"{why}{sep}modes run one after the other")
 
     if n_modes < 2:
         return out(False, "one mode only")
     if requested == "off":
-        return out(False, "parallel off: modes run one after the other")
+        return not_side_by_side("parallel off", ": ")
     # Side by side means every arm's engine at once (they start together and run the points in step).
     if requested == "on":
         if slots < n_modes:
@@ -68,27 +80,26 @@ def plan_parallel(requested: str, n_modes: int, nodes: list[dict], use_gpu: bool
     if use_gpu:
         if slots >= n_modes:
             return out(True, f"auto: the cluster fits {n_modes} engines of {tp} GPU(s) side by side")
-        return out(False, f"auto: the cluster fits only {slots} engine{'s' * (slots != 1)} of {tp} GPU(s) "
-                          f"({gpus} GPUs); modes run one after the other")
+        return not_side_by_side(f"auto: the cluster fits only {slots} engine{'s' * (slots != 1)} of {tp} GPU(s) "
+                                f"({gpus} GPUs)")
     per = cpus_per_engine + CPU_OVERHEAD_PER_ENGINE
     roomy = sum(int(n.get("CPU", 0)) // per for n in nodes)
     if roomy >= n_modes:
         return out(True, f"auto: {cpus} CPUs fit {n_modes} CPU engines of {cpus_per_engine} + {CPU_OVERHEAD_PER_ENGINE} "
                          "CPUs side by side")
-    return out(False, f"auto: {cpus} CPUs; {n_modes} CPU engines side by side need {n_modes} x ({cpus_per_engine} + "
-                      f"{CPU_OVERHEAD_PER_ENGINE}) = {n_modes * per} CPUs (engine cores + load generator and engine "
-                      "loop); modes run one after the other")
+    return not_side_by_side(f"auto: {cpus} CPUs; {n_modes} CPU engines side by side need {n_modes} x ({cpus_per_engine} "
+                            f"+ {CPU_OVERHEAD_PER_ENGINE}) = {n_modes * per} CPUs (engine cores + load generator and "
+                            "engine loop)")
 
 
 def one_after_the_other(plan: dict) -> str:
-    """The console warning for a plan that ``auto`` made sequential for want of room ("" otherwise:
-    side by side, one arm, or ``--parallel off`` asked for).  Each arm's points then run at other
-    times than the other arm's, so a difference between arms also holds whatever changed between."""
-    if plan["used"] or not plan["reason"].startswith("auto:"):
+    """The console note (one line, at most 120 characters) for a plan that ``auto`` made sequential:
+    "" otherwise (side by side, in turns, one arm, or ``--parallel off`` asked for).  Each arm's
+    points then run at other times than the other arm's, so a difference between arms also holds
+    whatever changed in between; the manifest's ``parallel.reason`` says why."""
+    if plan["used"] or plan["turns"] or not plan["reason"].startswith("auto:"):
         return ""
-    return (f"ray executor: {plan['reason'].removeprefix('auto: ')}: the arms are measured at different times, "
-            "so their difference also holds what changed in between. --executor local runs every arm's engine "
-            "in this process, taking turns point by point, if they fit on this machine together")
+    return "ray: the arms run one after the other (neither side by side nor in turns); the manifest's parallel says why"
 
 
 def plan_fleets(requested: str, n_modes: int, nodes: list[dict], use_gpu: bool, tp: int,
@@ -102,7 +113,7 @@ def plan_fleets(requested: str, n_modes: int, nodes: list[dict], use_gpu: bool, 
                         f"a fleet of {replicas} replicas needs {replicas}")
 
     def out(used: bool, reason: str) -> dict:
-        return {"requested": requested, "used": used, "reason": reason}
+        return {"requested": requested, "used": used, "turns": False, "reason": reason}
 
     # CPU engines side by side also want a core each for their loops (as CPU_OVERHEAD_PER_ENGINE says).
     roomy = slots if use_gpu else sum(int(n.get("CPU", 0)) // (cpus_per_engine + CPU_OVERHEAD_PER_ENGINE)

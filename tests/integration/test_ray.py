@@ -1,9 +1,9 @@
 """prefixstudy.executors.ray: planning and error lines (exact), then real engines in Ray actors.
 
 The engine tests share one study (three tiny-model engine starts, about 50 s each on 2 idle
-cores): `prefixstudy run` on a 2-CPU local cluster, ON and OFF one after the other, with OFF's
-engine actor killed mid-point: that cluster is its own, since the claim is what the plan does with
-2 CPUs.  A Ray Jobs test submits the documented entrypoint (with --dry-run) to the session's shared
+cores): `prefixstudy run` on a 2-CPU local cluster, ON and OFF kept up together and taking turns
+point by point, with OFF's engine actor killed mid-point: that cluster is its own, since the claim
+is what the plan does with 2 CPUs.  A Ray Jobs test submits the documented entrypoint (with --dry-run) to the session's shared
 head node (tests/integration/conftest.py).
 """
 
@@ -45,25 +45,29 @@ TINY = ["--set", "sweep.num_requests=6", "--set", "sweep.warmup_requests=1", "--
         "--set", "engine.gpu_memory_utilization=0.1", "--set", "engine.enforce_eager=true"]
 SEQUENTIAL_2CPU = ("auto: 2 CPUs; 2 CPU engines side by side need 2 x (1 + 2) = 6 CPUs (engine cores + load "
                    "generator and engine loop); modes run one after the other")
+TURNS_2CPU = SEQUENTIAL_2CPU.replace("modes run one after the other",
+                                     "both engines are placed at once and the arms take turns point by point")
 
 
 # --------------------------------------------------------------------------- planning, exact
 
-def test_plan_two_cpus_runs_modes_one_after_the_other():
+def test_plan_two_cpus_runs_modes_one_after_the_other_without_interleaving_and_in_turns_with_it():
     assert plan_parallel("auto", 2, [{"CPU": 2.0}], False, 1, 1) == {
-        "requested": "auto", "used": False, "reason": SEQUENTIAL_2CPU}
+        "requested": "auto", "used": False, "turns": False, "reason": SEQUENTIAL_2CPU}
+    assert plan_parallel("auto", 2, [{"CPU": 2.0}], False, 1, 1, interleave=True) == {
+        "requested": "auto", "used": False, "turns": True, "reason": TURNS_2CPU}
 
 
 def test_plan_cpu_room_for_both():
     # 12 // (2 + 2) = 3 roomy slots >= 2
     assert plan_parallel("auto", 2, [{"CPU": 12}], False, 1, 2) == {
-        "requested": "auto", "used": True,
+        "requested": "auto", "used": True, "turns": False,
         "reason": "auto: 12 CPUs fit 2 CPU engines of 2 + 2 CPUs side by side"}
 
 
 def test_plan_gpu_one_node_of_eight_tp8_is_sequential():
     assert plan_parallel("auto", 2, [{"CPU": 96, "GPU": 8}], True, 8, 1) == {
-        "requested": "auto", "used": False,
+        "requested": "auto", "used": False, "turns": False,
         "reason": "auto: the cluster fits only 1 engine of 8 GPU(s) (8 GPUs); modes run one after the other"}
 
 
@@ -71,7 +75,7 @@ def test_plan_gpu_two_nodes_tp8_and_one_node_tp4_are_parallel():
     two_nodes = [{"CPU": 96, "GPU": 8}, {"CPU": 96, "GPU": 8}]
     assert plan_parallel("auto", 2, two_nodes, True, 8, 1)["used"] is True
     assert plan_parallel("auto", 2, [{"CPU": 96, "GPU": 8}], True, 4, 1) == {
-        "requested": "auto", "used": True, "reason": "auto: the cluster fits 2 engines of 4 GPU(s) side by side"}
+        "requested": "auto", "used": True, "turns": False, "reason": "auto: the cluster fits 2 engines of 4 GPU(s) side by side"}
 
 
 def test_plan_gpu_engine_must_fit_on_one_node():
@@ -83,10 +87,10 @@ def test_plan_gpu_engine_must_fit_on_one_node():
 
 def test_plan_on_off_and_one_mode():
     assert plan_parallel("on", 2, [{"CPU": 2}], False, 1, 1) == {
-        "requested": "on", "used": True, "reason": "parallel on: both engines run side by side"}
+        "requested": "on", "used": True, "turns": False, "reason": "parallel on: both engines run side by side"}
     assert plan_parallel("off", 2, [{"CPU": 64}], False, 1, 1)["used"] is False
-    assert plan_parallel("auto", 1, [{"CPU": 64}], False, 1, 1) == {
-        "requested": "auto", "used": False, "reason": "one mode only"}
+    assert plan_parallel("auto", 1, [{"CPU": 64}], False, 1, 1, interleave=True) == {
+        "requested": "auto", "used": False, "turns": False, "reason": "one mode only"}
     with pytest.raises(UserError, match="--parallel on: the Ray cluster has room for one engine only"):
         plan_parallel("on", 2, [{"CPU": 96, "GPU": 8}], True, 8, 1)
 
@@ -132,7 +136,7 @@ def test_seed_config_dry_run():
     assert r.output == ("ok: study seed-a100x8-tp8, 1920 dataset rows, modes on,off, "
                         "rates 0.5,1,2,4,8,16,24,32,48,64 req/s, executor ray; nothing run (--dry-run)\n"
                         # This machine has no CUDA GPU: the dry run says so and still checks the rest.
-                        "note: it cannot run on this machine: field 'device': cuda asked for, but torch sees no CUDA GPU here; "
+                        "note: cannot run here: field 'device': cuda asked for, but torch sees no CUDA GPU here; "
                         "a Ray cluster's GPUs would do\n")
     cfg = load_config(REPO / "prefixstudy/configs/seed-a100x8-tp8.yaml")
     e = cfg.engine
@@ -149,7 +153,7 @@ def test_h200x8_configs(name, tp, parallel):
     r = CliRunner().invoke(main, ["run", str(REPO / f"prefixstudy/configs/{name}.yaml"), "--dry-run"])
     assert r.output == (f"ok: study {name}, 1920 dataset rows, modes on,off, "
                         "rates 0.5,1,2,4,8,16,32,64 req/s, executor ray; nothing run (--dry-run)\n"
-                        "note: it cannot run on this machine: field 'device': cuda asked for, but torch sees no CUDA GPU here; "
+                        "note: cannot run here: field 'device': cuda asked for, but torch sees no CUDA GPU here; "
                         "a Ray cluster's GPUs would do\n")
     cfg = load_config(REPO / f"prefixstudy/configs/{name}.yaml")
     assert (cfg.engine.tensor_parallel_size, cfg.ray.parallel, cfg.dataset.prefix_len, cfg.dataset.suffix_len,
@@ -262,11 +266,8 @@ def test_ray_study_values(ray_study):
     run_dir, code, seen = ray_study
     man, req, it, summ = _read_run(run_dir)
     assert code == 1  # a failed point: the CLI says so, after writing everything
-    # 2 CPUs hold one CPU engine at a time: the console says the arms ran one after the other.
-    assert [w for w in seen["warnings"] if "one after the other" in w] == [
-        f"ray executor: {man['parallel']['reason'].removeprefix('auto: ')}: the arms are measured at different "
-        "times, so their difference also holds what changed in between. --executor local runs every arm's engine in "
-        "this process, taking turns point by point, if they fit on this machine together"]
+    # 2 CPUs place both CPU engines, not side by side: they take turns, which needs no note.
+    assert [w for w in seen["warnings"] if w.startswith("ray:")] == []
     assert man["executor"] == "ray" and man["status"] == "complete_with_failures"
     assert (man["ray"]["address"], man["ray"]["cluster_cpus"], man["ray"]["engine_resources"]) \
         == ("local", 2, {"CPU": 1})
@@ -284,13 +285,22 @@ def test_ray_study_values(ray_study):
 
 
 @pytest.mark.engine
-def test_ray_two_cpu_cluster_runs_modes_one_after_the_other(ray_study):
+def test_ray_two_cpu_cluster_keeps_both_engines_up_and_takes_turns(ray_study):
     run_dir, _, _ = ray_study
     man = _read_run(run_dir)[0]
-    assert man["parallel"] == {"requested": "auto", "used": False, "reason": SEQUENTIAL_2CPU}
-    pts = {(p["mode"], p["rate"]): p for p in man["points"]}
-    # OFF's first point starts only after ON's last point ended (ON's engine was stopped in between).
-    assert pts[("off", 4.0)]["started_at"] > pts[("on", 8.0)]["started_at"] + pts[("on", 8.0)]["duration_s"]
+    assert man["parallel"] == {"requested": "auto", "used": False, "turns": True, "reason": TURNS_2CPU}
+    pts = sorted(man["points"], key=lambda p: p["started_at"])
+    assert [(p["mode"], p["rate"]) for p in pts] == [("on", 4.0), ("off", 4.0), ("off", 8.0), ("on", 8.0)]
+    # Both engines started (and warmed up) before the first point; OFF's replacement after its failed point.
+    first = pts[0]["started_at"]
+    assert [len(man["engines"][m]) for m in ("on", "off")] == [1, 2]
+    assert all(e["warmup"]["batches"] >= 3 or e["warmup"]["stopped"] != "settled"
+               for es in man["engines"].values() for e in es)
+    # One point at a time: each starts once the one before it has ended (a point that failed has no duration).
+    ok = [p for p in pts if p["status"] == "ok"]
+    for a, b in zip(ok, ok[1:], strict=False):
+        assert b["started_at"] >= a["started_at"] + a["duration_s"]
+    assert first > 0
 
 
 @pytest.mark.engine

@@ -267,7 +267,7 @@ def test_ray_runs_arms_side_by_side_only_when_every_arm_s_engine_fits():
 
     two_gpus, three_gpus = [{"GPU": 2, "CPU": 32}], [{"GPU": 3, "CPU": 32}]
     assert plan_parallel("auto", 3, two_gpus, True, 1, 1) == {
-        "requested": "auto", "used": False,
+        "requested": "auto", "used": False, "turns": False,
         "reason": "auto: the cluster fits only 2 engines of 1 GPU(s) (2 GPUs); modes run one after the other"}
     assert plan_parallel("auto", 3, three_gpus, True, 1, 1)["reason"] == \
         "auto: the cluster fits 3 engines of 1 GPU(s) side by side"
@@ -284,15 +284,12 @@ def test_the_console_says_when_auto_runs_the_arms_one_after_the_other():
     from prefixstudy.executors.ray_plan import one_after_the_other, plan_parallel
 
     one_gpu = [{"GPU": 1, "CPU": 16}]
-    assert one_after_the_other(plan_parallel("auto", 2, one_gpu, True, 1, 1)) == (
-        "ray executor: the cluster fits only 1 engine of 1 GPU(s) (1 GPUs); modes run one after the other: the arms "
-        "are measured at different times, so their difference also holds what changed in between. --executor local "
-        "runs every arm's engine in this process, taking turns point by point, if they fit on this machine together")
+    said = "ray: the arms run one after the other (neither side by side nor in turns); the manifest's parallel says why"
+    assert one_after_the_other(plan_parallel("auto", 2, one_gpu, True, 1, 1)) == said
     assert one_after_the_other(plan_parallel("auto", 2, [{"GPU": 2, "CPU": 16}], True, 1, 1)) == ""  # side by side
     assert one_after_the_other(plan_parallel("off", 2, one_gpu, True, 1, 1)) == ""  # asked for
     assert one_after_the_other(plan_parallel("auto", 1, one_gpu, True, 1, 1)) == ""  # one arm (or what a resume has left)
-    assert one_after_the_other(plan_parallel("auto", 2, [{"GPU": 2, "CPU": 16}], True, 1, 1, replicas=2)).startswith(
-        "ray executor: the cluster fits 2 engine(s), not 2 fleets of 2; modes run one after the other: ")
+    assert one_after_the_other(plan_parallel("auto", 2, [{"GPU": 2, "CPU": 16}], True, 1, 1, replicas=2)) == said
 
 
 def test_an_arm_s_engine_arguments_are_checked_by_vllm_naming_the_arm():

@@ -29,7 +29,7 @@ def test_replicas_spread_over_nodes_one_per_node_first():
 def test_fleets_side_by_side_only_when_both_fit():
     two_h200 = [{"CPU": 32, "GPU": 2}]
     assert plan_parallel("auto", 2, two_h200, True, 1, 1, replicas=2) == {
-        "requested": "auto", "used": False,
+        "requested": "auto", "used": False, "turns": False,
         "reason": "auto: the cluster fits 2 engine(s), not 2 fleets of 2; modes run one after the other"}
     assert plan_parallel("auto", 2, [{"CPU": 32, "GPU": 4}], True, 1, 1, replicas=2)["used"] is True
     with pytest.raises(UserError, match="field 'replicas': the Ray cluster has room for 2 engine"):
@@ -46,7 +46,7 @@ def test_h200_replicas_config_dry_run():
                         "nothing run (--dry-run)\n"
                         "grid: 2 cells over router.policy, each a run folder under one parent: policy-round_robin, "
                         "policy-prefix_affinity\n"
-                        "note: it cannot run on this machine: field 'device': cuda asked for, but torch sees no "
+                        "note: cannot run here: field 'device': cuda asked for, but torch sees no "
                         "CUDA GPU here; a Ray cluster's GPUs would do\n")
     cfg = load_config(REPO / "prefixstudy/configs/h200-replicas.yaml")
     assert (cfg.replicas, cfg.engine.tensor_parallel_size, cfg.dataset.groups, cfg.dataset.prefix_len) == (2, 1, 16, 1800)

@@ -23,7 +23,7 @@ from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import counted, parse_slo
 from prefixstudy.report import arms as arm_report, bench_import, figure_kit as kit, figures as plots, first_screen, tables
 from prefixstudy.report import closure as closure_report, gain_split as split_report, order as order_report
-from prefixstudy.report import prediction, slo as slo_report
+from prefixstudy.report import prediction, saturation_codes as sat_codes, slo as slo_report
 from prefixstudy.report.data import ReportData, analyze, norm_rate
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, write_report
 from prefixstudy.results import HEADLINE, MANIFEST, SUMMARY, find_run_dir, load, write_json
@@ -83,10 +83,15 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
     it = it[it["repeat"] == 0]
     which = "chosen with --point" if point else "the highest rate at which both modes are unsaturated (else the highest)"
     # In the order the report shows them, numbered from 1 in that order.
-    specs = [
-        ("e2e_intervals", lambda: first_screen.e2e_with_intervals(d.head, d.arms),
-         "Mean E2E with 95 % intervals (t over the repeats' means; one repeat: blocks of requests) and p90, "
-         "vs the actual arrival rate; log scale. The intervals hold for the machine this ran on."),
+    specs = []
+    if first_screen.ran(d.head, d.arms):
+        specs.append(("e2e_intervals", lambda: first_screen.e2e_with_intervals(d.head, d.arms),
+                      "Mean E2E (solid, 95 % CI) and p90 (dashed); hollow: saturated."))
+    if arm_report.shown(d.study.arms):
+        specs.append(("arms", lambda: arm_report.figure(d.study.arms),
+                      "Every arm against the baseline arm: mean E2E with 95 % intervals (left) and the "
+                      "paired gain of the mean (right), vs the actual arrival rate."))
+    specs += [
         ("e2e_vs_rate", lambda: plots.e2e_vs_rate(done, peers),
          "Mean (solid) and p99 (dashed) end-to-end latency vs actual arrival rate."),
         ("ttft_vs_rate", lambda: plots.ttft_vs_rate(done, peers),
@@ -99,9 +104,16 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
         ("max_rate_vs_threshold", lambda: plots.max_rate_vs_threshold(d.curves, d.knees),
          "Highest offered rate whose p90 E2E (left) / p90 TTFT (right) meets a threshold, "
          "vs the threshold; dotted: knee rate."),
-        ("caching_gain", lambda: plots.caching_gain(d.gains, sat_rates),
-         f"{who} gain ({b_} − {a_}) / {b_} of mean E2E (t interval "
-         "over the repeats' paired gains) and mean TTFT (independent bootstrap), 95 % CIs."),
+    ]
+    if has_gain(d):
+        specs.append(("caching_gain", lambda: plots.caching_gain(d.gains, sat_rates),
+                      f"{who} gain ({b_} − {a_}) / {b_} of mean E2E (t interval "
+                      "over the repeats' paired gains) and mean TTFT (independent bootstrap), 95 % CIs."))
+    if len(d.split):
+        specs.append(("gain_split", lambda: split_report.figure(d.split),
+                      "Where the caching gain comes from: points of the gain of mean E2E per part of a request's "
+                      "latency, vs the actual arrival rate; they add up to the measured gain (black)."))
+    specs += [
         ("prefill_share", lambda: plots.prefill_share(done),
          "Prefill share vs rate: request level (solid) and engine level (dashed)."),
         ("engine_timeseries", lambda: plots.engine_timeseries(
@@ -110,14 +122,6 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
         ("e2e_cdf", lambda: plots.e2e_cdf(req_ok, sat_map, modes=d.arms),
          "CDF of end-to-end latency at each offered rate."),
     ]
-    if len(d.split):
-        specs.insert(6, ("gain_split", lambda: split_report.figure(d.split),
-                         "Where the caching gain comes from: points of the gain of mean E2E per part of a request's "
-                         "latency, vs the actual arrival rate; they add up to the measured gain (black)."))
-    if arm_report.shown(d.study.arms):
-        specs.append(("arms", lambda: arm_report.figure(d.study.arms),
-                      "Every arm against the baseline arm: mean E2E with 95 % intervals (left) and the "
-                      "paired gain of the mean (right), vs the actual arrival rate."))
     specs = [(stem, draw, f"Figure {i}. {caption}") for i, (stem, draw, caption) in enumerate(specs, 1)]
     return kit.save_all(specs, out_dir / PLOTS_DIR, formats)
 
@@ -175,25 +179,73 @@ def _closure_blocks(d: ReportData) -> list[tuple]:
     return out + ([("p", closure_report.PHYSICS_TEXT), ("table", phys)] if len(phys) else [])
 
 
-def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str], pd.DataFrame | None]) -> list[tuple]:
-    f = {x.stem: x for x in figs}
-    a_, b_ = (arm_label(m) for m in d.arms)
-    b: list[tuple] = [("meta", tables.meta_line(d.study))]
-    b += [("headline", t) for t in prediction.of_run(d.study.manifest, d.study.path)]  # a prediction's error
-    b += slo_report.blocks(d.study.manifest, d.study.summary, d.head, d.arms)
+def has_gain(d: ReportData) -> bool:
+    """Whether the study measured the arm's gain over its baseline at some rate (both ran)."""
+    return bool(len(d.gains)) and bool(pd.to_numeric(d.gains["gain"], errors="coerce").notna().any())
+
+
+def first_screen_blocks(d: ReportData, f: dict[str, SavedFigure], lead: list[str]) -> list[tuple]:
+    """Before the first section: at most four findings, then the E2E figure beside one compact table."""
+    b: list[tuple] = []
+    said = first_screen.findings(d.head, d.arms, d.headline, lead) if len(d.head) else list(lead)
+    if said:
+        b.append(("list", said, "findings"))
+    if "e2e_intervals" in f:
+        t = first_screen.compact_table(d.head, d.study.summary, d.arms)
+        b.append(("row", [[("fig", f["e2e_intervals"])],
+                          [("table", t), ("p", first_screen.compact_legend(t, d.head, d.arms))]], "first-screen"))
+    return b
+
+
+def _arm_blocks(d: ReportData, f: dict[str, SavedFigure]) -> list[tuple]:
+    b: list[tuple] = []
     if len(d.tiers):
-        b += [("headline", t) for t in arm_report.tier_sentences(d.tiers, arm_report.tier_sizes(d.study.config))]
+        b += [("p", t) for t in arm_report.tier_sentences(d.tiers, arm_report.tier_sizes(d.study.config))]
     if arm_report.shown(d.study.arms):
-        b += [("headline", t) for t in arm_report.sentences(d.study.arms)]
+        b += [("p", t) for t in arm_report.sentences(d.study.arms)]
         b += [("table", arm_report.table(d.study.arms)), ("fig", f["arms"])]
+    return [("h2", "Arms"), *b] if b else []
+
+
+def _per_rate_blocks(d: ReportData) -> list[tuple]:
+    b: list[tuple] = [("h2", "Per rate")]
     if len(d.head):
-        b += [("headline", t) for t in first_screen.why_sentences(d.head, d.arms,
-                                                                  first_screen.no_share_reason(d.study.manifest))]
-        b += [("table", first_screen.headline_table(d.head, d.arms)), ("fig", f["e2e_intervals"])]
-    b += [("headline", t) for t in tables.headline_paragraphs(d)]
+        b += [("p", t) for t in first_screen.why_sentences(d.head, d.arms,
+                                                            first_screen.no_share_reason(d.study.manifest))]
+        b.append(("table", first_screen.headline_table(d.head, d.arms)))
+    b += [("p", t) for t in tables.headline_paragraphs(d)]
     if d.slo:
         b.append(("p", "SLOs (ms): " + ", ".join(f"{k} ≤ {v:g}" for k, v in d.slo.items())
                   + ". Goodput = counted requests meeting every SLO / point duration (summary.csv's duration_s)."))
+    return b
+
+
+def _saturation_blocks(d: ReportData) -> list[tuple]:
+    t = sat_codes.reasons_table(d.study.summary)
+    if not len(t):
+        return [("h2", "Saturation"), ("p", "No repeat of any point saturated.")]
+    return [("h2", "Saturation"),
+            ("p", "Every saturated repeat, with the rules that fired (summary.csv's saturation_reason). "
+                  "The tables above give each rule a code:"),
+            ("list", [f"{c}: {text}" for c, text in sat_codes.LEGEND.items() if c != sat_codes.OTHER]),
+            ("table", t)]
+
+
+def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str], pd.DataFrame | None],
+                  run_notes: Sequence[tuple] = ()) -> list[tuple]:
+    """Every block of the report: the first screen (no section), then the sections.  ``run_notes``:
+    blocks the Run section adds (peers overlaid, their warnings)."""
+    f = {x.stem: x for x in figs}
+    a_, b_ = (arm_label(m) for m in d.arms)
+    said = prediction.of_run(d.study.manifest, d.study.path)  # a simulation's error, before any number
+    b = first_screen_blocks(d, f, said[:1])
+    b += [("h2", "Run"), ("meta", tables.meta_line(d.study)), *run_notes]
+    if said[1:]:
+        b += [("h2", "Prediction error"), *(("p", t) for t in said[1:])]
+    b += slo_report.blocks(d.study.manifest, d.study.summary, d.head, d.arms)
+    b += _arm_blocks(d, f)
+    b += _per_rate_blocks(d)
+    b += _saturation_blocks(d)
     b += [("h2", "Points"),
           ("p", f"Every point of the run. {tables.SAT_MARK} marks a saturated point in every table; "
                 "an X marks one in every figure."),
@@ -201,17 +253,19 @@ def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str]
           ("table", tables.points_table(d)),
           ("h2", "Latency vs load"), ("fig", f["e2e_vs_rate"]), ("fig", f["ttft_vs_rate"]),
           ("h2", "Where the time goes"), ("fig", f["latency_breakdown"]),
-          ("h2", "Highest rate meeting a latency threshold"), ("fig", f["max_rate_vs_threshold"]),
-          ("h2", "Caching gain"),
-          ("p", f"E2E gain = ({b_} − {a_}) / {b_} of the mean over requests counted in both modes; its 95 % CI "
-                f"resamples repeats, then blocks of consecutive request indices, the same blocks in {a_} and {b_} "
-                "(metrics.headline). TTFT gain: 1000 seeded bootstrap resamples of each mode independently. "
-                f"Paired Δ = {b_} − {a_} of the same request (repeat and request_index) at the same rate; > 0 "
-                f"means {a_} was faster."),
-          ("fig", f["caching_gain"]), ("table", tables.gain_table(d)),
-          *([("h2", "Where the gain comes from"), ("p", split_report.TEXT.format(arm=a_, baseline=b_)), ("fig", f["gain_split"]),
-             ("table", split_report.table(d.split))] if len(d.split) else []),
-          *_order_blocks(d),
+          ("h2", "Highest rate meeting a latency threshold"), ("fig", f["max_rate_vs_threshold"])]
+    if has_gain(d):
+        b += [("h2", "Caching gain"),
+              ("p", f"E2E gain = ({b_} − {a_}) / {b_} of the mean over requests counted in both modes; its 95 % CI "
+                    f"resamples repeats, then blocks of consecutive request indices, the same blocks in {a_} and {b_} "
+                    "(metrics.headline). TTFT gain: 1000 seeded bootstrap resamples of each mode independently. "
+                    f"Paired Δ = {b_} − {a_} of the same request (repeat and request_index) at the same rate; > 0 "
+                    f"means {a_} was faster."),
+              ("fig", f["caching_gain"]), ("table", tables.gain_table(d))]
+    if len(d.split):
+        b += [("h2", "Where the gain comes from"), ("p", split_report.TEXT.format(arm=a_, baseline=b_)),
+              ("fig", f["gain_split"]), ("table", split_report.table(d.split))]
+    b += [*_order_blocks(d),
           *_closure_blocks(d),
           ("h2", "Prefill share"), ("p", tables.ESTIMATOR_TEXT), ("table", tables.fit_table(d)),
           *_fit_kind_blocks(d),
@@ -235,7 +289,7 @@ def build_report(results_dir: str | Path, slo: dict[str, float] | str | None = N
 
     ``slo``: dict (ms) or text "ttft=200,e2e=2000".  ``threshold_ms``: the p90 E2E threshold
     of the headline (default: the e2e SLO, else 2 × OFF's p90 E2E at the lowest rate).
-    ``peers``: vllm-bench-serve JSON files overlaid on figures 1 and 2.  ``point``: the
+    ``peers``: vllm-bench-serve JSON files overlaid on the E2E and TTFT figures.  ``point``: the
     rate (optionally "MODE RATE") of the engine time series.
     """
     run = find_run_dir(Path(results_dir))
@@ -261,14 +315,16 @@ def build_report(results_dir: str | Path, slo: dict[str, float] | str | None = N
                   ("table", tables.all_points_table(d))]
         return write_report(blocks, f"Prefix caching study: {d.label}", study.path)
     figs = draw_figures(d, study.path, peer_df, point, formats)
-    blocks = report_blocks(d, figs, model_section(d)) + workload_blocks(study)
+    notes: list[tuple] = []
     if peers:
-        blocks.insert(1, ("p", "Peer measurements overlaid on figures 1 and 2: "
-                          + ", ".join(str(p) for p in peers) + "."))
+        shown = [x.caption.split(".")[0] for x in figs if x.stem in ("e2e_vs_rate", "ttft_vs_rate")]
+        notes.append(("p", f"Peer measurements overlaid on {' and '.join(shown).lower()}: "
+                      + ", ".join(str(p) for p in peers) + "."))
         warm = bench_import.warm_peers(peer_df, float(d.study.summary["hit_rate_expected"].max()),
                                        float((d.study.config.get("checks") or {}).get("hit_rate_tolerance", 0.05)))
         for w in warm:
             log.warning("warning: %s", w)
         if warm:
-            blocks.insert(2, ("list", warm))
+            notes.append(("list", warm))
+    blocks = report_blocks(d, figs, model_section(d), notes) + workload_blocks(study)
     return write_report(blocks, f"Prefix caching study: {d.label}", study.path)

@@ -9,6 +9,7 @@ import pandas as pd
 from prefixstudy.metrics.headline import knee_bracket
 from prefixstudy.metrics.saturation import COMPLETION_MIN, FULL_LEVEL, FULL_SHARE, WAIT_SHARE
 from prefixstudy.arms import arm_label
+from prefixstudy.report import saturation_codes as sat_codes
 from prefixstudy.report.data import ReportData, arm_text
 from prefixstudy.report.render import SAT_MARK
 from prefixstudy.results import StudyResults
@@ -145,9 +146,8 @@ def _saturation_sentence(d: ReportData, mode: str) -> str | None:
     bracket = knee_bracket(d.head, mode)["text"] if len(d.head) else "no headline.csv to place the knee"
     if sat.empty:
         return f"{_cap(arm_text(mode))}: no point saturated (up to {p['rate'].max():.2f} req/s); {bracket}."
-    why = "; ".join(f"{r['rate']:.2f}: {r['saturation_reason']}" for _, r in sat.iterrows() if r["saturation_reason"])
-    return (f"{_cap(arm_text(mode))}: saturated at {', '.join(f'{r:.2f}' for r in sat['rate'])} req/s"
-            f"{f' ({why})' if why else ''}; {bracket}.")
+    return (f"{_cap(arm_text(mode))}: saturated at {', '.join(f'{r:.2f}' for r in sat['rate'])} req/s "
+            f"(the Saturation section says why); {bracket}.")
 
 
 def headline_paragraphs(d: ReportData) -> list[str]:
@@ -200,8 +200,8 @@ def points_table(d: ReportData) -> pd.DataFrame:
     })
     if "goodput_rps" in p:
         t["goodput (req/s)"] = p["goodput_rps"].map(lambda v: fmt(v, ".2f"))
-    t["saturated"] = [("yes" + (f": {r}" if r else "")) if s else "no"
-                      for s, r in zip(p["saturated"], p["saturation_reason"], strict=True)]
+    t["saturated"] = [sat_codes.cell(d.study.summary, (m,), r, label=False)
+                      for m, r in zip(p["mode"], p["nominal_rate"], strict=True)]
     return t
 
 

@@ -27,7 +27,11 @@ from prefixstudy.metrics.headline import rate_at_threshold
 from prefixstudy.report import bench_import as exchange
 from prefixstudy.cli import main as cli_main
 from prefixstudy.report import build_report
+from prefixstudy.report.precision import rounded, with_ci
+from prefixstudy.report.saturation_codes import codes
+from prefixstudy.report.tables import bound_mark
 from prefixstudy.results import load
+from tests.unit.report.test_first_screen import assert_first_screen_is_short, md_tables
 
 # Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -256,6 +260,49 @@ def _chromium() -> str:
     return exe
 
 
+def test_the_first_screen_is_the_figure_one_table_and_four_findings(run_dir):
+    md = (run_dir / "report.md").read_text()
+    table = assert_first_screen_is_short(md)
+    head = pd.read_csv(run_dir / "headline.csv").sort_values("arrival_rate")
+    summ = pd.read_csv(run_dir / "summary.csv").fillna({"saturation_reason": ""})
+    assert list(table.columns) == ["rate (req/s)", "ON E2E (ms)", "OFF E2E (ms)", "gain % [CI]", "OFF prompt %",
+                                   "saturated"]
+    assert table["rate (req/s)"].tolist() == [f"{r:.2f}".rstrip("0").rstrip(".") for r in head["arrival_rate"]]
+    for mode in ("on", "off"):  # a saturated mean is a lower bound
+        assert table[f"{mode.upper()} E2E (ms)"].tolist() == [
+            ("≥" if sat else "") + rounded(m, lo, hi, most=0) for sat, m, lo, hi in
+            zip(head[f"{mode}_saturated"], head[f"{mode}_mean_e2e_ms"], head[f"{mode}_mean_e2e_lo"],
+                head[f"{mode}_mean_e2e_hi"], strict=True)]
+    assert table["gain % [CI]"].tolist() == [
+        bound_mark(a, b).strip() + with_ci(g, lo, hi, scale=100, most=1) for a, b, g, lo, hi in
+        zip(head["on_saturated"], head["off_saturated"], head["gain_mean_e2e"], head["gain_mean_e2e_lo"],
+            head["gain_mean_e2e_hi"], strict=True)]
+
+    def saturated(rate):  # one repeat a point: the arms that saturated, each with its reason's codes
+        s = summ[(summ["rate"] == rate) & summ["saturated"]]
+        return "; ".join(f"{r['mode'].upper()} {'+'.join(codes(r['saturation_reason']))}"
+                         for _, r in s.sort_values("mode", ascending=False).iterrows()) or "no"
+    assert table["saturated"].tolist() == [saturated(r) for r in head["rate"]]
+    assert "no" in table["saturated"].tolist() and any("OFF behind" in c for c in table["saturated"])
+    # the reasons in full stay further down, one row per saturated repeat
+    reasons = md_tables(md.split("\n## Saturation\n", 1)[1].split("\n## ", 1)[0])[0]
+    assert sorted(reasons["reason"]) == sorted(summ.loc[summ["saturated"], "saturation_reason"])
+
+
+FIRST_SCREEN_PROBE = """<script>
+window.addEventListener('load', function () {
+  function box(sel) {
+    var e = document.querySelector(sel); if (!e) return null;
+    var r = e.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, left: r.left, right: r.right};
+  }
+  var pre = document.createElement('pre'); pre.id = 'boxes';
+  pre.textContent = JSON.stringify({figure: box('#first-screen figure img'), table: box('#first-screen table'),
+                                    width: window.innerWidth});
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
 def test_html_renders_in_chromium(run_dir, tmp_path):
     exe = _chromium()
     ARTIFACTS.mkdir(exist_ok=True)
@@ -280,11 +327,31 @@ def test_html_renders_in_chromium(run_dir, tmp_path):
     for i in imgs:
         assert i["src"] == "data:image/png;base64," and i["ok"] and i["w"] > 0 and i["h"] > 0, i
 
+    # At 1280 × 800 the figure and the compact table are on screen before any scrolling.
+    probe.write_text(page.read_text().replace("</body>", FIRST_SCREEN_PROBE + "</body>"))
+    res = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'ud3'}", "--window-size=1280,800",
+                          "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
+                         check=True, capture_output=True, text=True, timeout=120)
+    m = re.search(r'<pre id="boxes">(.*?)</pre>', res.stdout, re.S)
+    assert m, res.stdout[-2000:]
+    boxes = json.loads(html.unescape(m.group(1)))
+    assert boxes["width"] == 1280, boxes
+    for name in ("figure", "table"):
+        b = boxes[name]
+        assert b and 0 <= b["top"] < b["bottom"] <= 800 and 0 <= b["left"] < b["right"] <= 1280, (name, boxes)
+    assert boxes["figure"]["bottom"] - boxes["figure"]["top"] > 300  # drawn at a readable size, not shrunk away
+    first = ARTIFACTS / "report-first-screen.png"
+    first.unlink(missing_ok=True)
+    subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'ud4'}", f"--screenshot={first}",
+                    "--window-size=1280,800", page.as_uri()], check=True, capture_output=True, timeout=120)
+    assert struct.unpack(">II", first.read_bytes()[16:24]) == (1280, 800)
+
 
 def test_figures_are_numbered_from_one_in_the_order_shown_and_the_checks_are_printed(run_dir):
-    md = (run_dir / "report.md").read_text()
-    numbers = [int(n) for n in re.findall(r"^\*Figure (\d+)\.", md, flags=re.M)]
+    lines = (run_dir / "report.md").read_text()
+    numbers = [int(n) for n in re.findall(r"^\*Figure (\d+)\.", lines, flags=re.M)]
     assert numbers == list(range(1, len(STEMS) + 1))
+    md = " ".join(lines.split())  # a long paragraph breaks between sentences
     assert "## Step-timing checks" in md and "steps with prompt tokens not faster than decode-only" in md
     assert "request-level prefill share (mean prefill time / mean E2E of a request). It is not the engine" in md
     # the Definitions state headline.knee's rule, and the intervals' machine
@@ -324,13 +391,14 @@ def test_why_sentences_without_engine_steps_print_no_dash():
                          "off_engine_prefill_share": nan, "off_decode_slowdown": nan})
     first, second = why_sentences(head)
     assert first == "At 0.72 req/s caching saves 37 ms of 727 ms (gain 5.0 % [4.0, 6.0])."
+    # a gain of 40 % ± 10 points has whole points only (report.precision)
     assert second == ("At 8.10 req/s, the highest rate where neither mode saturated, caching cuts mean E2E by "
-                      "40.0 % [30.0, 50.0]. This backend records no engine steps, so there is no engine-level "
+                      "40 % [30, 50]. This backend records no engine steps, so there is no engine-level "
                       "prefill share.")
     # a simulated run has steps, priced rather than timed: the sentence says so, not "no steps"
     sim = no_share_reason({"sim": {"gpu": "A100-SXM4-40GB"}, "step_timing": ["sim"]})
     assert why_sentences(head, no_share=sim)[1].endswith(
-        "[30.0, 50.0]. A simulated run prices its steps with the calibration's step-cost model rather than timing "
+        "[30, 50]. A simulated run prices its steps with the calibration's step-cost model rather than timing "
         "them, so there is no engine-level prefill share.")
     assert no_share_reason({"step_timing": ["engine-async"]}) == (
         "Its engine ran with async scheduling and no GPU timer, so its host-stamped steps are not per-step costs "

@@ -78,8 +78,9 @@ class ModeSession:
     async def warm_up(self) -> dict:
         """Batches of ``sweep.engine_warmup.batch_requests`` requests sent at once, with fresh
         suffixes, until the engine's step time settles (``runner.warmup.settled``) or
-        ``max_batches``; each batch within ``max_point_duration_s`` from the first.  A request that
-        fails ends it (the first point will fail or not on its own).  Returns its record."""
+        ``max_batches``.  Each request has ``request_timeout_s``; one that fails ends the warm-up
+        (the first point will fail or not on its own), so a stalling engine holds it one timeout
+        long.  Returns its record."""
         w = self.cfg.sweep.engine_warmup
         if w.max_batches == 0:
             return skipped("sweep.engine_warmup.max_batches is 0")
@@ -89,13 +90,12 @@ class ModeSession:
             return skipped("a fleet's replicas are reached through its router; each point's warm-ups warm them")
         rows = warmup_rows(self.rows, self.prefixes, w.batch_requests * w.max_batches, self.token_range)
         t0 = time.monotonic()
-        deadline = t0 + self.cfg.sweep.max_point_duration_s
         gaps: list[float] = []
         stopped, sent = "max_batches", 0
         for b in range(w.max_batches):
             batch = rows[b * w.batch_requests:(b + 1) * w.batch_requests]
-            traces = await asyncio.gather(*(self._one(row, self._rid("engine-warmup", 0, sent + i), time.monotonic(),
-                                                      deadline=deadline) for i, row in enumerate(batch)))
+            traces = await asyncio.gather(*(self._one(row, self._rid("engine-warmup", 0, sent + i), time.monotonic())
+                                            for i, row in enumerate(batch)))
             sent += len(batch)
             errors = [t.error for t in traces if t.error]
             if errors:
@@ -104,9 +104,6 @@ class ModeSession:
             gaps.append(batch_gap_ms(traces))
             if settled(gaps, w.tolerance):
                 stopped = "settled"
-                break
-            if time.monotonic() >= deadline:
-                stopped = "deadline"
                 break
         self._sent = []  # the warm-up's requests stay out of every point's cache estimate
         return {"settled": stopped == "settled", "stopped": stopped, "batches": len(gaps), "requests": sent,

@@ -52,6 +52,5 @@ def note(mode: str, record: dict) -> str:
     points that follow say how, each on its line)."""
     if record.get("settled") is not False or record["stopped"].startswith("failed"):
         return ""
-    why = "it reached max_point_duration_s" if record["stopped"] == "deadline" else \
-        f"still moving after {record['batches']} batches"
-    return f"warning: cache {mode.upper()}: the engine's step time did not settle in its warm-up ({why})"[:120]
+    return (f"warning: cache {mode.upper()}: the engine's step time did not settle in its warm-up "
+            f"(still moving after {record['batches']} batches)")[:120]

@@ -44,13 +44,10 @@ def test_a_batch_s_gap_is_the_median_over_its_finished_requests():
     assert math.isnan(batch_gap_ms([RequestTrace(0.0, token_times=[0.0])]))
 
 
-@pytest.mark.parametrize("record", [
-    {"settled": False, "stopped": "max_batches", "batches": 10},
-    {"settled": False, "stopped": "deadline", "batches": 999},
-])
-def test_an_unsettled_warm_up_is_one_console_line_of_at_most_120_characters(record):
-    line = note("on-a-long-arm-name-of-an-offload-study", record)
-    assert line.startswith("warning: cache ON-A-LONG-ARM-NAME") and len(line) <= 120 and "\n" not in line
+@pytest.mark.parametrize("mode", ["on", "on-a-long-arm-name-of-an-offload-study-with-a-cpu-tier-of-64-gib"])
+def test_an_unsettled_warm_up_is_one_console_line_of_at_most_120_characters(mode):
+    line = note(mode, {"settled": False, "stopped": "max_batches", "batches": 1000})
+    assert line.startswith(f"warning: cache {mode.upper()}: ") and len(line) <= 120 and "\n" not in line
 
 
 @pytest.mark.parametrize("record", [

@@ -158,8 +158,9 @@ class SweepConfig(BaseModel):
                          "arrival draw (seed `arrivals.seed` + repeat); 2 or more give intervals over repeats.")
     only_repeats: list[int] | None = Field(None, description="Run only these repeats (0-based), e.g. to give "
                                            "repeats to different machines and `prefixstudy merge` them; None: all.")
-    interleave_arms: bool = Field(True, description="In process, every arm's engine stays up and the arms take "
-                                  "turns point by point: A B, then B A, along a sweep, and the first arm "
+    interleave_arms: bool = Field(True, description="Every arm's engine stays up and the arms take turns point "
+                                  "by point (in process; on Ray where the cluster places every arm's engine but "
+                                  "cannot run them side by side): A B, then B A, along a sweep, and the first arm "
                                   "alternates across a rate's repeats, so neither the arm nor its place in a "
                                   "pair owns the early or the late part of the run; false: one arm's whole "
                                   "sweep, then the next (one engine at a time).")
@@ -243,7 +244,8 @@ class RayConfig(BaseModel):
                          "remote one.")
     parallel: Literal["auto", "on", "off"] = Field(
         "auto", description="Run the arms' engines side by side: `auto` when the cluster has room, `on` always "
-        "(refused without room), `off` one after the other.")
+        "(refused without room), `off` never.  Not side by side, they take turns point by point "
+        "(`sweep.interleave_arms`) where the cluster places every arm's engine at once, else run one after the other.")
     num_cpus_per_engine: int = Field(1, ge=1, description="CPUs each engine actor reserves on a CPU cluster (GPU "
                                      "engines reserve one CPU per GPU).")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of the cluster that address `local` starts; None: "

@@ -74,7 +74,7 @@ def test_ray_places_one_engine_per_arm_side_by_side(ray_address, tmp_path):
     res = prefixstudy.load(run_study(cfg, progress=False))
     m = res.manifest
     assert (m["ray"]["gcs_address"].rsplit(":", 1)[1], m["ray"]["cluster_cpus"]) == (str(ray_address.port), 9)
-    assert m["parallel"] == {"requested": "auto", "used": True,
+    assert m["parallel"] == {"requested": "auto", "used": True, "turns": False,
                              "reason": "auto: 9 CPUs fit 3 CPU engines of 1 + 2 CPUs side by side"}
     engines = {arm: e[0] for arm, e in m["engines"].items()}
     assert {arm: e["block_size"] for arm, e in engines.items()} == {"on": 16, "off": 16, "on-bs32": 32}

@@ -419,3 +419,33 @@ def test_an_slo_search_keeps_each_arm_s_actor_through_its_rounds(ray_address, tm
     assert min(len(p) for p in points.values()) >= 2
     assert {arm: len(e) for arm, e in m["engines"].items()} == {"on": 1, "off": 1}
     assert all(s["stopped"] for s in m["slo_search"]["arms"].values())
+
+
+@pytest.mark.engine  # a 2-CPU local Ray cluster of its own, echo engines
+@pytest.mark.timeout(300)
+def test_a_two_cpu_cluster_takes_turns_a_b_b_a_on_one_actor_per_arm_through_an_slo_search(tmp_path):
+    """Echo stands in for the default study's CPU engines: 2 CPUs place both actors, not side by
+    side, so every point runs alone, A B then B A, as in process; an SLO search's later rounds take
+    turns on the same actors."""
+    from prefixstudy.study import run_study
+
+    base = {"engine": {"kind": "echo", "block_size": 16, "decode_ms_per_token": 2}, "executor": "ray",
+            "ray.address": "local", "ray.num_cpus": 2, "arrivals.process": "constant", "dataset.prefix_len": 32,
+            "dataset.suffix_len": 16, "dataset.output_len": 2, "sweep.num_requests": 4, "sweep.warmup_requests": 0,
+            "sweep.rates": [50, 100], "sweep.repeats": 2}
+    m = json.loads((run_study(load_config(None, {**base, "out": str(tmp_path / "sweep")}), progress=False)
+                    / "manifest.json").read_text())
+    assert m["parallel"]["turns"] is True and m["parallel"]["used"] is False
+    pts = sorted(m["points"], key=lambda p: p["started_at"])
+    assert [(p["mode"], p["rate"], p["repeat"]) for p in pts] == [
+        ("on", 50.0, 0), ("off", 50.0, 0), ("off", 100.0, 0), ("on", 100.0, 0),
+        ("off", 50.0, 1), ("on", 50.0, 1), ("on", 100.0, 1), ("off", 100.0, 1)]
+    for a, b in zip(pts, pts[1:], strict=False):
+        assert b["started_at"] >= a["started_at"] + a["duration_s"]
+    assert {arm: len(e) for arm, e in m["engines"].items()} == {"on": 1, "off": 1}
+
+    slo = {**base, "sweep.rates": [8, 16], "sweep.slo": {"objectives": {"e2e_p90": 5000}}, "out": str(tmp_path / "slo")}
+    m = json.loads((run_study(load_config(None, slo), progress=False) / "manifest.json").read_text())
+    assert m["parallel"]["turns"] is True and m["status"] == "complete"
+    assert min(sum(p["mode"] == arm for p in m["points"]) for arm in ("on", "off")) >= 2
+    assert {arm: len(e) for arm, e in m["engines"].items()} == {"on": 1, "off": 1}

@@ -73,7 +73,7 @@ def _parse_sets(values: tuple[str, ...]) -> dict:
               help="Where engines run (auto: ray when installed, else local).")
 @click.option("--ray-address", help="Ray cluster: local (start one here), auto, or ray://host:port.")
 @click.option("--parallel", type=click.Choice(["auto", "on", "off"]),
-              help="Ray: run caching ON and OFF side by side (auto: when the cluster has room).")
+              help="Ray: run the arms side by side (auto: when the cluster has room; else they take turns).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config field, dotted.")
 @click.option("--resume", type=click.Path(path_type=Path),
               help="Finish a run: only its missing or failed points, with its recorded config.")

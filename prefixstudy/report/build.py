@@ -86,7 +86,7 @@ def draw_figures(d: ReportData, out_dir: Path, peers: pd.DataFrame | None = None
     specs = []
     if first_screen.ran(d.head, d.arms):
         specs.append(("e2e_intervals", lambda: first_screen.e2e_with_intervals(d.head, d.arms),
-                      "Mean E2E (solid, 95 % CI) and p90 (dashed); hollow: saturated."))
+                      "E2E: mean with 95 % CI, p90 dashed; hollow: saturated."))
     if arm_report.shown(d.study.arms):
         specs.append(("arms", lambda: arm_report.figure(d.study.arms),
                       "Every arm against the baseline arm: mean E2E with 95 % intervals (left) and the "
@@ -239,11 +239,11 @@ def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str]
     a_, b_ = (arm_label(m) for m in d.arms)
     said = prediction.of_run(d.study.manifest, d.study.path)  # a simulation's error, before any number
     b = first_screen_blocks(d, f, said[:1])
-    b += [("h2", "Run"), ("meta", tables.meta_line(d.study)), *run_notes]
+    b += slo_report.blocks(d.study.manifest, d.study.summary, d.head, d.arms)  # an SLO search's answer
     if said[1:]:
         b += [("h2", "Prediction error"), *(("p", t) for t in said[1:])]
-    b += slo_report.blocks(d.study.manifest, d.study.summary, d.head, d.arms)
     b += _arm_blocks(d, f)
+    b += [("h2", "Run"), ("meta", tables.meta_line(d.study)), *run_notes]
     b += _per_rate_blocks(d)
     b += _saturation_blocks(d)
     b += [("h2", "Points"),

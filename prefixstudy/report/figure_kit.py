@@ -100,7 +100,8 @@ def save(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "svg"), dpi: 
         for fmt in formats:
             p = stem.with_suffix(f".{fmt}")
             buf = io.BytesIO()
-            fig.savefig(buf, format=fmt, dpi=dpi, metadata=_no_date(fmt))
+            with matplotlib.rc_context({"svg.hashsalt": stem.name}):  # the SVG's element ids: the same every time
+                fig.savefig(buf, format=fmt, dpi=dpi, metadata=_no_date(fmt))
             atomic_write_bytes(p, buf.getvalue())
             out.append(p)
             # The first draw placed every axis; the next formats draw that layout, not a new one

@@ -1,6 +1,7 @@
 """Stage: report (first screen).  What a reader sees before scrolling: E2E against the actual
 arrival rate with intervals, one compact table of headline.csv (``compact_table``: a rate per row,
-each arm's mean E2E, the gain, the baseline's prompt share and which saturation rules fired) and
+each arm's mean E2E, the gain, the baseline's prompt share and which saturation rules fired, blank
+where none did) and
 at most four one-line findings (``findings``).  Each compares headline.csv's two arms (``arms``:
 the arm and its baseline, ON and OFF by default); an arm that did not run has no column, and a run
 without both has no gain.  The full per-rate table (``headline_table``) and the "why" in two
@@ -72,13 +73,13 @@ def compact_table(head: pd.DataFrame, summary: pd.DataFrame, arms: tuple[str, st
                            _float(h.get(f"{m}_mean_e2e_hi")), most=0)
             row[f"{arm_label(m)} E2E (ms)"] = ("≥" if bool(h[f"{m}_saturated"]) and mean != "–" else "") + mean
         if gain:
-            row[GAIN] = _bound(h, arms).strip() + _ci(h["gain_mean_e2e"], h["gain_mean_e2e_lo"],
-                                                      h["gain_mean_e2e_hi"], ".1f", 100)
+            g = _ci(h["gain_mean_e2e"], h["gain_mean_e2e_lo"], h["gain_mean_e2e_hi"], ".1f", 100)
+            row[GAIN] = ("" if g == "–" else _bound(h, arms).strip()) + g
         if share:
             row[f"{lb} prompt %"] = rounded(_float(h[f"{b}_engine_prefill_share"]),
                                                   _float(h.get(f"{b}_engine_prefill_share_lo")),
                                                   _float(h.get(f"{b}_engine_prefill_share_hi")), scale=100, most=0)
-        row["saturated"] = sat_codes.cell(summary, tuple(modes), float(h["rate"]))
+        row["saturated"] = sat_codes.cell(summary, tuple(modes), float(h["rate"]), none="")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -86,15 +87,15 @@ def compact_table(head: pd.DataFrame, summary: pd.DataFrame, arms: tuple[str, st
 def compact_legend(table: pd.DataFrame, head: pd.DataFrame, arms: tuple[str, str] = MODES) -> str:
     """One line under the compact table: what its columns are, and the codes it uses."""
     (la, lb), n = (arm_label(m) for m in arms), int(head["n_repeats"].max()) if "n_repeats" in head else 1
-    parts = [f"Means of {n} repeat{'s' if n > 1 else ''}"]
+    parts = [f"{n} repeat{'s' if n > 1 else ''}"]
     if GAIN in table:
         parts.append(f"gain = ({lb} − {la}) / {lb}")
     if f"{lb} prompt %" in table:
-        parts.append(f"prompt %: of {lb}'s engine time")
+        parts.append(f"prompt %: {lb}'s engine time")
     cells = [str(v) for c in table.columns if c != "saturated" for v in table[c]]
     marks = [m for m in ("≥", "≤") if any(v.startswith(m) for v in cells)]
     if marks:
-        parts.append(f"{' / '.join(marks)}: a bound")
+        parts.append(f"{' / '.join(marks)}: bound")
     if any(v.startswith("⚠") for v in cells):
         parts.append("⚠: both saturated")
     used = sat_codes.used_codes(table["saturated"]) if "saturated" in table else set()
@@ -105,11 +106,11 @@ def _gain_line(h: pd.Series, arms: tuple[str, str], where: str) -> str:
     (a, b), lb = arms, arm_label(arms[1])
     who = "caching's" if arms == MODES else f"{arm_label(a)}'s"
     gain = _bound(h, arms) + _ci(h["gain_mean_e2e"], h["gain_mean_e2e_lo"], h["gain_mean_e2e_hi"], ".1f", 100, " %")
-    text = f"At {rate_str(float(h['arrival_rate']))} req/s{where} {who} E2E gain is {gain}"
+    text = f"{rate_str(float(h['arrival_rate']))} req/s{where}: {who} E2E gain {gain}"
     share = _float(h.get(f"{b}_engine_prefill_share"))
     if math.isfinite(share):
         lo, hi = _float(h.get(f"{b}_engine_prefill_share_lo")), _float(h.get(f"{b}_engine_prefill_share_hi"))
-        text += f"; prompts take {rounded(share, lo, hi, scale=100, most=0)} % of {lb}'s engine time"
+        text += f"; prompts {rounded(share, lo, hi, scale=100, most=0)} % of {lb}'s engine time"
     return text + "."
 
 

@@ -33,10 +33,10 @@ LEGEND = {
 }
 # The same, in a few words: the first screen's legend.
 SHORT = {
-    "open": "request open at the end",
+    "open": "request open at end",
     "behind": f"< {COMPLETION_MIN:.0%} done in time",
-    "full": f"≥ {FULL_LEVEL:.0%} of request limit used",
-    "waiting": "requests waited for admission",
+    "full": f"≥ {FULL_LEVEL:.0%} of request limit",
+    "waiting": "requests waited",
     "grew": "backlog grew (trend test)",
     OTHER: "see Saturation below",
 }
@@ -61,9 +61,9 @@ def _saturated(s: pd.DataFrame) -> pd.Series:
     return s["saturated"].astype(str).str.strip().str.lower().isin(("true", "1", "yes"))
 
 
-def cell(summary: pd.DataFrame, arms: tuple[str, ...], rate: float, label: bool = True) -> str:
+def cell(summary: pd.DataFrame, arms: tuple[str, ...], rate: float, label: bool = True, none: str = "no") -> str:
     """Which of ``arms`` saturated at the configured ``rate``, and how: "OFF full+waiting", with
-    "(k/n)" where only k of its n repeats did; "no" where none did.  ``label``: name the arm."""
+    "(k/n)" where only k of its n repeats did; ``none`` where none did.  ``label``: name the arm."""
     out = []
     for mode in arms:
         s = _repeats(summary, mode, rate)
@@ -74,7 +74,7 @@ def cell(summary: pd.DataFrame, arms: tuple[str, ...], rate: float, label: bool 
         word = "+".join(c for c in [*LEGEND] if c in found)
         share = f" ({len(sat)}/{len(s)})" if len(sat) < len(s) else ""
         out.append(f"{arm_label(mode) if label else ''}{share} {word}".strip())
-    return "; ".join(out) or "no"
+    return "; ".join(out) or none
 
 
 def legend(used: set[str], texts: dict[str, str] = SHORT) -> str:

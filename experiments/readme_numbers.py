@@ -249,7 +249,7 @@ def sglang_block(results: Path = RESULTS) -> str:
 @functools.lru_cache(maxsize=4)
 def _study(d: Path):
     """The study (read once for every sentence that needs its records) and its fit's coefficients."""
-    from prefixstudy.metrics.engine_fit import recorded_coef
+    from prefixstudy.costmodel.engine_fit import recorded_coef
     from prefixstudy.results import load
 
     st = load(d)
@@ -359,9 +359,9 @@ def _physics_words(d: Path, sync: Path) -> str:
     """model.closure.physics of the study's fit on its GPU, and the sync engine's per-request cost."""
     from prefixstudy.configs import recorded_model_dir
     from prefixstudy.metrics.requests import counted
-    from prefixstudy.model.arch import load_arch
+    from prefixstudy.costmodel.arch import load_arch
     from prefixstudy.model.closure import physics
-    from prefixstudy.model.gpus import get_gpu
+    from prefixstudy.costmodel.gpus import get_gpu
 
     st, coef = _study(d)
     req = counted(st.requests)
@@ -677,7 +677,7 @@ TP8_FITTED = ("h200-tp1", "h200-tp2")
 def fitted_efficiency(study: str, results: Path = RESULTS):
     """``prefixstudy model --calibrate``'s efficiencies for a committed study."""
     from prefixstudy.model.calibrate import calibrate, deployment_from_study
-    from prefixstudy.model.roofline import Efficiency
+    from prefixstudy.costmodel.roofline import Efficiency
 
     st, _ = _study(results / study)
     dep = deployment_from_study(st.config, str(st.manifest["device"]), eff=Efficiency())
@@ -688,8 +688,8 @@ def tp8_cases(results: Path = RESULTS) -> list[tuple[str, str, object]]:
     """(setup, parameters, the model's Case) for each row of the TP 8 table: the command's default
     efficiencies and those fitted to each study in TP8_FITTED, on each GPU of TP8_GPUS."""
     from prefixstudy.model.explain import RC, build_case
-    from prefixstudy.model.gpus import load_gpus
-    from prefixstudy.model.roofline import Efficiency
+    from prefixstudy.costmodel.gpus import load_gpus
+    from prefixstudy.costmodel.roofline import Efficiency
 
     gpus = load_gpus()
     effs = [("defaults", Efficiency(0.5, 0.8, 0.0))] + [(f"fitted to {s}", fitted_efficiency(s, results))
@@ -702,7 +702,7 @@ def tp8_cases(results: Path = RESULTS) -> list[tuple[str, str, object]]:
 def tp8_table(results: Path = RESULTS) -> str:
     """``prefixstudy model --tp 8``'s summary numbers per GPU and parameter set, and the reported case."""
     from prefixstudy.model.explain import RC
-    from prefixstudy.model.roofline import prefix_saving, rate_ceiling
+    from prefixstudy.costmodel.roofline import prefix_saving, rate_ceiling
 
     cols = ["setup", "parameters (mfu / bw_eff / overhead ms)", "prefill step OFF / ON (ms)",
             "decode step, batch 1 (ms)", "E2E batch 1 OFF / ON (ms)", "rate ceiling OFF / ON (req/s)"]
@@ -722,7 +722,7 @@ def tp8_says_block(results: Path = RESULTS) -> str:
     """What the measured studies and the model say about TP 8, every number from the files or the model."""
     from prefixstudy.metrics.headline import knee_bracket
     from prefixstudy.model.explain import RC, numbers, observation
-    from prefixstudy.model.roofline import prefix_saving
+    from prefixstudy.costmodel.roofline import prefix_saving
 
     heads = {s: pd.read_csv(results / s / "headline.csv").sort_values("rate")
              for s in ("h200-tp1", "h200-tp1-ray", "h200-tp2", "h100-tp1-spans")}
@@ -1148,7 +1148,7 @@ def ray_says_block(results: Path = RESULTS) -> str:
         f"{ray[e] - sync[e]:.1f} ms per new request, and TP 2 costs {tp2[e] / ray[e]:.1f}× that.",
         f"- The **step's fixed cost c0** is {sync[a]:.2f} ms in process and {ray[a]:.2f} ms through Ray at TP 1, "
         f"and {tp2[a]:.2f} ms at TP 2: it is not host overhead that a second GPU leaves unchanged. The roofline "
-        "transfer (`sim/hardware.py`) carries what the datasheet roofline does not explain of c0 unchanged; the "
+        "transfer (`costmodel/transfer.py`) carries what the datasheet roofline does not explain of c0 unchanged; the "
         "step's fixed cost halves instead, as a weight read at the measured efficiency would.",
         f"- Per-token prefill and decode costs scale about as the roofline says "
         f"({tp2['b_ms_per_prefill_token'] / ray['b_ms_per_prefill_token']:.2f} and "
@@ -1450,8 +1450,8 @@ def seed_says_block(results: Path = RESULTS) -> str:
 
     at1 = s[s["rate"] == 1.0].set_index("mode")
     tpot = at1.loc["on", "mean_tpot_ms"]
-    from prefixstudy.sim.cost import CostModel
-    from prefixstudy.sim.step import StepFeatures
+    from prefixstudy.costmodel.step_cost import CostModel
+    from prefixstudy.costmodel.step import StepFeatures
 
     cost = CostModel.load(results / "sim-seed-a100x8-tp8" / "cost_model.json")
     lone = StepFeatures(0, 1, 1300, 1, kv_tokens=1312)  # one request decoding, its 1214-token prompt and some output

@@ -15,7 +15,7 @@ from prefixstudy.runner import ModeSession, run_until_signal
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
-    from prefixstudy.sweep.plan import RunPlan
+    from prefixstudy.executors.run_plan import RunPlan
 
 
 class LocalExecutor:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from prefixstudy.arms import arm_label
+from prefixstudy.config.arms import arm_label
 from prefixstudy.report.figure_kit import MODE_COLORS, MODE_LABELS, MODES, new_figure
 from prefixstudy.report.tables import bound_mark, fmt, pct
 

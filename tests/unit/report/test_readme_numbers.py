@@ -91,8 +91,8 @@ def test_the_tp8_table_is_what_prefixstudy_model_prints():
     """The TP 8 rows are ``prefixstudy model``'s: the default-parameter row on 8 x A100 is the
     reported case the command prints without flags, and the fitted rows use ``--calibrate``'s fits."""
     from prefixstudy.model.explain import RC, build_case, render_summary
-    from prefixstudy.model.gpus import load_gpus
-    from prefixstudy.model.roofline import Efficiency
+    from prefixstudy.costmodel.gpus import load_gpus
+    from prefixstudy.costmodel.roofline import Efficiency
 
     m = _module()
     t = m.tp8_table()

@@ -58,7 +58,7 @@ def _e2e_sim(rows: list[dict]) -> pd.Series:
 @pytest.mark.slow
 def test_the_table_is_what_the_code_gives_on_the_tp1_to_tp2_transfer(accuracy):
     """The tables above are checked against accuracy.csv; this checks accuracy.csv against the code on
-    the one-step-at-a-time path (``sim.cost.fit`` without a host part, ``sim.hardware.transfer``):
+    the one-step-at-a-time path (``costmodel.step_cost.fit`` without a host part, ``costmodel.transfer.transfer``):
     three of h200-tp2's points (ON at 1 req/s, OFF at 16 and at 24, the last before its knee)
     re-simulated from the fit on all of h200-tp1-sync, moved to TP 2 (virtual time: the same
     numbers).  The transferred model with its fixed cost 1 % higher is the wrong data the check must
@@ -616,10 +616,10 @@ def test_the_kv_form_sentences_are_the_forms_csvs(accuracy_async, monkeypatch):
 
 
 def test_the_launch_form_sentences_are_its_csv_and_h200_tp1_s_launch_fit(accuracy_async, monkeypatch):
-    """docs/simulator.md on the launch form, the simulator's (``sim.cost.fit``): its tallies against
+    """docs/simulator.md on the launch form, the simulator's (``costmodel.step_cost.fit``): its tallies against
     the other forms, its verifiable points and the errors quoted are what async.csv and the linear
-    form's give, and the launch quoted is sim.cost.fit_host_paired on h200-tp1's steps."""
-    from prefixstudy.sim.cost import busy_steps, fit_host_paired, load_steps
+    form's give, and the launch quoted is costmodel.step_cost.fit_host_paired on h200-tp1's steps."""
+    from prefixstudy.costmodel.step_cost import busy_steps, fit_host_paired, load_steps
 
     monkeypatch.chdir(REPO)
     df = pd.read_csv(ACC / "async.csv")

@@ -32,9 +32,9 @@ def test_the_sync_fit_is_the_one_the_page_was_checked_against():
 
 
 def test_the_quoted_default_engine_parts_are_the_simulator_s_fit_of_h200_tp1():
-    """The GPU part and the host's launch docs/simulator.md quotes are ``sim.cost.fit_study`` on h200-tp1."""
-    from prefixstudy.sim.cost import fit_study
-    from prefixstudy.sim.step import ROW_TERMS
+    """The GPU part and the host's launch docs/simulator.md quotes are ``costmodel.step_cost.fit_study`` on h200-tp1."""
+    from prefixstudy.costmodel.step_cost import fit_study
+    from prefixstudy.costmodel.step import ROW_TERMS
 
     m = fit_study(REPO / "experiments/results/h200-tp1")
     c, h = m.coef_ms, m.host
@@ -55,7 +55,7 @@ def test_the_quoted_default_engine_parts_are_the_simulator_s_fit_of_h200_tp1():
 
 
 def test_the_quoted_floor_host_part_is_the_linear_fit_of_h200_tp1():
-    from prefixstudy.sim.cost import fit_linear, load_steps
+    from prefixstudy.costmodel.step_cost import fit_linear, load_steps
 
     h = fit_linear(load_steps(REPO / "experiments/results/h200-tp1"), async_scheduling=True).host
     assert set(h["coef_ms"]) == {"decode_tokens"} and "overlap" not in h

@@ -27,6 +27,6 @@ def gpu_name_via_nvml(use_gpu: bool) -> str:
             pynvml.nvmlInit()
             name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
             return name.decode() if isinstance(name, bytes) else str(name)
-        except Exception:
+        except Exception:  # noqa: BLE001 - no NVML, no driver or no device: the name is then "cuda"
             return "cuda"
     return "cpu"

@@ -1,4 +1,4 @@
-"""Coverage of headline.csv's interval method (metrics.bootstrap.over_repeats) on synthetic
+"""Coverage of headline.csv's interval method (shared.bootstrap.over_repeats) on synthetic
 studies with a known answer (metrics.coverage), larger than the unit test's: more studies, and
 shapes closer to a loaded point (longer runs, stronger correlation, a larger run effect).  The
 hierarchical percentile bootstrap (400 resamples, fewer studies) is measured beside it for comparison.  Writes

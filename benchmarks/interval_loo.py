@@ -4,7 +4,7 @@ For every calm cell of the committed GPU studies (an arm at a rate, or the gain 
 repeat saturated) with two or more repeats, each repeat in turn is held out and the rest predict
 it, three ways, at 95 %:
 
-* **within**: the moving-block bootstrap of the points' own requests alone (``metrics.bootstrap``):
+* **within**: the moving-block bootstrap of the points' own requests alone (``shared.bootstrap``):
   the held-out repeat's value is within 1.96 x sqrt(v_held + mean v_rest / n_rest) of the rest's
   mean, as if repeats differed only by their requests' noise;
 * **within + pooled**: the same with a between-repeat variance added, pooled over the study's other
@@ -40,7 +40,7 @@ Z = 1.959964
 def _within(x_on: np.ndarray | None, x: np.ndarray, rng) -> tuple[float, float]:
     """(value, bootstrap variance) of one point: log mean of ``x``, or with ``x_on`` the gain 1 - on/off
     of paired rows."""
-    from prefixstudy.metrics.bootstrap import block_indices
+    from prefixstudy.shared.bootstrap import block_indices
 
     def value(idx):
         return math.log(x[idx].mean()) if x_on is None else 1 - x_on[idx].mean() / x[idx].mean()
@@ -89,7 +89,7 @@ def _excess(c: dict) -> tuple[float, int]:
 
 def held_out(all_cells: list[dict]) -> pd.DataFrame:
     """One row per (cell, held-out repeat): whether each method's 95 % prediction holds it."""
-    from prefixstudy.metrics.bootstrap import t_quantile
+    from prefixstudy.shared.bootstrap import t_quantile
 
     rows = []
     excess = [_excess(c) for c in all_cells]

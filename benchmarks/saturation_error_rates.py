@@ -59,8 +59,8 @@ def _session(mode: str, num_requests: int, min_duration_s: float, max_rate: floa
     if key not in _SESSIONS:
         from prefixstudy.config import load_config
         from prefixstudy.configs import shipped_config
-        from prefixstudy.sim.run import make_target
-        from prefixstudy.sim.study import sessions
+        from prefixstudy.study.simulate import make_target
+        from prefixstudy.sim.sessions import sessions
         from prefixstudy.workloads import load_rows
 
         cfg = load_config(shipped_config(CONFIG))

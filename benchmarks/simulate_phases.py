@@ -42,7 +42,8 @@ def timed(mod, name: str, spans: dict[str, float]) -> None:
 def main() -> None:
     sys.path.insert(0, str(REPO))
     from prefixstudy.cli import entrypoint
-    from prefixstudy.sim import pool, run
+    from prefixstudy.sim import pool
+    from prefixstudy.study import simulate as run
 
     imports_s = time.perf_counter() - T0
     spans: dict[str, float] = {}

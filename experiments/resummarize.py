@@ -23,8 +23,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def runs() -> list[Path]:
     """Run folders with their records committed: studies, the runs of capacity and routing sweeps."""
-    from prefixstudy.sweep.folder import is_sweep
-    from prefixstudy.sweep.folder import cell_dirs
+    from prefixstudy.results.sweep_folder import is_sweep
+    from prefixstudy.results.sweep_folder import cell_dirs
 
     top = [p.parent for p in RESULTS.glob("*/summary.csv") if (p.parent / "requests.parquet").exists()]
     parents = [p for p in RESULTS.glob("*/") if is_sweep(p)] + [p for p in RESULTS.glob("*/*/") if is_sweep(p)]

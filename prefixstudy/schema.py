@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 MODES = ("on", "off")  # prefix caching enabled / disabled
+KEY = ["mode", "rate", "repeat"]  # the columns that name one point
 
 # One row per request (warm-up requests included, flagged by ``warmup``).
 REQUEST_FIELDS: dict[str, tuple[str, str]] = {
@@ -169,7 +170,7 @@ def summary_fields() -> dict[str, tuple[str, str]]:
         "in_system_last": ("float64", "the same over its last third"),
         "e2e_first_ms": ("float64", "ms, mean E2E of the first third of requests by schedule"),
         "e2e_last_ms": ("float64", "ms, mean E2E of the last third"),
-        # From the engine's steps and the study's step-cost fit (metrics.engine_fit):
+        # From the engine's steps and the study's step-cost fit (costmodel.engine_fit):
         "step_timing": ("str", "the `timing` of the point's iteration rows"),
         "busy_steps": ("int64", "engine steps that measure work, the fit's rows"),
         "engine_prefill_share": ("float64", "share of busy engine time spent on prompts (step-cost fit)"),

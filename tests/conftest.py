@@ -201,7 +201,7 @@ def tiny_study(tmp_path_factory, engine_pool):
     """A finished two-mode study on the real tiny engine; returns its results folder.  Its two
     engines are the pool's: they stay up for the studies that use ``pooled_study``."""
     from prefixstudy.config import load_config
-    from prefixstudy.study import run_study
+    from prefixstudy.study.orchestrate import run_study
 
     cfg = load_config(REPO / "prefixstudy/configs/default.yaml", {**TINY_OVERRIDES, "out": str(tmp_path_factory.mktemp("res"))})
     with engine_pool.active():
@@ -214,7 +214,7 @@ def tiny_study(tmp_path_factory, engine_pool):
 def pooled_study(tiny_study, engine_pool):
     """run_study on the shared engines: (cfg) -> results folder.  Its ON and OFF arms, when their
     engine arguments are TINY_ENGINE's, are served by the engines ``tiny_study`` started."""
-    from prefixstudy.study import run_study
+    from prefixstudy.study.orchestrate import run_study
 
     def run(cfg):
         with engine_pool.active():

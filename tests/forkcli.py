@@ -12,7 +12,7 @@ atexit handlers and exits with the CLI's code.  An uncaught exception prints its
 exits 1, as the interpreter would.
 
 What a fork cannot show is an import that fails or prints at start-up: those claims
-(tests/unit/cli/test_missing_packages.py, tests/unit/model/test_roofline.py) start a fresh
+(tests/unit/cli/test_missing_packages.py, tests/unit/costmodel/test_roofline.py) start a fresh
 interpreter, and so do the tests that run the installed ``prefixstudy`` script.
 """
 
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 _SERVER = r"""
 import atexit, json, os, runpy, signal, sys, traceback
 import numpy, pandas, pyarrow, pyarrow.parquet, pydantic, yaml, click  # noqa: F401 - the point of the server
-import prefixstudy.cli, prefixstudy.config, prefixstudy.study, prefixstudy.results, prefixstudy.report  # noqa: F401
+import prefixstudy.cli, prefixstudy.config, prefixstudy.study.orchestrate, prefixstudy.results, prefixstudy.report  # noqa: F401
 requests, replies = os.fdopen(int(sys.argv[1]), "r"), os.fdopen(int(sys.argv[2]), "w")
 for line in requests:
     call = json.loads(line)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefixstudy.sweep.run import run_sweep
+from prefixstudy.sweep.run_sweep import run_sweep
 
 
 def capacity_sweep(cfg, unit: str, values: list[float], parent: Path | None = None) -> Path:

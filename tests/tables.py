@@ -1,7 +1,7 @@
 """A derived table against its committed copy: the committed columns first (new ones may follow at
 the end), the same rows and text, and numbers equal to a relative 1e-9.
 
-The engine columns come from a least-squares fit (``metrics.engine_fit``) that runs through
+The engine columns come from a least-squares fit (``costmodel.engine_fit``) that runs through
 OpenBLAS, and OpenBLAS picks its kernels for the CPU it finds: on a 2-core AMD EPYC VM the committed
 h200-tp1-sync study re-derived to fitted shares and slowdowns up to a relative 1.1e-12 from the
 committed ones, while every flag, count and text matched.  There numpy's OpenBLAS chose its Haswell kernels;

@@ -23,17 +23,17 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.config import load_config
-from prefixstudy.metrics.bootstrap import t_quantile
+from prefixstudy.shared.bootstrap import t_quantile
 from prefixstudy.metrics.summary import summarize_point
 from prefixstudy.results import read_summary
-from prefixstudy.model.arch import load_arch
-from prefixstudy.model.roofline import Deployment
-from prefixstudy.sim.cost import fit, load_steps, step_error
-from prefixstudy.sim.hardware import transfer
-from prefixstudy.sim.run import calibration_hardware, mean_context_tokens
-from prefixstudy.sim.study import DEFAULT_BLOCK_SIZE, SimSession, SimTarget, block_count
+from prefixstudy.costmodel.arch import load_arch
+from prefixstudy.costmodel.roofline import Deployment
+from prefixstudy.costmodel.step_cost import fit, load_steps, step_error
+from prefixstudy.costmodel.transfer import transfer
+from prefixstudy.study.simulate import calibration_hardware, mean_context_tokens
+from prefixstudy.sim.sessions import DEFAULT_BLOCK_SIZE, SimSession, SimTarget, block_count
 from prefixstudy.sim.vllm_setup import vllm_config
-from prefixstudy.sim.study import scheduler_spec
+from prefixstudy.sim.sessions import scheduler_spec
 from prefixstudy.workloads import load_rows
 
 STUDIES = {"h200-tp1": Path("experiments/results/h200-tp1-sync"), "h200-tp2": Path("experiments/results/h200-tp2"),

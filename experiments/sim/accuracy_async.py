@@ -36,7 +36,7 @@ import pyarrow.dataset as ds
 sys.path.insert(0, str(Path(__file__).parent))
 from accuracy import _pct, knee_step, measured_half_width, per_point, simulate_points, table, verified  # noqa: E402
 
-from prefixstudy.sim.cost import async_recorded, busy_steps, fit, load_steps, previous_gpu_ms  # noqa: E402
+from prefixstudy.costmodel.step_cost import async_recorded, busy_steps, fit, load_steps, previous_gpu_ms  # noqa: E402
 
 RESULTS = Path("experiments/results")
 # Other default-engine runs of the same workload, priced by the calibration fitted on all of its

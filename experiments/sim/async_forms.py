@@ -2,14 +2,14 @@
 
     PYTHONPATH=. python experiments/sim/async_forms.py [--form linear|piecewise|roofline|kv|kv-roofline] [--out DIR]
 
-``sim.cost.fit`` prices a default-engine step with a GPU part over ``sim.cost.ASYNC_GPU_TERMS`` (piecewise
+``costmodel.step_cost.fit`` prices a default-engine step with a GPU part over ``costmodel.step_cost.ASYNC_GPU_TERMS`` (piecewise
 linear in the step's GEMM rows, decode tokens, prompt requests, a prompt-step indicator and the KV it
-holds) and the host's launch of each step while the one before runs (``sim.cost.fit_host_paired``).
+holds) and the host's launch of each step while the one before runs (``costmodel.step_cost.fit_host_paired``).
 The forms here are what it is compared with.
 
-``--form linear`` is ``sim.cost.fit_linear``: the GPU part linear in the step's prompt tokens, prompt
+``--form linear`` is ``costmodel.step_cost.fit_linear``: the GPU part linear in the step's prompt tokens, prompt
 requests and decode tokens, fitted on the GPU spans, and the host part a floor under each step's price
-(``sim.cost.fit_host``): a step costs max(GPU part, host part).  Its tables go to
+(``costmodel.step_cost.fit_host``): a step costs max(GPU part, host part).  Its tables go to
 sim-accuracy/async-forms-linear.
 
 ``--form piecewise`` keeps that floor host part and gives the GPU part the shape the GPU-timed steps
@@ -52,7 +52,7 @@ the floor.  Its tables go to sim-accuracy/async-forms-kv.
 max(c0 + m_decode·decode_tokens + m_req·prefill_requests + m_kv·kv_tokens, the compute branch above),
 fitted as the roofline form is.  Its tables go to sim-accuracy/async-forms-kv-roofline.
 
-Then every check of ``accuracy_async.py`` is run with this form in place of ``sim.cost.fit``, and its
+Then every check of ``accuracy_async.py`` is run with this form in place of ``costmodel.step_cost.fit``, and its
 tables are written to ``--out``.  None of these forms is the simulator's: they are what the tables in
 docs/simulator.md compare it with.
 """
@@ -69,9 +69,9 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).parent))
 import accuracy_async  # noqa: E402
 
-from prefixstudy.metrics.engine_fit import nnls  # noqa: E402
-from prefixstudy.sim.cost import CostModel, busy_steps, fit_linear, fit_terms  # noqa: E402
-from prefixstudy.sim.step import ROW_TERMS  # noqa: E402
+from prefixstudy.costmodel.engine_fit import nnls  # noqa: E402
+from prefixstudy.costmodel.step_cost import CostModel, busy_steps, fit_linear, fit_terms  # noqa: E402
+from prefixstudy.costmodel.step import ROW_TERMS  # noqa: E402
 
 PIECEWISE_TERMS = ROW_TERMS + ("decode_tokens", "num_prefill_reqs", "prompt_step")
 
@@ -93,7 +93,7 @@ def roofline_branches(prefill, reqs, decode, kv=None) -> tuple[np.ndarray, np.nd
 
 
 class RooflineCost(CostModel):
-    """``sim.cost.CostModel`` with the roofline GPU part above (``memory``, ``compute``: each branch's
+    """``costmodel.step_cost.CostModel`` with the roofline GPU part above (``memory``, ``compute``: each branch's
     coefficients) and the floor host part.  ``reads_kv``: the memory branch prices ``kv_tokens``
     too (the kv-roofline form)."""
 

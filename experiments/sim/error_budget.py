@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from prefixstudy.model.gpus import find_gpu
+from prefixstudy.costmodel.gpus import find_gpu
 
 sys.path.insert(0, str(Path(__file__).parent))
 import accuracy  # noqa: E402

@@ -4,7 +4,7 @@
 
 h200-tp1 (one H200) and h100-tp1-spans (one H100) ran the same config on vLLM's default engine, every
 step timed on the GPU.  Each is fitted as ``prefixstudy simulate --calibration`` fits it
-(``sim.cost.fit``), carried to the other's GPU by the datasheet roofline (``sim.hardware.transfer``:
+(``costmodel.step_cost.fit``), carried to the other's GPU by the datasheet roofline (``costmodel.transfer.transfer``:
 each term by its roofline ratio, each part's fixed cost beyond the source's roofline kept), and every
 point of the other study is simulated, each repeat on its own arrival schedule:
 
@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import accuracy_async  # noqa: E402
 
 from prefixstudy.config import load_config  # noqa: E402
-from prefixstudy.model.arch import load_arch  # noqa: E402
-from prefixstudy.model.roofline import Deployment  # noqa: E402
-from prefixstudy.sim.cost import fit, load_steps  # noqa: E402
-from prefixstudy.sim.hardware import transfer  # noqa: E402
-from prefixstudy.sim.run import calibration_hardware, mean_context_tokens  # noqa: E402
+from prefixstudy.costmodel.arch import load_arch  # noqa: E402
+from prefixstudy.costmodel.roofline import Deployment  # noqa: E402
+from prefixstudy.costmodel.step_cost import fit, load_steps  # noqa: E402
+from prefixstudy.costmodel.transfer import transfer  # noqa: E402
+from prefixstudy.study.simulate import calibration_hardware, mean_context_tokens  # noqa: E402
 from prefixstudy.workloads import load_rows  # noqa: E402
 
 RESULTS = Path("experiments/results")

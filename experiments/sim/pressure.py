@@ -20,7 +20,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).parent))
 from accuracy import simulate_points  # noqa: E402
 
-from prefixstudy.sim.cost import fit, load_steps  # noqa: E402
+from prefixstudy.costmodel.step_cost import fit, load_steps  # noqa: E402
 
 RESULTS = Path("experiments/results")
 CALIBRATION = RESULTS / "h200-tp1-sync"

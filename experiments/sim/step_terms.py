@@ -5,19 +5,19 @@
 Reads h200-tp1's step records (vLLM's default engine, async scheduling, each step timed on the GPU
 with CUDA events) and writes experiments/results/sim-accuracy/step-terms.md:
 
-* the linear fit (``sim.cost.fit_linear``, the GPU part, fitted on every busy step of the study) against
+* the linear fit (``costmodel.step_cost.fit_linear``, the GPU part, fitted on every busy step of the study) against
   the measured GPU spans, per point and step kind (with prompt tokens, or decode only): the mean span,
   the mean price, and the price's error on the summed span;
 * four effects read straight off the records, each a difference between two groups of real steps
   that differ in one thing, none of which the fit's linear form (c0 + prefill tokens + prefill
   requests + decode tokens) can express;
 * where the engine loop outran the GPU: per point, over windows of consecutive steps (the host part's
-  own, ``sim.cost.host_windows``), the share of the loop's time (the summed host records, which tile
+  own, ``costmodel.step_cost.host_windows``), the share of the loop's time (the summed host records, which tile
   it) that the GPU spans leave idle, the idle time per new request (least squares over the
   windows), and how far the linear fit's price with the measured spans, max(GPU span, its floor host
   part), falls short of the loop.
 
-These are why the simulator prices the default engine with another form (``sim.cost.fit``:
+These are why the simulator prices the default engine with another form (``costmodel.step_cost.fit``:
 docs/simulator.md).
 
 ``--check`` fails if step-terms.md is not what the committed records give.
@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics.engine_fit import nnls
-from prefixstudy.sim.cost import HOST_WINDOW_STEPS, busy_steps, fit_linear, host_windows, load_steps
+from prefixstudy.costmodel.engine_fit import nnls
+from prefixstudy.costmodel.step_cost import HOST_WINDOW_STEPS, busy_steps, fit_linear, host_windows, load_steps
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY = REPO / "experiments/results/h200-tp1"

@@ -5,7 +5,7 @@ the same held-out points.
                                                      [--out experiments/results/sim-accuracy] [--tables-only]
 
 For each study and each point (mode, rate): fit the step cost on the study's OTHER points (every
-repeat of this one left out, as ``accuracy.py`` does) twice, from its step records (``sim.cost.fit``)
+repeat of this one left out, as ``accuracy.py`` does) twice, from its step records (``costmodel.step_cost.fit``)
 and from its request timestamps alone (``sim.fit_requests.fit_timestamps``: the simulator inside the
 fit, the step records unread; it fits unsaturated points only, so a saturated point is predicted by
 the fit on all the others), then simulate every repeat of the point on its own arrival schedule
@@ -40,11 +40,11 @@ from pathlib import Path
 import pandas as pd
 
 from prefixstudy.config import load_config
-from prefixstudy.model.arch import load_arch
-from prefixstudy.sim.cost import HOST_OVERLAP, async_recorded, fit, fit_study, load_steps
+from prefixstudy.costmodel.arch import load_arch
+from prefixstudy.costmodel.step_cost import HOST_OVERLAP, async_recorded, fit, fit_study, load_steps
 from prefixstudy.sim.fit_requests import fit_points, fit_timestamps, has_step_records, load_run
-from prefixstudy.sim.run import calibration_hardware
-from prefixstudy.sim.study import DEFAULT_BLOCK_SIZE, SimTarget, block_count
+from prefixstudy.study.simulate import calibration_hardware
+from prefixstudy.sim.sessions import DEFAULT_BLOCK_SIZE, SimTarget, block_count
 from prefixstudy.workloads import load_rows
 
 _spec = importlib.util.spec_from_file_location("accuracy", Path(__file__).with_name("accuracy.py"))

@@ -4,9 +4,9 @@
 
 Reads the shard profile (experiments/results/h200-tp-shard-profile/, four runs of
 experiments/gpu/tp_shard_profile.py on one H200: the median of the runs per shape) and the step-cost
-fits of the committed h200-tp1 and h200-tp2 studies (``sim.cost.fit``), and writes ratios.md beside
+fits of the committed h200-tp1 and h200-tp2 studies (``costmodel.step_cost.fit``), and writes ratios.md beside
 the profile: per cost term, the TP 2 / TP 1 ratio as the fits measured it, as the roofline transfer
-assumes it (``sim.hardware.roofline_terms``) and, for the prefill term, as the profile gives it
+assumes it (``costmodel.transfer.roofline_terms``) and, for the prefill term, as the profile gives it
 (the four GEMMs of every layer at a chunk of 2048 tokens, plus the ring all-reduce bytes over the
 datasheet link).  ``--check`` fails if ratios.md is not what the committed files give.
 """
@@ -47,11 +47,11 @@ def prefill_ms_per_token(ms: dict[tuple, float], tp: int, layers: int, hidden: i
 
 def table() -> str:
     from prefixstudy.config import load_config
-    from prefixstudy.model.arch import load_arch
-    from prefixstudy.model.roofline import Deployment
-    from prefixstudy.sim.cost import fit, load_steps
-    from prefixstudy.sim.hardware import roofline_terms
-    from prefixstudy.sim.run import calibration_hardware, mean_context_tokens
+    from prefixstudy.costmodel.arch import load_arch
+    from prefixstudy.costmodel.roofline import Deployment
+    from prefixstudy.costmodel.step_cost import fit, load_steps
+    from prefixstudy.costmodel.transfer import roofline_terms
+    from prefixstudy.study.simulate import calibration_hardware, mean_context_tokens
     from prefixstudy.workloads import load_rows
 
     cfg = load_config(STUDIES[2] / "config.yaml")
@@ -85,7 +85,7 @@ def table() -> str:
         f"Profile: {meta['gpu']}, torch {meta['torch']}, {len(list(PROFILE.glob('tp_shard_profile*.json')))} runs, "
         f"median per shape; GEMM peak measured {meta['measured_gemm_peak_tflops']} TFLOPS, copy "
         f"{meta['measured_copy_gb_s']} GB/s (first run). Ring all-reduce bytes over the datasheet link "
-        f"({deps[2].gpu.link_gb_s:.0f} GB/s a direction). Fits: `sim.cost.fit` on every step of each study "
+        f"({deps[2].gpu.link_gb_s:.0f} GB/s a direction). Fits: `costmodel.step_cost.fit` on every step of each study "
         f"(h200-tp1 in process, h200-tp1-ray and h200-tp2 through Ray's executor; three leases).",
         "",
         f"One token through the four GEMMs of {arch.layers} layers, each kernel timed alone: "

@@ -24,12 +24,12 @@ from prefixstudy.cli.run import _console, _overrides, exit_on_failed_cells
 @click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
 def capacity(config, capacity, out, sets, quiet, verbose):
     """Run CONFIG once per KV-cache size; write capacity.csv (hit rate and gain vs working set ÷ capacity)."""
-    from prefixstudy.capacity import collapse_lines, parse_capacity, sweep_arms
+    from prefixstudy.sweep.capacity_axis import collapse_lines, parse_capacity, sweep_arms
     from prefixstudy.config import load_config
     from prefixstudy.configs import resolve_config
     from prefixstudy.metrics.breakdown import markdown
     from prefixstudy.report.capacity import write_capacity_report
-    from prefixstudy.sweep.run import run_sweep
+    from prefixstudy.sweep.run_sweep import run_sweep
 
     unit, values = parse_capacity(capacity)
     cfg = load_config(resolve_config(config), _overrides(sets, out=out))
@@ -50,7 +50,7 @@ def capacity(config, capacity, out, sets, quiet, verbose):
 
 def _sweep(run, *args, **kwargs):
     """The sweep, with its ways of stopping early as `prefixstudy run` has them (exit 1, 130 / 143)."""
-    from prefixstudy.study import StudyFailed, Terminated
+    from prefixstudy.study.orchestrate import StudyFailed, Terminated
 
     try:
         return run(*args, **kwargs)

@@ -12,8 +12,8 @@ from pathlib import Path
 import click
 
 from prefixstudy.model.explain import RC, build_case, render_explain, render_summary
-from prefixstudy.model.gpus import load_gpus
-from prefixstudy.model.roofline import Efficiency
+from prefixstudy.costmodel.gpus import load_gpus
+from prefixstudy.costmodel.roofline import Efficiency
 
 
 @click.command("model")

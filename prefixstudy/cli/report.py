@@ -40,7 +40,7 @@ def _slo(text: str | None) -> dict[str, float]:
 def report(results_dir: Path, slo, threshold_ms, peers, point, seed, rederive):
     """Write report.md, report.html and plots/ (PNG + SVG) into RESULTS_DIR.  A sweep's folder gets
     each cell's report and the sweep's own (capacity, routing, or gain against hit rate)."""
-    from prefixstudy.sweep.folder import is_sweep
+    from prefixstudy.results.sweep_folder import is_sweep
 
     if is_sweep(results_dir):  # a grid's parent: each cell's report, then the sweep's own
         given = [f for f, v in (("--slo", slo), ("--threshold", threshold_ms), ("--peer", peers), ("--point", point))
@@ -49,7 +49,7 @@ def report(results_dir: Path, slo, threshold_ms, peers, point, seed, rederive):
             raise UserError(f"{', '.join(given)}: for one run's report; {results_dir} is a sweep's folder (its "
                             "sweep.json): report one of its cells for those")
         if rederive:
-            from prefixstudy.sweep.folder import cell_dirs
+            from prefixstudy.results.sweep_folder import cell_dirs
 
             for cell in cell_dirs(results_dir):
                 _rederive(cell)
@@ -141,7 +141,7 @@ def export_bench(results_dir, out_dir, slo, save_detailed, layout):
 @click.argument("results_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 def check(results_dirs):
     """Run the step-timing invariants on each results folder; exit 1 if any fails."""
-    from prefixstudy.metrics.engine_fit import busy_steps, fit_step_cost
+    from prefixstudy.costmodel.engine_fit import busy_steps, fit_step_cost
     from prefixstudy.metrics.step_checks import check_steps
     from prefixstudy.report.tables import step_check_lines
     from prefixstudy.results import ITERATIONS, find_run_dir, read_table

@@ -124,7 +124,7 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
     if dry_run and cfg is not None:
         from prefixstudy.engines.registry import capabilities
         from prefixstudy.executors import resolve_executor
-        from prefixstudy.preflight import check_installed, check_offload_device, check_plan, device_problem
+        from prefixstudy.study.preflight import check_installed, check_offload_device, check_plan, device_problem
         from prefixstudy.workloads import load_rows
 
         rows = load_rows(cfg)
@@ -142,7 +142,7 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
                    + f", executor {'sim (virtual time)' if virtual else executor_name}; "
                    "nothing run (--dry-run)")
         from prefixstudy.sweep.axes import grid_axes
-        from prefixstudy.sweep.run import cells
+        from prefixstudy.sweep.run_sweep import cells
 
         axes = grid_axes(cfg)
         if axes:  # every cell's config is built and checked as the run would
@@ -155,7 +155,7 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
             click.echo(f"note: cannot run here: {cannot}" + ("; a Ray cluster's GPUs would do"
                                                             if executor_name == "ray" else ""))
         return
-    from prefixstudy.sweep.folder import is_sweep
+    from prefixstudy.results.sweep_folder import is_sweep
 
     run_dir = _run(cfg, resume, config, progress=not quiet)
     if is_sweep(run_dir):
@@ -189,7 +189,7 @@ def _sweep_done(parent: Path, report: bool) -> None:
 def exit_on_failed_cells(parent: Path) -> None:
     """Exit 1 when a cell of the sweep at ``parent`` has failed points or stopped, saying how many
     and the one command that goes on with them."""
-    from prefixstudy.sweep.folder import cell_dirs
+    from prefixstudy.results.sweep_folder import cell_dirs
 
     manifests = [_manifest(d) for d in cell_dirs(parent)]
     failed = sum(_failed_in(m) for m in manifests)
@@ -214,7 +214,7 @@ def _bench_table(run_dir: Path) -> None:
 @click.argument("parent", type=click.Path(path_type=Path))
 def routing(parent):
     """Rebuild routing.csv, replicas.csv and routing.md of a routing sweep (after a --resume)."""
-    from prefixstudy.routing_sweep import routing_report
+    from prefixstudy.report.routing import routing_report
 
     click.echo(f"routing: {routing_report(parent)}")
 
@@ -250,8 +250,8 @@ def _console(verbose: bool) -> None:
 def _run(cfg, resume: Path | None, config: Path | None, progress: bool) -> Path:
     """The run or sweep (``sweep.run_sweep``), with its two ways of stopping early turned into exit
     codes (1, 130 / 143)."""
-    from prefixstudy.study import StudyFailed
-    from prefixstudy.sweep.run import run_sweep
+    from prefixstudy.study.orchestrate import StudyFailed
+    from prefixstudy.sweep.run_sweep import run_sweep
 
     try:
         if resume is not None:
@@ -268,7 +268,7 @@ def _run(cfg, resume: Path | None, config: Path | None, progress: bool) -> Path:
 
 def _interrupted(e: KeyboardInterrupt) -> None:
     """Ctrl-C (exit 130) or SIGTERM (143): where the saved points are, or that there are none yet."""
-    from prefixstudy.study import Terminated
+    from prefixstudy.study.orchestrate import Terminated
 
     where = getattr(e, "run_dir", None)
     click.echo(f"interrupted: finished points are saved; continue with: prefixstudy run --resume {where}"
@@ -293,7 +293,7 @@ def merge(runs, out):
     """Join runs of one study made apart (e.g. ON and OFF side by side, one GPU each) into one run;
     capacity sweeps into one sweep, capacity by capacity."""
     from prefixstudy.results.merge import merge_capacity, merge_runs
-    from prefixstudy.sweep.folder import CAPACITY, axis_values, is_sweep, read_index
+    from prefixstudy.results.sweep_folder import CAPACITY, axis_values, is_sweep, read_index
 
     sweeps = [is_sweep(r) and axis_values(read_index(r), CAPACITY) is not None for r in runs]
     if any(sweeps) and not all(sweeps):

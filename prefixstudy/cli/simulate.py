@@ -20,7 +20,7 @@ from prefixstudy.errors import UserError
               help="A study's results folder whose engine steps fit the step cost (or a cost_model.json); a run "
                    "without step records (an HTTP server's) is fitted to its request timestamps, the simulator "
                    "inside the fit; default: the config's engine.calibration (engine.kind sim).")
-@click.option("--gpu", help="Simulate this GPU (model/gpus.py names); default: the calibration's.")
+@click.option("--gpu", help="Simulate this GPU (costmodel/gpus.py names); default: the calibration's.")
 @click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel degree; default: the config's.")
 @click.option("--out", type=click.Path(path_type=Path), help="Results root (default: the config's 'out').")
 @click.option("--rates", callback=_csv_floats, help="Comma-separated request rates, req/s.")
@@ -46,9 +46,9 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, stepwi
     elif calibration is None:
         raise UserError("--calibration: required (or a config with engine.kind sim and engine.calibration)")
     from prefixstudy.errors import StudyFailed
-    from prefixstudy.model.gpus import get_gpu
-    from prefixstudy.preflight import need_vllm
-    from prefixstudy.sweep.run import run_sweep
+    from prefixstudy.costmodel.gpus import get_gpu
+    from prefixstudy.study.preflight import need_vllm
+    from prefixstudy.sweep.run_sweep import run_sweep
 
     need_vllm("prefixstudy simulate: the simulator replays vLLM's own scheduler, so it")  # before any results folder
     if gpu is not None:

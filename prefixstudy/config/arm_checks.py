@@ -1,11 +1,11 @@
 """The arms of a study config, checked against its engine: refused in one line naming the field
-when they cannot mean what they say (prefixstudy.arms holds their schema)."""
+when they cannot mean what they say (prefixstudy.config.arms holds their schema)."""
 
 from __future__ import annotations
 
 from pydantic import ValidationError
 
-from prefixstudy.arms import BUILTIN_ARMS, OFFLOAD_ARGS, OFFLOAD_PACKAGES, ArmConfig, arm_engine
+from prefixstudy.config.arms import BUILTIN_ARMS, OFFLOAD_ARGS, OFFLOAD_PACKAGES, ArmConfig, arm_engine
 from prefixstudy.config.schema import StudyConfig
 from prefixstudy.engines.registry import capabilities, kinds_that
 from prefixstudy.errors import UserError, installed

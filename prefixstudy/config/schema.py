@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from prefixstudy.arms import BUILTIN_ARMS, ArmConfig, arm_engine
+from prefixstudy.config.arms import BUILTIN_ARMS, ArmConfig, arm_engine
 from prefixstudy.config.sections import (ArrivalConfig, CheckConfig, DatasetConfig, RayConfig, RouterConfig,
                                          SweepConfig)
 from prefixstudy.engines.registry import config_classes

@@ -223,7 +223,7 @@ class SweepConfig(BaseModel):
 
     def points(self) -> list[tuple[float, int]]:
         """(rate, repeat) in the order they run: the whole sweep, then again for the next repeat
-        (what a run still has to do is its plan, ``sweep.plan.RunPlan``)."""
+        (what a run still has to do is its plan, ``executors.run_plan.RunPlan``)."""
         repeats = self.only_repeats if self.only_repeats is not None else range(self.repeats)
         return [(rate, k) for k in repeats for rate in self.rates]
 
@@ -259,8 +259,8 @@ class RayConfig(BaseModel):
 
 
 class RouterConfig(BaseModel):
-    """How a mode's fleet of ``replicas`` routes requests (prefixstudy.router).  ``policies``: one
-    run folder per policy (prefixstudy.routing_sweep); each run's config holds one."""
+    """How a mode's fleet of ``replicas`` routes requests (prefixstudy.engines.router).  ``policies``: one
+    run folder per policy (prefixstudy.sweep.routing_axis); each run's config holds one."""
 
     model_config = _STRICT
     policies: list[Literal["round_robin", "least_loaded", "prefix_affinity"]] = Field(

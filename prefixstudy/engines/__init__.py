@@ -1,5 +1,5 @@
 """Stage: engines.  Who answers the requests: the protocol (``engines.base``), the registry of
-backends and what each can do (``engines.registry``), and ``engines.build.make_engine``, which
+backends and what each can do (``engines.registry``), and ``runner.engine_build.make_engine``, which
 builds the engine one arm of a study runs.
 
 Backends are imported when asked for, so a study on one backend never imports another's

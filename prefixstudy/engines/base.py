@@ -35,7 +35,7 @@ class EngineConfigBase(BaseModel):
     block_size: int | None = Field(None, gt=0, description="Prefix-cache block, in tokens; None: the backend's "
                                    "default (http: read from the server's /metrics).")
     # The arm's caching, set on the engine config an arm's engine is built from
-    # (prefixstudy.arms.arm_engine): resolved state, not a field a config can hold or a dump writes.
+    # (prefixstudy.config.arms.arm_engine): resolved state, not a field a config can hold or a dump writes.
     _prefix_caching: bool | None = PrivateAttr(None)
 
     @property
@@ -59,7 +59,7 @@ class EngineConfigBase(BaseModel):
 
     def set_capacity(self, unit: str, value: float) -> None:
         """Size the KV cache to ``value`` ``unit``s: a unit of the backend's ``capacity_units``
-        (engines.registry) other than a CPU tier's; prefixstudy.capacity sweeps it."""
+        (engines.registry) other than a CPU tier's; prefixstudy.sweep.capacity_axis sweeps it."""
         raise NotImplementedError(f"engine.kind {self.kind} takes no capacity in {unit}")
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from prefixstudy.cachesim import BlockCache
+from prefixstudy.engines.cachesim import BlockCache
 from prefixstudy.engines.base import (EngineConfigBase, EngineDefaults, IterationRecorder, IterationSample, RequestTrace,
                                       caching)
 

@@ -2,7 +2,7 @@
 
 ``FleetEngine`` implements the engine protocol, so the runner drives a fleet exactly as it drives
 one engine (reset, prime, warm up, dispatch); every request it is given, primes and warm-ups
-included, goes where ``prefixstudy.router`` says, and the request's trace and the replica's
+included, goes where ``prefixstudy.engines.router`` says, and the request's trace and the replica's
 engine steps carry the replica's index (``replica`` in requests and iterations).
 
 The router runs beside the load generator, in its process and on its event loop: a routing decision
@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from prefixstudy.engines.base import EngineDefaults, IterationSample, RequestTrace
 from prefixstudy.engines.registry import engine_class
 from prefixstudy.errors import StudyFailed, describe_failure
-from prefixstudy.router import Router
+from prefixstudy.engines.router import Router
 
 
 class ReplicaLost(RuntimeError):

@@ -30,7 +30,7 @@ class Capabilities:
     arm_overlays: bool = True
     # Takes a CPU tier under the prefix cache (`arms[].offload`: vLLM's OffloadingConnector).
     cpu_tier: bool = False
-    # The `--capacity` units it takes (prefixstudy.capacity.UNITS).
+    # The `--capacity` units it takes (prefixstudy.sweep.capacity_axis.UNITS).
     capacity_units: tuple[str, ...] = ()
     # Needs no GPU of a Ray cluster (in process, or a server elsewhere): executor `auto` runs it
     # locally unless a cluster is named, sparing a local cluster's start and processes.

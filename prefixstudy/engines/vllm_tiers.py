@@ -59,7 +59,7 @@ def kv_bytes_per_block(vllm_config: Any) -> int:
 def tier_blocks(vllm_config: Any) -> int:
     """Offload blocks in the engine's CPU tier (0: none), one GPU block each (``blocks_per_chunk``
     1 unless ``kv_connector_extra_config`` says otherwise)."""
-    from prefixstudy.cachesim import tier_blocks_for
+    from prefixstudy.engines.cachesim import tier_blocks_for
 
     total = tier_bytes(vllm_config)
     if not total:

@@ -19,7 +19,7 @@ from prefixstudy.runner.warmup import note as warmup_note
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
-    from prefixstudy.sweep.plan import RunPlan
+    from prefixstudy.executors.run_plan import RunPlan
 
 
 log = logging.getLogger(__name__)

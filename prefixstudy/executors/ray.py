@@ -29,7 +29,7 @@ from prefixstudy.executors.ray_plan import (actor_name, assign_replicas, gpu_pla
 from prefixstudy.runner import run_until_signal
 from prefixstudy.runner.warmup import note as warmup_note
 from prefixstudy.schema import PointResult
-from prefixstudy.sweep.plan import RunPlan
+from prefixstudy.executors.run_plan import RunPlan
 
 log = logging.getLogger(__name__)
 

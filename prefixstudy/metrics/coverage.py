@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from prefixstudy.metrics.bootstrap import N_BOOT, hierarchical, interval, over_repeats
+from prefixstudy.shared.bootstrap import N_BOOT, hierarchical, interval, over_repeats
 
 MEAN_MS = 800.0
 
@@ -38,7 +38,7 @@ def _mean(r: np.ndarray) -> np.ndarray:
 def coverage(repeats: int, n_studies: int, seed: int, method: str = "over_repeats",
              n_boot: int = N_BOOT, **shape) -> float:
     """Share of ``n_studies`` synthetic studies whose 95 % interval of the mean holds ``MEAN_MS``.
-    ``method``: "over_repeats" (``metrics.bootstrap.over_repeats``) or "percentile" (the
+    ``method``: "over_repeats" (``shared.bootstrap.over_repeats``) or "percentile" (the
     hierarchical percentile bootstrap: repeats with replacement, then blocks)."""
     rng = np.random.default_rng(seed)
     hits = 0

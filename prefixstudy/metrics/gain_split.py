@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics import engine_fit
+from prefixstudy.costmodel import engine_fit
 from prefixstudy.metrics.requests import counted
 
 PARTS = ("queue", "own_prefill", "prefill_stalls", "decode_steps", "residual")

@@ -2,7 +2,7 @@
 screen is this table.
 
 * Latency per mode: mean and p90 E2E over every counted request of every repeat.  The interval
-  (``metrics.bootstrap.over_repeats``) is Student's t over the repeats' own mean (p90) with two or
+  (``shared.bootstrap.over_repeats``) is Student's t over the repeats' own mean (p90) with two or
   more repeats, so run-to-run spread is inside it; with one repeat, a moving-block bootstrap of
   its consecutive requests.  It holds for the machine the study ran on.
 * The gain of the compared arm over the baseline (``arms.compared``: ON over OFF by default),
@@ -16,7 +16,7 @@ screen is this table.
   with how long the point runs.  ``*_saturated_share``: the share of repeats that were; the knee
   goes by the majority, so one repeat's transient does not move it.
 * ``*_spread_pct``: (max - min) / mean of the repeats' mean E2E, the run-to-run spread.
-* Engine prefill share and decode slowdown per mode (``metrics.engine_fit``), pooled over the
+* Engine prefill share and decode slowdown per mode (``costmodel.engine_fit``), pooled over the
   repeats' busy steps, with intervals like latency's: t over the repeats' own values, or (one
   repeat) blocks of steps with the coefficients refitted.
 """
@@ -28,8 +28,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics import engine_fit
-from prefixstudy.metrics.bootstrap import Stat, gain, interval, over_repeats, rate_seed
+from prefixstudy.costmodel import engine_fit
+from prefixstudy.shared.bootstrap import Stat, gain, interval, over_repeats, rate_seed
 from prefixstudy.metrics.requests import counted, hit_rates
 from prefixstudy.metrics.summary import tier_hit_rates
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics.bootstrap import t_quantile
+from prefixstudy.shared.bootstrap import t_quantile
 
 AXIS = "dataset.shared_fraction"
 # Measured and expected hit rates differ by at most this much where the cache works: every measured

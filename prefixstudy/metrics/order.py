@@ -1,7 +1,7 @@
 """Whether the order of the arms within a pair moved the result.
 
 An interleaved run takes the arms in turns point by point, and each rate's repeats alternate which
-arm goes first (``sweep.plan.RunPlan.turns``), so at a rate with repeats both ways the gain of the
+arm goes first (``executors.run_plan.RunPlan.turns``), so at a rate with repeats both ways the gain of the
 repeats where the baseline went first can be set beside the gain of those where the other arm did.
 Which arm went first is read from the points' own start times (the manifest), not from the config:
 a resumed or hand-merged run is judged by what it did.  Only rates where both arms kept up in every

@@ -9,14 +9,14 @@ frames (or lines) out; ``routing_sweep`` reads and writes the files.
   counted and failed (totals over the repeats), hit rate (measured and expected, over all its
   requests), ``busy_s`` (total over the repeats), mean E2E with an interval over the
   repeats (``mean_e2e_lo`` / ``mean_e2e_hi``, as ``policy_table``'s and headline.csv's:
-  ``metrics.bootstrap.over_repeats``, t over the repeats' means, or blocks of the replica's
+  ``shared.bootstrap.over_repeats``, t over the repeats' means, or blocks of the replica's
   consecutive requests, which share its queue, for one repeat) and the share of repeats in which that
   replica saturated.  ``routing_sweep`` writes it as ``replicas_summary.csv``, beside
   ``replicas.csv`` (one row per repeat): the two have different keys, so one file each.
 * ``balance``: per point, max / mean over replicas of requests routed and of busy time (1.0 is
   perfectly even; 2.0 with two replicas is one replica doing everything).
 * ``policy_table``: one row per policy x mode x rate over its repeats: hit rate, E2E / TTFT / TPOT
-  means with intervals over the repeats (``metrics.bootstrap.over_repeats``, as headline.csv),
+  means with intervals over the repeats (``shared.bootstrap.over_repeats``, as headline.csv),
   imbalance, the share of saturated repeats; ``knees`` per policy x mode (``metrics.headline.knee``).
 * ``verdicts``: per rate, in words, whether prefix affinity's extra hits outweigh its imbalance
   against a base policy: its mean E2E interval wholly below the base's (they do), wholly above
@@ -30,7 +30,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics.bootstrap import over_repeats, rate_seed
+from prefixstudy.shared.bootstrap import over_repeats, rate_seed
 from prefixstudy.metrics.headline import knee
 from prefixstudy.metrics.requests import counted, hit_rates, measured, with_repeat
 from prefixstudy.metrics.saturation import saturation

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.errors import UserError
+from prefixstudy.schema import KEY  # one point
 
-KEY = ["mode", "rate", "repeat"]  # one point
 SLO_KEYS = {"ttft": "ttft_ms", "e2e": "e2e_ms", "tpot": "tpot_ms"}
 SLO_ALIASES = {"e2el": "e2e"}  # vLLM's --goodput name
 

@@ -51,7 +51,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics.bootstrap import t_quantile
+from prefixstudy.shared.bootstrap import t_quantile
 from prefixstudy.metrics.requests import counted, measured, open_at_end
 
 COMPLETION_MIN = 0.9

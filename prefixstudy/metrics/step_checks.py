@@ -31,7 +31,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics import engine_fit
+from prefixstudy.costmodel import engine_fit
 
 WINDOW = 32
 TOLERANCE = 0.05

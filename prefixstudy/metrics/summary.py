@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics import engine_fit
+from prefixstudy.costmodel import engine_fit
 from prefixstudy.metrics.requests import (KEY, duration_s, hit_rate_estimated, hit_rate_ok, hit_rates, measured,
                                           percentile, split_outcomes, with_repeat)
 from prefixstudy.metrics.saturation import saturation
@@ -33,7 +33,7 @@ def _latencies(ok: pd.DataFrame) -> dict:
 def summarize_point(requests: pd.DataFrame, meta: dict, tolerance: float = 0.05,
                     iterations: pd.DataFrame | None = None) -> dict:
     """One summary row (schema.SUMMARY_COLUMNS, in order) for one mode x rate x repeat; the engine
-    columns (metrics.engine_fit.ENGINE_COLUMNS) are NaN here: they need the whole study's fit.
+    columns (costmodel.engine_fit.ENGINE_COLUMNS) are NaN here: they need the whole study's fit.
 
     ``requests``/``iterations``: this point's rows only.  ``meta``: mode, rate and optionally
     repeat, status, error, n_sent, duration_s (used when no request finished), admission_limit
@@ -107,7 +107,7 @@ def summarize(requests: pd.DataFrame, points: list[dict], tolerance: float = 0.0
 
 def add_engine_columns(summary: pd.DataFrame, iterations: pd.DataFrame | None,
                        fit: "engine_fit.StepFit | None") -> pd.DataFrame:
-    """summary.csv rows with their engine columns (metrics.engine_fit) filled from ``fit``."""
+    """summary.csv rows with their engine columns (costmodel.engine_fit) filled from ``fit``."""
     out = summary.drop(columns=[c for c in engine_fit.ENGINE_COLUMNS if c in summary])
     if iterations is None or not len(iterations):
         eng = pd.DataFrame(columns=KEY + engine_fit.ENGINE_COLUMNS)

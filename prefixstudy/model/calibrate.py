@@ -23,9 +23,9 @@ import pandas as pd
 from prefixstudy.config import parse_config
 from prefixstudy.errors import UserError
 from prefixstudy.model.closure import admission_limit, arm_summary, closure, fitted_coef, study_workload
-from prefixstudy.model.arch import DTYPE_BYTES, arch_from_config, load_config_json
-from prefixstudy.model.gpus import GPU, find_gpu, load_gpus
-from prefixstudy.model.roofline import (PEAK, Deployment, Efficiency, decode_work, predict_request,
+from prefixstudy.costmodel.arch import DTYPE_BYTES, arch_from_config, load_config_json
+from prefixstudy.costmodel.gpus import GPU, find_gpu, load_gpus
+from prefixstudy.costmodel.roofline import (PEAK, Deployment, Efficiency, decode_work, predict_request,
                                         prefill_work)
 from prefixstudy.results import load
 from prefixstudy.metrics.requests import counted

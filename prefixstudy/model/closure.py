@@ -1,6 +1,6 @@
 """A model that closes the loop from the fitted step costs to TPOT and the knee.
 
-The step-cost fit (``metrics.engine_fit``) prices a step as ``a`` plus work per prompt token,
+The step-cost fit (``costmodel.engine_fit``) prices a step as ``a`` plus work per prompt token,
 prefilling request, decode token and context token.  An engine that keeps up does, per second, the
 work the requests arriving in that second bring: each request's prompt work and its decodes,
 
@@ -78,7 +78,7 @@ def closure(coef, head: pd.DataFrame, workload: dict[str, tuple[float, float, fl
 def fitted_coef(manifest: dict) -> np.ndarray | None:
     """The step-cost fit's coefficients as the run recorded them (``engine_fit.COEF_NAMES``); None
     without a fit."""
-    from prefixstudy.metrics.engine_fit import recorded_coef
+    from prefixstudy.costmodel.engine_fit import recorded_coef
 
     f = manifest.get("step_fit")
     return recorded_coef(f) if f else None
@@ -144,7 +144,7 @@ def physics(coef, arch, gpu, context_tokens: float, dtype_bytes: int = 2) -> pd.
     prefilling request brings no work of its own beyond its tokens, so ``e`` is host or launch
     overhead.  ``share`` = floor / coefficient: the part of the coefficient the GPU's work explains
     at peak."""
-    from prefixstudy.model.roofline import decode_work, prefill_work
+    from prefixstudy.costmodel.roofline import decode_work, prefill_work
 
     a, b, e, c, k = (float(x) for x in coef)
     weights_ms = prefill_work(arch, 1, 0, dtype_bytes).weight_bytes / (gpu.hbm_gb_s * 1e9) * 1e3

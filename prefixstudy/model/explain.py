@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prefixstudy.errors import UserError
-from prefixstudy.model.arch import load_arch
-from prefixstudy.model.gpus import GPU, get_gpu
-from prefixstudy.model.roofline import (Deployment, Efficiency, PrefixSaving, StepTime, decode_work,
+from prefixstudy.costmodel.arch import load_arch
+from prefixstudy.costmodel.gpus import GPU, get_gpu
+from prefixstudy.costmodel.roofline import (Deployment, Efficiency, PrefixSaving, StepTime, decode_work,
                                         prefix_saving, rate_ceiling)
 
 # The reported case: Mistral-7B-v0.3 on 8 x A100-SXM4-40GB, TP 8.

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from prefixstudy.arms import arm_label
+from prefixstudy.config.arms import arm_label
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import counted, parse_slo
 from prefixstudy.report import arms as arm_report, bench_import, figure_kit as kit, figures as plots, first_screen, tables
@@ -130,7 +130,7 @@ def model_section(d: ReportData) -> tuple[list[str], pd.DataFrame | None]:
     """The performance model's predictions against the measurement, for a GPU the model knows."""
     device = str(d.study.manifest.get("device") or (d.study.config or {}).get("device") or "")
     try:
-        from prefixstudy.model import gpus
+        from prefixstudy.costmodel import gpus
         known = gpus.find_gpu(device) is not None if device else False
     except (ImportError, AttributeError):
         known = False

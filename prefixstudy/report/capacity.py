@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from prefixstudy.arms import arm_label
-from prefixstudy.capacity import TABLE, capacity_table, collapse_lines, ratio_column, sweep_arms
+from prefixstudy.config.arms import arm_label
+from prefixstudy.sweep.capacity_axis import TABLE, capacity_table, collapse_lines, ratio_column, sweep_arms
 from prefixstudy.metrics.breakdown import markdown
 from prefixstudy.report.figure_kit import new_figure, save
 

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from prefixstudy.arms import arm_label
+from prefixstudy.config.arms import arm_label
 from prefixstudy.metrics.requests import counted
 from prefixstudy.model.closure import admission_limit, arm_table
 from prefixstudy.report.data import ReportData
@@ -50,9 +50,9 @@ PHYSICS_TEXT = ("The fitted coefficients beside the least time the GPU's datashe
 def physics_table(d: ReportData) -> pd.DataFrame:
     """``model.closure.physics`` for the study's model and GPU; empty when either is unknown."""
     from prefixstudy.configs import recorded_model_dir
-    from prefixstudy.model.arch import load_arch
+    from prefixstudy.costmodel.arch import load_arch
     from prefixstudy.model.closure import physics
-    from prefixstudy.model.gpus import find_gpu
+    from prefixstudy.costmodel.gpus import find_gpu
 
     gpu = find_gpu(str(d.study.manifest.get("device") or ""))
     model = recorded_model_dir(str((d.study.config or {}).get("model") or ""))

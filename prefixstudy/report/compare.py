@@ -18,13 +18,13 @@ from prefixstudy.metrics.requests import parse_slo
 from prefixstudy.metrics.summary import max_rate_curve
 from prefixstudy.report import arms as arm_report, tables
 from prefixstudy.report.data import ReportData, analyze, cold_start_notes, thresholds
-from prefixstudy.arms import arm_label
+from prefixstudy.config.arms import arm_label
 from prefixstudy.report.figure_kit import (GAIN_COLORS, MODE_COLORS, MODE_LABELS, MODES, PEER_COLORS, SAT_MARKER,
                                            SAT_SIZE, STUDY_STYLES, arms_in, legend, mode_line, new_figure, rate_axis,
                                            register_arms, sat_handle, save_all)
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, write_report
 from prefixstudy.results import load
-from prefixstudy.sweep.folder import cell_dirs, is_sweep
+from prefixstudy.results.sweep_folder import cell_dirs, is_sweep
 
 
 # ----------------------------------------------------------------- figures

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from prefixstudy.arms import arm_label, compared
+from prefixstudy.config.arms import arm_label, compared
 from prefixstudy.errors import UserError
-from prefixstudy.metrics import compare, engine_fit, gain_split, headline as hl, requests as reqs, step_checks, summary
+from prefixstudy.metrics import compare, gain_split, headline as hl, requests as reqs, step_checks, summary
+from prefixstudy.costmodel import engine_fit
 from prefixstudy.results import StudyResults
 from prefixstudy.results.finish import study_arms
 from prefixstudy.schema import MODES, SUMMARY_COLUMNS, typed_iterations

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from prefixstudy.arms import arm_label
+from prefixstudy.config.arms import arm_label
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.hit_rate_axis import AXIS, Cell, gain_by_hit_rate, pays_from, \
     pays_sentence, top_sentences
@@ -24,14 +24,14 @@ from prefixstudy.report import figure_kit as kit
 from prefixstudy.report.figures import gain_vs_hit_rate
 from prefixstudy.report.render import write_report
 from prefixstudy.results import MANIFEST, atomic_write_csv, find_run_dir, load
-from prefixstudy.sweep.folder import INDEX, read_index
+from prefixstudy.results.sweep_folder import INDEX, read_index
 from prefixstudy.workloads.fixed import expected_hit_rate, shared_split
 
 HIT_RATE_CSV = "hit_rate.csv"
 
 
 def read_sweep(parent: Path) -> dict[float, Path]:
-    """{shared fraction: run folder} from the sweep's index (``sweep.folder``); one line naming the
+    """{shared fraction: run folder} from the sweep's index (``results.sweep_folder``); one line naming the
     file and what is wrong where it is not a sweep of the shared fraction alone."""
     path = Path(parent) / INDEX
     index = read_index(parent)

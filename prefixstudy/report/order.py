@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from prefixstudy.arms import arm_label
+from prefixstudy.config.arms import arm_label
 from prefixstudy.metrics.order import order_effect
 
 TEXT = ("The arms took turns point by point, and each rate's repeats alternated which went first. At the rates "

@@ -36,7 +36,7 @@ REPEAT_COLUMNS = ["policy", "mode", "rate", "repeat", "replica", "n_routed", "n_
                   "mean_e2e_ms", "saturated"]
 SAT_TEXT = ("A rate marked ⚠ saturated in some repeat (metrics.saturation): its latency grows with how long the "
             "point ran, so its mean E2E is a lower bound (≥); figures draw it as an X. Intervals are 95 %: "
-            "repeats, then blocks of consecutive requests, resampled (metrics.bootstrap).")
+            "repeats, then blocks of consecutive requests, resampled (shared.bootstrap).")
 
 
 # ----------------------------------------------------------------- tables
@@ -228,3 +228,24 @@ def write_routing_report(parent: Path, policies: list[str], table: pd.DataFrame,
     atomic_write_text(parent / ROUTING_MD, md)
     atomic_write_text(parent / ROUTING_HTML, page)
     return parent / ROUTING_MD
+
+
+def routing_report(parent: Path) -> Path:
+    """Writes routing.csv, replicas.csv, replicas_summary.csv, routing.md, routing.html and
+    plots/routing_* at ``parent``; returns routing.md."""
+    from prefixstudy.schema import typed_frame
+    from prefixstudy.sweep.routing_axis import REPLICAS, REPLICAS_SUMMARY, ROUTING, read_sweep
+
+    runs = {p: v for p, v in read_sweep(parent).items() if len(v[0])}
+    if not runs:  # every policy stopped before a point finished: say so rather than draw nothing
+        out = parent / "routing.md"
+        out.write_text("# Routing\n\nNo policy finished a point: see each policy's manifest.json (`error`).\n")
+        return out
+    table = rm.policy_table(runs)
+    table.to_csv(parent / ROUTING, index=False)
+    per = typed_frame(pd.concat([rm.replica_table(req, its).assign(policy=p) for p, (req, its, _) in runs.items()],
+                                ignore_index=True), rm.REPLICAS_FIELDS)
+    per.to_csv(parent / REPLICAS, index=False)
+    summary = rm.replica_summary(runs)
+    summary.to_csv(parent / REPLICAS_SUMMARY, index=False)
+    return write_routing_report(parent, list(runs), table, per, summary)

@@ -11,7 +11,7 @@ import pandas as pd
 
 from prefixstudy.metrics import headline as hl
 from prefixstudy.metrics.slo_search import gain_bracket
-from prefixstudy.arms import arm_label
+from prefixstudy.config.arms import arm_label
 from prefixstudy.report.tables import fmt
 
 TEXT = ("Each arm's rate was searched, not interpolated: from the start rate it grew geometrically until a point "

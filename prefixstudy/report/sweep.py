@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prefixstudy.sweep.folder import CAPACITY, POLICY, SHARED, axis_values, read_index
+from prefixstudy.results.sweep_folder import CAPACITY, POLICY, SHARED, axis_values, read_index
 
 
 def sweep_report(parent: Path, cells: bool = True) -> list[tuple[str, Path]]:
     """Writes the reports of the sweep at ``parent`` (its cells' too with ``cells``); returns
     (what, file) of each sweep-level report written."""
     from prefixstudy.report.build import build_report
-    from prefixstudy.sweep.folder import cell_dirs
+    from prefixstudy.results.sweep_folder import cell_dirs
 
     parent = Path(parent)
     index = read_index(parent)
@@ -34,7 +34,7 @@ def sweep_report(parent: Path, cells: bool = True) -> list[tuple[str, Path]]:
 
         out.append(("hit rate", hit_rate_report(parent)))
     if list(index["axes"]) == [POLICY]:
-        from prefixstudy.routing_sweep import routing_report
+        from prefixstudy.report.routing import routing_report
 
         out.append(("routing", routing_report(parent)))
     return out

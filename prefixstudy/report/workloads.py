@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from prefixstudy.arms import compared
+from prefixstudy.config.arms import compared
 from prefixstudy.metrics.breakdown import breakdown
 from prefixstudy.results.finish import study_arms
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefixstudy.arms import compared
+from prefixstudy.config.arms import compared
 from prefixstudy.engines.step_log import TIMING_METHODS
-from prefixstudy.metrics.engine_fit import fit_by_kind, fit_step_cost
+from prefixstudy.costmodel.engine_fit import fit_by_kind, fit_step_cost
 from prefixstudy.metrics.headline import headline, versus_baseline
 from prefixstudy.metrics.step_checks import check_steps
 from prefixstudy.metrics.summary import add_engine_columns

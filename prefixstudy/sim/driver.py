@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from prefixstudy.sim.lane import DecodeLane
-from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepCost, StepFeatures, kv_tokens, launch_ms
+from prefixstudy.costmodel.step import SAMPLED_TOKEN_ID, SimTrace, StepCost, StepFeatures, kv_tokens, launch_ms
 from prefixstudy.sim.vllm_setup import make_request, runner_output
 
 

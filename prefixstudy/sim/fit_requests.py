@@ -1,6 +1,6 @@
 """Stage: sim.  The step cost fitted to a run's request timestamps alone, for a run without step
 records (an HTTP server, ``vllm-server``, SGLang): the same ``CostModel`` as the step-record fit
-(``sim.cost``), found by running the simulator inside the fit.
+(``costmodel.step_cost``), found by running the simulator inside the fit.
 
 What a request's timestamps give is its TTFT and its mean gap between tokens (TPOT); what they
 depend on is the step cost *and* the schedule (how many requests shared each step, which steps
@@ -10,7 +10,7 @@ carried prompts), which only the scheduler knows.  So:
    span holds ``out - 1`` steps; the requests in decode beside it (from their own spans) give the
    decode tokens of those steps, and the requests whose first token came inside the span give the
    prompt tokens and prefills computed there.  Its TTFT is about one step with its own prompt.  One
-   non-negative fit (``metrics.engine_fit.nnls``) over those rows.
+   non-negative fit (``costmodel.engine_fit.nnls``) over those rows.
 2. **A coordinate search with the simulator inside** (``search``): each coefficient in turn is
    moved up and down by a step, every fitted point is simulated (vLLM's scheduler, on the point's
    own arrival schedule), and the move is kept if the error went down; the step halves once no
@@ -49,11 +49,11 @@ from tqdm import tqdm
 
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import UserError
-from prefixstudy.metrics.engine_fit import nnls
+from prefixstudy.costmodel.engine_fit import nnls
 from prefixstudy.results import read_summary
 from prefixstudy.results.store import read_table
-from prefixstudy.sim.cost import CostModel, busy_steps, load_steps
-from prefixstudy.sim.study import SimSession, SimTarget, frozen_heap, sessions
+from prefixstudy.costmodel.step_cost import CostModel, busy_steps, load_steps
+from prefixstudy.sim.sessions import SimSession, SimTarget, frozen_heap, sessions
 
 TERMS = ("prefill_tokens", "num_prefill_reqs", "decode_tokens")  # fitted besides c0
 MIN_RATES = 2

@@ -52,7 +52,7 @@ import heapq
 import math
 
 from prefixstudy.sim.lane_scope import lane_scope
-from prefixstudy.sim.step import SAMPLED_TOKEN_ID, SimTrace, StepClock, StepFeatures, kv_tokens, launch_ms
+from prefixstudy.costmodel.step import SAMPLED_TOKEN_ID, SimTrace, StepClock, StepFeatures, kv_tokens, launch_ms
 
 
 class Held:

@@ -6,7 +6,7 @@ one session per mode rather than building one per point, because building one al
 KV block object.  Workers are forked from a fork server that has already imported
 vLLM and resolved a config once (``sim.preload``), so no worker pays the import; the fork server
 is a clean process, where the parent may already hold vLLM's threads, so the parent never forks.
-A worker's heap stays frozen (``sim.study.frozen_heap``: the fork server's, then the rows, then each
+A worker's heap stays frozen (``sim.sessions.frozen_heap``: the fork server's, then the rows, then each
 session's blocks), so the collector walks only what a point allocates; the worker ends with the run.
 ``start`` is called once the calibration is fitted, so a refused calibration starts no worker.
 """
@@ -20,7 +20,7 @@ from typing import Iterator
 
 from prefixstudy.config import StudyConfig
 from prefixstudy.schema import PointResult
-from prefixstudy.sim.study import RowFacts, SimSession, SimTarget, scheduler_spec
+from prefixstudy.sim.sessions import RowFacts, SimSession, SimTarget, scheduler_spec
 
 _WORKER: dict = {}
 

@@ -12,7 +12,7 @@ from prefixstudy.sim.vllm_setup import SchedulerSpec, build_scheduler, quiet_vll
 
 
 def _warm() -> None:
-    from prefixstudy.model.arch import load_arch
+    from prefixstudy.costmodel.arch import load_arch
 
     tiny = shipped_model_dir("tiny-llama")
     if tiny is None:
@@ -23,7 +23,7 @@ def _warm() -> None:
 
 quiet_vllm()
 _warm()
-gc.freeze()  # every worker forked from here starts with vLLM's objects frozen (sim.study.frozen_heap)
+gc.freeze()  # every worker forked from here starts with vLLM's objects frozen (sim.sessions.frozen_heap)
 # The fork server itself exits with its parent, through the interpreter's teardown.  Objects still
 # frozen then are never freed, and extension modules built with nanobind (triton's, which vLLM
 # imports) print a "leaked" report of them to the user's console.  Its workers exit by os._exit.

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from prefixstudy.model.arch import Arch
+from prefixstudy.costmodel.arch import Arch
 
 # Layer names only label the KV-cache group; vLLM never looks them up without workers.
 LAYER_NAME = "model.layers.{}.self_attn.attn"

@@ -3,6 +3,6 @@ point axes (arm x rate x repeat).  ``run_sweep`` runs any grid; one cell of it i
 folder (``study.run_study``), and a grid with engine axes is a parent folder of such cells with
 one index, ``sweep.json``.
 
-``sweep.axes`` says what each engine axis does to the config, ``sweep.folder`` reads and writes
-the index, ``sweep.run`` plans, checks, runs and resumes.
+``sweep.axes`` says what each engine axis does to the config, ``results.sweep_folder`` reads and writes
+the index, ``sweep.run_sweep`` plans, checks, runs and resumes.
 """

@@ -2,7 +2,7 @@
 the name of the cell folder it contributes (``folder``) and what it records beside a cell's run
 (``record``); a new axis is one class here.
 
-- ``capacity.<unit>``: the KV cache's size, or the CPU tier's (``prefixstudy.capacity``).
+- ``capacity.<unit>``: the KV cache's size, or the CPU tier's (``prefixstudy.sweep.capacity_axis``).
 - ``router.policy``: a fleet's routing policy (``replicas`` > 1), one run per policy
   (``routing_sweep.policy_config``).
 - any other dotted config field (``engine.max_num_batched_tokens``, ``dataset.shared_fraction``):
@@ -21,7 +21,7 @@ from typing import Any
 
 from prefixstudy.config import StudyConfig, parse_config, set_dotted
 from prefixstudy.errors import UserError
-from prefixstudy.sweep.folder import CAPACITY, POLICY
+from prefixstudy.results.sweep_folder import CAPACITY, POLICY
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class CapacityAxis:
         return f"{CAPACITY}{self.unit}"
 
     def apply(self, cfg: StudyConfig, value: float) -> StudyConfig | None:
-        from prefixstudy.capacity import capacity_config
+        from prefixstudy.sweep.capacity_axis import capacity_config
 
         return capacity_config(cfg, self.unit, float(value))
 
@@ -71,7 +71,7 @@ class CapacityAxis:
         """The dataset's working set and reuse footprint in the blocks the run's engine used."""
         import json
 
-        from prefixstudy.capacity import reuse_footprint_blocks, working_set_blocks
+        from prefixstudy.sweep.capacity_axis import reuse_footprint_blocks, working_set_blocks
         from prefixstudy.workloads.base import group_prefixes
 
         try:
@@ -94,7 +94,7 @@ class PolicyAxis:
     name: str = POLICY
 
     def apply(self, cfg: StudyConfig, value: str) -> StudyConfig | None:
-        from prefixstudy.routing_sweep import policy_config
+        from prefixstudy.sweep.routing_axis import policy_config
 
         return policy_config(cfg, value)
 
@@ -113,7 +113,7 @@ def grid_axes(cfg: StudyConfig) -> list[Axis]:
     (``replicas`` > 1), its routing policies: one run each where several are given, or where
     the fleet is the grid's only axis (its one policy then still gets a run of its own, so that
     the sweep's routing report reads any fleet the same way)."""
-    from prefixstudy.capacity import UNITS, parse_capacity
+    from prefixstudy.sweep.capacity_axis import UNITS, parse_capacity
 
     out: list[Axis] = []
     for name, values in cfg.grid.items():

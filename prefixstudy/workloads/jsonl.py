@@ -21,7 +21,7 @@ def rows(cfg: "StudyConfig", vocab: int) -> tuple[list[DatasetRow], str]:
 
 
 def save_jsonl(rows: list[DatasetRow], path: Path) -> None:
-    from prefixstudy.results.store import atomic_write_text
+    from prefixstudy.shared.files import atomic_write_text
 
     def line(r: DatasetRow) -> str:
         # Session and trace fields only where they differ from their defaults: plain rows stay as before.

@@ -57,7 +57,7 @@ def run_server_study(tmp_path: Path) -> SimpleNamespace:
     temp dir)."""
     import prefixstudy
     from prefixstudy.config import load_config
-    from prefixstudy.study import run_study
+    from prefixstudy.study.orchestrate import run_study
 
     logs_before = set(server_logs())
     results = prefixstudy.load(run_study(load_config(server_study_path(tmp_path, **SWEEP)), progress=False))

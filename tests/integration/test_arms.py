@@ -64,7 +64,7 @@ def test_ray_places_one_engine_per_arm_side_by_side(ray_address, tmp_path):
     tests/integration/conftest.py), echo engines: one actor per arm, all three at once, each built
     from its own overlay."""
     from prefixstudy.config import load_config
-    from prefixstudy.study import run_study
+    from prefixstudy.study.orchestrate import run_study
 
     cfg = load_config(None, {"engine": {"kind": "echo", "block_size": 16}, "executor": "ray", "ray.parallel": "auto",
                              "arrivals.process": "constant", "dataset.prefix_len": 56,

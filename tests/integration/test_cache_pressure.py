@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import prefixstudy
-from prefixstudy.capacity import capacity_table
+from prefixstudy.sweep.capacity_axis import capacity_table
 from prefixstudy.config import load_config
 from prefixstudy.metrics.breakdown import breakdown
 from tests.sweeps import capacity_sweep
@@ -77,7 +77,7 @@ def test_the_simulator_evicts_as_the_engine_did(pressure, tmp_path):
     """The simulator's hit-rate check under cache pressure, on the hardware we have: vLLM's scheduler and
     block pool in virtual time, calibrated on each capacity's own run, serve the same hits request by
     request as the real engine did (all of them with room, one block and then none without)."""
-    from prefixstudy.sim.run import simulate
+    from prefixstudy.study.simulate import simulate
 
     for d in ("blocks-16", "blocks-12"):
         real = prefixstudy.load(pressure / d)

@@ -22,7 +22,7 @@ from prefixstudy.engines import ipc
 from prefixstudy.engines.vllm import VllmEngine
 from prefixstudy.engines.launched import free_port, kill_group
 from prefixstudy.engines.vllm_server import server_command
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 from tests.integration.servers import ENGINE
 
 pytestmark = [pytest.mark.engine]

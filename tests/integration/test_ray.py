@@ -405,7 +405,7 @@ def test_an_slo_search_keeps_each_arm_s_actor_through_its_rounds(ray_address, tm
     one engine start per arm, however many rounds.  The search goes on for two rounds at least
     whatever the verdicts (8 met: 16 next; 8 missed or saturated: 4 next, the minimum being 1; 16
     met: its second repeat)."""
-    from prefixstudy.study import run_study
+    from prefixstudy.study.orchestrate import run_study
 
     cfg = load_config(None, {"engine": {"kind": "echo", "block_size": 16, "decode_ms_per_token": 5},
                              "executor": "ray", "ray.parallel": "auto", "arrivals.process": "constant",

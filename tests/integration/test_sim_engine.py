@@ -23,7 +23,7 @@ import pytest
 
 import prefixstudy
 from prefixstudy.config import load_config
-from prefixstudy.sim.run import simulate
+from prefixstudy.study.simulate import simulate
 
 pytestmark = [pytest.mark.engine, pytest.mark.alone]
 

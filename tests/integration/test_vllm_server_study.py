@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 import prefixstudy
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 from prefixstudy.config import load_config
 from tests.integration.servers import server_study_path, servers_under
 
@@ -112,7 +112,7 @@ def _point_started(server: psutil.Process) -> bool:
 
 def test_a_server_that_does_not_start_names_its_root_cause_and_the_run_keeps_its_log(tmp_path):
     """`vllm serve` on a model folder without weights: the engine core fails as it loads them."""
-    from prefixstudy.study import StudyFailed
+    from prefixstudy.study.orchestrate import StudyFailed
 
     path = study_path(tmp_path, rates=[4], num_requests=4, warmup_requests=0)
     cfg = load_config(path, {"sweep.modes": ["on"], "engine.load_format": "safetensors"})

@@ -13,7 +13,7 @@ from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.executors import engines_run_here
 from prefixstudy.executors.ray_plan import assign_replicas, plan_parallel
-from prefixstudy.preflight import check_device
+from prefixstudy.study.preflight import check_device
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -139,3 +139,47 @@ def test_relative_imports_and_a_graph_without_a_cycle(tmp_path):
     graph = import_graph(root, "fake")
     assert graph == {"fake": {"fake.a"}, "fake.a": {"fake.b"}, "fake.b": {"fake.c"}, "fake.c": set()}
     assert find_cycle(graph) is None
+
+
+# The stages from the ground up: a module imports only from its own stage and the stages before it.
+# The package's own __init__ stands apart: it hands a notebook ``load`` and ``EnginePool`` on use,
+# and the manifest reads its ``__version__``.
+LAYERS = [
+    {"errors", "schema", "shared"},
+    {"engines", "configs"},
+    {"config"},
+    {"costmodel", "workloads"},
+    {"metrics", "runner"},
+    {"results"},
+    {"executors"},
+    {"model", "sim"},
+    {"study"},
+    {"sweep"},
+    {"report"},
+    {"cli"},
+    {"__main__"},
+]
+
+
+def stage(module: str) -> str:
+    return module.split(".")[1]
+
+
+def imports_up(graph: dict[str, set[str]], layers: list[set[str]]) -> list[str]:
+    """Every import of a module from a stage above the importer's, as 'a -> b'."""
+    rank = {name: i for i, layer in enumerate(layers) for name in layer}
+    return sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps
+                  if "." in a and "." in b and rank[stage(b)] > rank[stage(a)])
+
+
+def test_every_stage_is_in_a_layer_and_none_imports_from_a_later_one():
+    graph = import_graph(PACKAGE, "prefixstudy")
+    stages = {stage(m) for m in graph if "." in m}
+    assert stages == set().union(*LAYERS)
+    assert "prefixstudy.costmodel.engine_fit" in graph["prefixstudy.metrics.headline"]
+    assert imports_up(graph, LAYERS) == []
+
+
+def test_an_import_from_a_later_stage_is_named():
+    graph = {"fake.low.a": {"fake.high.b"}, "fake.high.b": {"fake.low.c"}, "fake.low.c": set(), "fake": {"fake.high.b"}}
+    assert imports_up(graph, [{"low"}, {"high"}]) == ["fake.low.a -> fake.high.b"]

@@ -1,6 +1,6 @@
 """What a study writes stays what it was: the seed's simulated sweep and the try-echo study give
 the summary.csv recorded in tests/fixtures/pinned, which the code before the one sweep loop
-(``sweep.run``) wrote.  The simulated one is compared whole (virtual time is deterministic); the
+(``sweep.run_sweep``) wrote.  The simulated one is compared whole (virtual time is deterministic); the
 echo study runs on the wall clock, so only the columns the schedule and the cache decide are."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import pytest
 from prefixstudy.config import load_config
 from prefixstudy.executors import point_line
 from prefixstudy.results import load
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 
 # Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -108,7 +108,7 @@ def test_arms_csv_and_the_report_carry_the_engine_s_split(tiered):
 # ----------------------------------------------------------------- capacity: the tier's size as an axis
 
 def test_capacity_sweeps_the_tier_beside_the_gpu_cache(tmp_path):
-    from prefixstudy.capacity import capacity_table
+    from prefixstudy.sweep.capacity_axis import capacity_table
     from tests.sweeps import capacity_sweep
 
     cfg = load_config(None, {**ECHO, "out": str(tmp_path), "sweep.rates": [50],
@@ -126,7 +126,7 @@ def test_capacity_sweeps_the_tier_beside_the_gpu_cache(tmp_path):
 
 
 def test_tier_capacities_are_checked_before_anything_starts():
-    from prefixstudy.capacity import capacity_config, parse_capacity
+    from prefixstudy.sweep.capacity_axis import capacity_config, parse_capacity
     from prefixstudy.errors import UserError
 
     assert parse_capacity("offload_gib=0,4,8,16,32") == ("offload_gib", [0, 4, 8, 16, 32])

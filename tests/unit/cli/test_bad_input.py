@@ -327,7 +327,7 @@ CASES = {
     "flag-set-kind-over-a-file-for-another-kind": (lambda t: run_cfg(t, None, "--set", "engine.kind=echo"),
                                                    "c.yaml sets field 'engine.dtype', which engine.kind echo has no "
                                                    "field for; remove it from the file, or set engine.kind: echo there"),
-    # --- arms (prefixstudy.arms) ---
+    # --- arms (prefixstudy.config.arms) ---
     "arm-duplicate-name": (lambda t: run_cfg(t, {"arms": [{"name": "bs64", "engine": {"block_size": 64}},
                                                           {"name": "bs64"}]}),
                            "c.yaml: field 'arms.1.name': duplicate arm name 'bs64'"),

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[3]
 DRIVER = textwrap.dedent('''
     import errno, sys
     from prefixstudy.results import store
+    from prefixstudy.shared import files
     write_parquet, temp_beside = store.atomic_write_parquet, store._temp_beside
     full = []
 
@@ -34,7 +35,7 @@ DRIVER = textwrap.dedent('''
             raise OSError(errno.ENOSPC, "No space left on device", str(path.parent))
         return temp_beside(path)
 
-    store.atomic_write_parquet, store._temp_beside = parquet, temp
+    store.atomic_write_parquet, store._temp_beside, files._temp_beside = parquet, temp, temp
     sys.argv = ["prefixstudy"] + sys.argv[1:]
     from prefixstudy.cli import entrypoint
     entrypoint()

@@ -52,7 +52,7 @@ DRIVER = textwrap.dedent('''
         return await generate(self, prompt, n, rid, trace)
 
     echo.EchoEngine.generate = hooked
-    from prefixstudy import study
+    from prefixstudy.study import orchestrate as study
     point_done = study.Study.point_done
 
     def summarised(self, res):

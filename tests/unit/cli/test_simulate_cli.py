@@ -45,7 +45,7 @@ def test_the_calibration_is_required(tmp_path):
 def test_a_default_engine_calibration_without_gpu_spans_is_fitted_to_its_timestamps(monkeypatch, caplog):
     """h200-tp1-async ran vLLM's default engine with host stamps only: no step's own cost to fit, so
     its request timestamps are fitted instead, and the warning says why."""
-    from prefixstudy.sim import run as sim_run
+    from prefixstudy.study import simulate as sim_run
     from prefixstudy.sim.fit_requests import has_step_records, why_no_step_fit
 
     calibration = REPO / "experiments/results/h200-tp1-async"

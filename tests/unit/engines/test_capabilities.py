@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from prefixstudy.capacity import UNITS, capacity_config
+from prefixstudy.sweep.capacity_axis import UNITS, capacity_config
 from prefixstudy.config import load_config
 from prefixstudy.engines import registry
 from prefixstudy.engines.registry import BACKENDS, Capabilities, capabilities, kinds_that
 from prefixstudy.errors import UserError
 from prefixstudy.executors import base as executors
-from prefixstudy.preflight import check_installed, check_plan
+from prefixstudy.study.preflight import check_installed, check_plan
 
 ECHO = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local"}
 # The one backend's own fields every kind's config needs to load.
@@ -145,7 +145,7 @@ def test_a_cpu_tier_and_arm_overlays_follow_the_declaration(monkeypatch):
 
 
 def test_needing_vllm_follows_the_declaration(monkeypatch):
-    monkeypatch.setattr("prefixstudy.preflight.installed", lambda name: name != "vllm")
+    monkeypatch.setattr("prefixstudy.study.preflight.installed", lambda name: name != "vllm")
     cfg = load_config(None, ECHO)
     check_installed(cfg)
     _declare(monkeypatch, "echo", needs_vllm=True)
@@ -155,7 +155,7 @@ def test_needing_vllm_follows_the_declaration(monkeypatch):
 
 def test_a_virtual_time_backend_is_handed_to_the_simulator(monkeypatch, tmp_path):
     """`prefixstudy run` of a sim config runs it in the simulator, never under the runner."""
-    from prefixstudy import study
+    from prefixstudy.study import orchestrate as study
 
     seen = []
     monkeypatch.setattr(study, "_simulate", lambda cfg, run_dir: seen.append(cfg.engine.kind) or tmp_path)

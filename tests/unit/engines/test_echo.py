@@ -4,7 +4,7 @@ import asyncio
 
 from prefixstudy.config import load_config
 from prefixstudy.engines import BACKENDS, RequestTrace, engine_class
-from prefixstudy.engines.build import make_engine
+from prefixstudy.runner.engine_build import make_engine
 
 
 def echo(mode, **engine):

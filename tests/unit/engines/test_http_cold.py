@@ -11,10 +11,10 @@ import logging
 
 from aiohttp import web
 
-from prefixstudy.cachesim import BlockCache
+from prefixstudy.engines.cachesim import BlockCache
 from prefixstudy.config import load_config
 from prefixstudy.results import load
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 from tests.unit.engines.test_sglang import Serving
 
 

@@ -13,7 +13,7 @@ from prefixstudy.config import load_config
 from prefixstudy.engines import pool as engine_pool
 from prefixstudy.engines.pool import EnginePool
 from prefixstudy.runner import run_until_signal
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 
 
 class Stand:

@@ -67,7 +67,7 @@ def test_a_reset_that_never_finds_the_server_idle_fails_at_its_deadline():
 def test_a_study_against_sglang_reads_cached_tokens_and_counters(tmp_path):
     from prefixstudy.config import load_config
     from prefixstudy.results import load
-    from prefixstudy.study import run_study
+    from prefixstudy.study.orchestrate import run_study
 
     on, off = StubSGLang(), StubSGLang(radix=False)  # OFF: SGLang's --disable-radix-cache
     with Serving(on, off) as s:

@@ -18,7 +18,7 @@ from prefixstudy.config import load_config
 from prefixstudy.engines.base import RequestTrace
 from prefixstudy.engines.sglang_server import SERVER_MODULE_ENV, SglangServerEngine, server_command
 from prefixstudy.errors import StudyFailed, UserError
-from prefixstudy.preflight import check_engine_config, check_plan
+from prefixstudy.study.preflight import check_engine_config, check_plan
 
 REPO = Path(__file__).resolve().parents[3]
 PREFIX = list(range(1000, 1056))  # 56 shared tokens
@@ -177,7 +177,7 @@ def test_a_server_that_does_not_come_up_fails_with_its_log(tok, monkeypatch):
 @pytest.mark.slow
 def test_a_study_launches_a_server_per_arm_and_reads_its_cache(tok, monkeypatch, tmp_path):
     from prefixstudy.results import load
-    from prefixstudy.study import run_study
+    from prefixstudy.study.orchestrate import run_study
 
     monkeypatch.setenv(SERVER_MODULE_ENV, "tests.sglang_stub")
     monkeypatch.chdir(REPO)

@@ -4,7 +4,7 @@ engine arguments.  Imports vLLM (seconds), starts nothing."""
 import pytest
 
 from prefixstudy.config import load_config
-from prefixstudy.preflight import check_engine_config
+from prefixstudy.study.preflight import check_engine_config
 from prefixstudy.engines.vllm import engine_args, missing_internals
 from prefixstudy.errors import UserError
 

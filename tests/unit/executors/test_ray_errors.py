@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from ray.exceptions import OutOfMemoryError, RayError
 
-from prefixstudy.sweep.plan import RunPlan
+from prefixstudy.executors.run_plan import RunPlan
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import StudyFailed
 from prefixstudy.executors import ray as ray_executor

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefixstudy.metrics.bootstrap import t_quantile
+from prefixstudy.shared.bootstrap import t_quantile
 from prefixstudy.metrics.coverage import coverage
 
 

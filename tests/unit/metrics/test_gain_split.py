@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from prefixstudy.metrics import gain_split as gs
-from prefixstudy.metrics.engine_fit import COEF_NAMES
+from prefixstudy.costmodel.engine_fit import COEF_NAMES
 from prefixstudy.results import load
 from prefixstudy.schema import typed_iterations, typed_requests
 

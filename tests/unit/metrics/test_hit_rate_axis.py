@@ -9,7 +9,7 @@ import math
 import pandas as pd
 import pytest
 
-from prefixstudy.metrics.bootstrap import t_quantile
+from prefixstudy.shared.bootstrap import t_quantile
 from prefixstudy.metrics.hit_rate_axis import (HIT_RATE_COLUMNS, Cell, gain_by_hit_rate, pays_from, pays_sentence,
                                                throughput_gain, top_sentences)
 

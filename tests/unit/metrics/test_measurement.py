@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prefixstudy.metrics import bootstrap, engine_fit, headline, saturation
+from prefixstudy.metrics import headline, saturation
+from prefixstudy.shared import bootstrap
+from prefixstudy.costmodel import engine_fit
 from prefixstudy.schema import typed_iterations, typed_requests
 
 

@@ -14,7 +14,7 @@ Definitions chosen on purpose, which every committed summary.csv carries:
   a trend test on the client's requests in flight decides; ``vllm-server`` records its limit, so
   h200-vllm-server's OFF 32 req/s points are flagged by running full.
 * The engine columns (``engine_prefill_share*``, ``decode_slowdown*``) come from a non-negative
-  least-squares fit (``metrics.engine_fit``), because a step that computes more cannot cost less:
+  least-squares fit (``costmodel.engine_fit``), because a step that computes more cannot cost less:
   where plain least squares made a term negative (h200-multiturn's prefill-request term, the
   h200-cache-pressure runs) the shares differ, and elsewhere the intervals differ where a bootstrap
   refit had a negative term; a fleet's steps are resampled in blocks of one replica's steps.
@@ -44,7 +44,7 @@ RUNS = sorted(str(p.relative_to(RESULTS)) for p in load_script("experiments/resu
 @pytest.mark.slow
 @pytest.mark.parametrize("run", RUNS)
 def test_committed_summary_is_reproduced(run):
-    from prefixstudy.metrics.engine_fit import fit_step_cost
+    from prefixstudy.costmodel.engine_fit import fit_step_cost
     from prefixstudy.metrics.summary import add_engine_columns, summarize
     from prefixstudy.schema import typed_iterations
 

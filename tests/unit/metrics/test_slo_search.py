@@ -143,7 +143,7 @@ def test_parse_objectives_names_the_bad_token(text, message):
 
 def test_the_dataset_and_the_point_limit_cover_the_searchs_range():
     from prefixstudy.config import load_config
-    from prefixstudy.preflight import check_plan
+    from prefixstudy.study.preflight import check_plan
     from prefixstudy.workloads.base import synthetic_count
 
     cfg = load_config(None, {"engine": {"kind": "echo"}, "sweep.rates": [1, 4], "sweep.min_duration_s": 10,

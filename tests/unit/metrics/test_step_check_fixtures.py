@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from prefixstudy.metrics import engine_fit, step_checks
+from prefixstudy.metrics import step_checks
+from prefixstudy.costmodel import engine_fit
 from prefixstudy.schema import typed_iterations
 from tests.scripts import load_script
 

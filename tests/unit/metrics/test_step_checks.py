@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prefixstudy.metrics import engine_fit, step_checks
+from prefixstudy.metrics import step_checks
+from prefixstudy.costmodel import engine_fit
 from prefixstudy.schema import typed_iterations
 
 A, B, E, C = 5.0, 0.02, 3.0, 0.07  # ms a step, per prefill token, per prefill request, per decode token

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from prefixstudy.model import roofline as m
-from prefixstudy.model.arch import load_arch
+from prefixstudy.costmodel import roofline as m
+from prefixstudy.costmodel.arch import load_arch
 from prefixstudy.model.calibrate import calibrate, deployment_from_study, model_vs_measurement
-from prefixstudy.model.gpus import get_gpu
+from prefixstudy.costmodel.gpus import get_gpu
 from prefixstudy.results import load
 from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS, SUMMARY_COLUMNS
 

@@ -33,8 +33,8 @@ def test_the_knee_is_the_lower_of_instability_and_a_full_engine():
 
 def test_the_coefficients_beside_the_datasheet_floors_of_their_work():
     from prefixstudy.configs import shipped_model_dir
-    from prefixstudy.model.arch import load_arch
-    from prefixstudy.model.gpus import get_gpu
+    from prefixstudy.costmodel.arch import load_arch
+    from prefixstudy.costmodel.gpus import get_gpu
 
     arch, gpu = load_arch(shipped_model_dir("mistral-7b-v0.3")), get_gpu("NVIDIA H200")
     t = cl.physics((4.40, 0.0218, 1.35, 0.0551, 0.0), arch, gpu, context_tokens=1286).set_index("coefficient")

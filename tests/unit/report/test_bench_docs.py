@@ -15,7 +15,7 @@ import pytest
 from prefixstudy.config import load_config
 from prefixstudy.report.bench_json import export_bench
 from prefixstudy.results import load
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 
 # A study and three exports: seconds, so the file runs in `make test`, not `make test-fast`.
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from prefixstudy.config import load_config
 from prefixstudy.report.bench_import import peer_points
 from prefixstudy.report.bench_json import export_bench
 from prefixstudy.results import load
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 
 # Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.hit_rate_axis import AXIS, HIT_RATE_COLUMNS
 from prefixstudy.report.hit_rate import cell_run, read_sweep
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 from tests import forkcli
 
 # Echo prices every uncached prompt token (0.2 ms: OFF's 243 ms dwarfs a busy machine's timer

@@ -125,8 +125,8 @@ ECHO = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "arri
 
 def test_routing_report_of_an_echo_fleet_sweep_writes_the_html_and_the_replica_summary(tmp_path):
     from prefixstudy.config import load_config
-    from prefixstudy.routing_sweep import routing_report
-    from prefixstudy.sweep.run import run_sweep
+    from prefixstudy.report.routing import routing_report
+    from prefixstudy.sweep.run_sweep import run_sweep
 
     parent = run_sweep(load_config(None, {**ECHO, "out": str(tmp_path / "s")}), run_dir=tmp_path / "s", progress=False)
     assert routing_report(parent) == parent / "routing.md"

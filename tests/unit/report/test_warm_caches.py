@@ -16,7 +16,7 @@ from prefixstudy.report.build import build_report
 from prefixstudy.report.compare import build_compare
 from prefixstudy.report.data import cold_start_notes
 from prefixstudy.results import load
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 from tests.unit.runner.test_runner import cfg_with
 
 

@@ -17,7 +17,7 @@ from prefixstudy.config import load_config
 from prefixstudy.metrics.headline import HEADLINE_FIELDS, MODES, headline_columns
 from prefixstudy.results import load
 from prefixstudy.results.store import ARMS, HEADLINE, ITERATIONS, REQUESTS, SUMMARY, read_table
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 
 # Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
 pytestmark = pytest.mark.slow

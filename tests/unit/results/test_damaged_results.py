@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from prefixstudy.cli import main as cli_main
 from prefixstudy.config import load_config
 from prefixstudy.results import read_summary
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 
 # Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ from prefixstudy.config import load_config
 from prefixstudy.engines.echo import EchoEngine
 from prefixstudy.results.merge import merge_runs
 from prefixstudy.results.provenance import MANIFEST_KEYS, POINT_KEYS
-from prefixstudy.study import StudyFailed, run_study
+from prefixstudy.study.orchestrate import StudyFailed, run_study
 
 # Six small studies on the echo backend: seconds, so the file runs in `make test`, not `make test-fast`.
 pytestmark = pytest.mark.slow

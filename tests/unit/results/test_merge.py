@@ -7,7 +7,7 @@ import pytest
 from prefixstudy.config import load_config
 from prefixstudy.results import load
 from prefixstudy.results.merge import merge_runs
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 
 ECHO = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "arrivals.process": "constant",
         "dataset.prefix_len": 40, "dataset.suffix_len": 8, "dataset.output_len": 4,

@@ -16,8 +16,8 @@ from tests.sweeps import capacity_sweep
 
 from prefixstudy.config import load_config
 from prefixstudy.report.capacity import write_capacity_report
-from prefixstudy.routing_sweep import routing_report
-from prefixstudy.sweep.run import run_sweep
+from prefixstudy.report.routing import routing_report
+from prefixstudy.sweep.run_sweep import run_sweep
 
 # Two sweeps, five engine sessions: seconds, so the file runs in `make test`, not `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -61,7 +61,7 @@ def test_every_column_written_is_documented_with_its_type(parents, name):
     text = [c for c, (t, _) in fields.items() if t == "str"]
     df = pd.read_csv(parents[name] / name, dtype=dict.fromkeys(text, str))
     assert len(df) == ROWS[name]
-    # capacity.csv's policy is written only by a sweep of several routing policies (tests/unit/test_capacity.py)
+    # capacity.csv's policy is written only by a sweep of several routing policies (tests/unit/sweep/test_capacity_axis.py)
     fields = {c: f for c, f in fields.items() if not (name == "capacity.csv" and c == "policy")}
     assert list(df.columns) == list(fields)
     assert {c: df[c].dtype.kind for c in df.columns} == {c: KIND[t] for c, (t, _) in fields.items()}

@@ -10,7 +10,7 @@ from prefixstudy.config import load_config
 from prefixstudy.results import load, typed_iterations, typed_requests
 from prefixstudy.results.writer import ResultsWriter
 from prefixstudy.schema import PointResult
-from prefixstudy.study import Study, StudyFailed
+from prefixstudy.study.orchestrate import Study, StudyFailed
 
 
 def point(mode, rate, cached, expected=1152, n=3):
@@ -115,7 +115,7 @@ def test_resume_keeps_ok_points_and_plans_the_rest(tmp_path):
 
 def test_point_cap_shorter_than_the_schedule_is_refused():
     from prefixstudy.errors import UserError
-    from prefixstudy.preflight import check_plan
+    from prefixstudy.study.preflight import check_plan
 
     check_plan(load_config(None, {"sweep.rates": [1], "sweep.num_requests": 40, "sweep.max_point_duration_s": 50}))
     with pytest.raises(UserError, match=r"field 'sweep.max_point_duration_s': 45 s is too short for 40 requests "

@@ -10,9 +10,9 @@ import pytest
 from prefixstudy.config import load_config
 from prefixstudy.engines import IterationSample
 from prefixstudy.errors import UserError
-from prefixstudy.preflight import check_plan
+from prefixstudy.study.preflight import check_plan
 from prefixstudy.runner import iteration_frame
-from prefixstudy.study import Study, run_study
+from prefixstudy.study.orchestrate import Study, run_study
 
 ECHO = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "arrivals.process": "constant",
         "dataset.prefix_len": 40, "dataset.suffix_len": 8, "dataset.output_len": 4,

@@ -11,7 +11,7 @@ from prefixstudy.engines import RequestTrace
 from prefixstudy.engines.echo import EchoEngine
 from prefixstudy.results import load
 from prefixstudy.runner.cold import PROBE_SEED, probe_prompt, verdict
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 from tests.unit.runner.test_runner import cfg_with
 
 SWEEP = {"sweep.rates": [50, 100], "sweep.repeats": 2}

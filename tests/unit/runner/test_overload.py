@@ -10,7 +10,7 @@ import pytest
 
 from prefixstudy.config import load_config
 from prefixstudy.results import load
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 
 TIMED_OUT = "unfinished: request_timeout_s (0.75 s) passed"
 CANCELLED = "unfinished: cancelled at max_point_duration_s"

@@ -12,7 +12,7 @@ import pytest
 from prefixstudy.config import load_config
 from prefixstudy.results import load
 from prefixstudy.runner import ModeSession
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 from prefixstudy.workloads import load_rows
 
 ECHO = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "arrivals.process": "constant",

@@ -10,7 +10,7 @@ import pytest
 
 from prefixstudy.engines.echo import EchoEngine
 from prefixstudy.results import load
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 from tests.unit.runner.test_runner import cfg_with, run_point
 
 FIXTURE = Path(__file__).resolve().parents[2] / "data" / "mooncake_synthetic.jsonl"

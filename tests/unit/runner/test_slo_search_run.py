@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from prefixstudy.config import load_config
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 
 # Every request takes two 5 ms decode steps and none waits for another: the objective holds at every
 # rate, so each arm's search doubles up to max_rate.  Two requests a point leave no rule of the
@@ -150,7 +150,7 @@ def test_the_search_finds_an_echo_queues_known_answer_within_its_tolerance(tmp_p
 
 
 def test_a_round_that_records_no_point_stops_the_run_instead_of_asking_again(tmp_path, monkeypatch):
-    import prefixstudy.study as study_module
+    import prefixstudy.study.orchestrate as study_module
     from prefixstudy.errors import StudyFailed
 
     class RunsNothing:

@@ -8,7 +8,7 @@ import pytest
 
 from prefixstudy.config import load_config
 from prefixstudy.results import load
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 
 
 @pytest.mark.slow

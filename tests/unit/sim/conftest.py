@@ -23,7 +23,7 @@ def tiny_vllm_config():
 def make_sim(tiny_vllm_config):
     """make_sim(mode, num_gpu_blocks, cost_ms, async_scheduling) -> Simulator on the tiny Llama, 16-token
     blocks; with ``async_scheduling`` vLLM's AsyncScheduler, which the driver pipelines."""
-    from prefixstudy.model.arch import load_arch
+    from prefixstudy.costmodel.arch import load_arch
     from prefixstudy.sim.driver import Simulator
     from prefixstudy.sim.vllm_setup import SchedulerSpec, build_scheduler
 

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from prefixstudy.errors import UserError
-from prefixstudy.sim.cost import CostModel, async_recorded, busy_steps, fit, fit_linear, host_windows
+from prefixstudy.costmodel.step_cost import CostModel, async_recorded, busy_steps, fit, fit_linear, host_windows
 from prefixstudy.sim.driver import SimRequest
-from prefixstudy.sim.step import StepFeatures
+from prefixstudy.costmodel.step import StepFeatures
 
 from tests.scripts import load_script
 from tests.unit.sim.conftest import unit_cost_ms
@@ -90,7 +90,7 @@ def test_the_launch_fit_recovers_the_host_s_work_and_the_floor_fit_cannot():
     """A prompt step's launch (5 ms and more) outlasts the decode step before it (2-3 ms), so the GPU
     waits; the launch fit finds 3 ms + 0.02 ms a decoder + 0.004 ms a hashed token.  The wrong model
     for such a loop is a floor under each step's own price (``fit_host``): its window sums miss."""
-    from prefixstudy.sim.cost import fit_host, fit_host_paired
+    from prefixstudy.costmodel.step_cost import fit_host, fit_host_paired
 
     steps = busy_steps(launched_steps())
     h = fit_host_paired(steps)
@@ -106,7 +106,7 @@ def test_the_shifted_host_records_fitted_one_by_one_would_miss_the_host_s_own_wo
     (least squares over the steps, as a one-step-at-a-time fit would).  The wait a prompt's record
     hands to the next one lands on a decode-only step, and the fit smears it into the fixed cost:
     3.58 ms a step, decoders free, where the host takes 3 ms + 0.02 ms a decoder."""
-    from prefixstudy.metrics import engine_fit
+    from prefixstudy.costmodel import engine_fit
 
     steps = gpu_span_steps()
     f = engine_fit.fit_arrays(engine_fit.design(steps), steps["host_step_ms"].to_numpy(float))
@@ -151,7 +151,7 @@ def test_which_engine_a_calibration_ran_is_read_from_its_config_and_timing(tmp_p
 
 
 def test_the_committed_default_engine_study_is_async_and_the_sync_one_is_not():
-    from prefixstudy.sim.cost import fit_study
+    from prefixstudy.costmodel.step_cost import fit_study
 
     assert fit_study(REPO / "experiments/results/h200-tp1").pipelined
     assert not fit_study(REPO / "experiments/results/h200-tp1-sync").pipelined
@@ -290,10 +290,10 @@ def test_the_roofline_transfer_scales_the_host_part_as_the_gpu_part():
     """Mistral-7B on one H200 to TP 2: each term of both parts by the same roofline ratio, each part's
     fixed cost less the source's roofline c0 plus the target's, a floor under each step or the host's
     launch of it alike; a term only the host has unchanged."""
-    from prefixstudy.model.arch import load_arch
-    from prefixstudy.model.gpus import get_gpu
-    from prefixstudy.model.roofline import Deployment
-    from prefixstudy.sim.hardware import roofline_terms, transfer
+    from prefixstudy.costmodel.arch import load_arch
+    from prefixstudy.costmodel.gpus import get_gpu
+    from prefixstudy.costmodel.roofline import Deployment
+    from prefixstudy.costmodel.transfer import roofline_terms, transfer
 
     arch, h200 = load_arch(REPO / "prefixstudy/configs/models/mistral-7b-v0.3"), get_gpu("H200-SXM")
     src, dst = Deployment(arch, h200, 1), Deployment(arch, h200, 2)

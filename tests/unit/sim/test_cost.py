@@ -9,11 +9,11 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from prefixstudy.model.arch import load_arch
-from prefixstudy.model.gpus import get_gpu
-from prefixstudy.sim.cost import CostModel, busy_steps, fit, load_steps, step_error
-from prefixstudy.model.roofline import Deployment
-from prefixstudy.sim.hardware import extrapolations, num_gpu_blocks, roofline_terms, same_model, transfer
+from prefixstudy.costmodel.arch import load_arch
+from prefixstudy.costmodel.gpus import get_gpu
+from prefixstudy.costmodel.step_cost import CostModel, busy_steps, fit, load_steps, step_error
+from prefixstudy.costmodel.roofline import Deployment
+from prefixstudy.costmodel.transfer import extrapolations, num_gpu_blocks, roofline_terms, same_model, transfer
 
 from pathlib import Path
 
@@ -128,7 +128,7 @@ def test_twice_the_layers_at_the_same_width_scales_each_term_by_hand():
 def test_a_piecewise_gpu_part_prices_its_row_segments_and_a_prompt_step_by_hand(tmp_path):
     """A step of one 1214-token prompt beside 20 decoders has 1234 GEMM rows: 64 in each of the first
     two segments, 128, 256, 512, then 210 in the 1024-2048 segment; records price it the same way."""
-    from prefixstudy.sim.step import ROW_TERMS, StepFeatures
+    from prefixstudy.costmodel.step import ROW_TERMS, StepFeatures
 
     assert ROW_TERMS[:2] == ("rows_0_64", "rows_64_128") and ROW_TERMS[-1] == "rows_8192_16384" and len(ROW_TERMS) == 9
     m = CostModel(4.0, {"rows_0_64": 0.01, "rows_1024_2048": 0.02, "decode_tokens": 0.05, "prompt_step": 2.0,

@@ -17,8 +17,8 @@ import pytest
 
 from prefixstudy.config import load_config
 from prefixstudy.configs import resolve_config
-from prefixstudy.sim.run import make_target
-from prefixstudy.sim.study import RowFacts, SimSession, scheduler_spec
+from prefixstudy.study.simulate import make_target
+from prefixstudy.sim.sessions import RowFacts, SimSession, scheduler_spec
 from prefixstudy.workloads import load_rows
 
 REPO = Path(__file__).resolve().parents[3]
@@ -170,7 +170,7 @@ def test_a_prompt_that_repeats_a_decoders_tokens_finds_the_blocks_it_filled_at_t
     (async scheduling: one step late, at the step that opens the next block).  A cache one step
     early or late changes b's hits at some of its 40 arrival times."""
     from prefixstudy.sim.driver import SimRequest
-    from prefixstudy.sim.step import SAMPLED_TOKEN_ID
+    from prefixstudy.costmodel.step import SAMPLED_TOKEN_ID
 
     def requests_at(t):
         return [SimRequest("a", list(range(1, 33)), 80, 0.0),

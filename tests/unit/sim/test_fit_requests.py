@@ -19,8 +19,8 @@ from prefixstudy.errors import UserError
 from prefixstudy.results import load
 from prefixstudy.results.store import read_table
 from prefixstudy.sim import fit_requests as fr
-from prefixstudy.sim.cost import CostModel
-from prefixstudy.sim.run import simulate
+from prefixstudy.costmodel.step_cost import CostModel
+from prefixstudy.study.simulate import simulate
 from tests import forkcli
 
 REPO = Path(__file__).resolve().parents[3]
@@ -79,7 +79,7 @@ def test_the_true_coefficients_reproduce_the_run_exactly(synthetic_run):
     req, summary = fr.load_run(synthetic_run)
     points = fr.fit_points(req, summary)
     cfg = load_config(synthetic_run / "config.yaml")
-    from prefixstudy.sim.study import SimTarget
+    from prefixstudy.sim.sessions import SimTarget
     from prefixstudy.workloads import load_rows
 
     sim = fr.PointSimulator(cfg, load_rows(cfg), SimTarget("cpu", 1, 256, 16, None), points, fr.MAX_REQUESTS)
@@ -95,7 +95,7 @@ def test_the_fit_counts_its_simulations_on_a_line_it_clears(synthetic_run, capsy
     itself for the result lines."""
     req, summary = fr.load_run(synthetic_run)
     cfg = load_config(synthetic_run / "config.yaml")
-    from prefixstudy.sim.study import SimTarget
+    from prefixstudy.sim.sessions import SimTarget
     from prefixstudy.workloads import load_rows
 
     rows, target = load_rows(cfg), SimTarget("cpu", 1, 256, 16, None)
@@ -184,8 +184,8 @@ def test_a_pipelined_run_is_reproduced_only_by_a_pipelined_fit(tmp_path):
     while N runs, no host launch): the fit's own simulator, given that host part, gives every point
     back exactly; built one step at a time, with the same prices, it does not (each first token one
     step earlier).  experiments/sim/timestamps.py --pipelined fits committed runs this way."""
-    from prefixstudy.sim.cost import HOST_OVERLAP
-    from prefixstudy.sim.study import SimTarget
+    from prefixstudy.costmodel.step_cost import HOST_OVERLAP
+    from prefixstudy.sim.sessions import SimTarget
     from prefixstudy.workloads import load_rows
 
     host = {"c0_ms": 0.0, "coef_ms": {}, "overlap": HOST_OVERLAP}

@@ -16,7 +16,7 @@ import yaml
 from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.results import load
-from prefixstudy.sim.run import simulate
+from prefixstudy.study.simulate import simulate
 
 from pathlib import Path
 
@@ -91,14 +91,14 @@ def test_a_simulated_study_ends_as_a_measured_one(calibration, tmp_path, tiny_vl
 
 def test_points_run_on_a_frozen_heap_and_the_caller_gets_it_back_unfrozen(calibration, tmp_path, tiny_vllm_config,
                                                                           monkeypatch):
-    """The collector skips what was allocated before a point (sim.study.frozen_heap); called from
+    """The collector skips what was allocated before a point (sim.sessions.frozen_heap); called from
     Python, the simulation unfreezes on the way out, so the sessions it dropped (their free-block
     queues are cycles) are collected, not kept for the life of the caller's process."""
     import gc
 
     from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
-    from prefixstudy.sim.study import SimSession
+    from prefixstudy.sim.sessions import SimSession
 
     def blocks() -> int:
         gc.collect()
@@ -124,7 +124,7 @@ def test_called_from_python_it_shows_none_of_vllm_s_notes(calibration, tmp_path)
     logger on import and again when it resolves a config, and neither its platform warnings, its
     config notes nor a line per cache reset reach the console."""
     code = ("import sys; from pathlib import Path; from prefixstudy.config import load_config; "
-            "from prefixstudy.sim.run import simulate; "
+            "from prefixstudy.study.simulate import simulate; "
             f"simulate(load_config(None, {OVERRIDES!r}), Path(sys.argv[1]), out=Path(sys.argv[2]))")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_LEVEL"}
     r = subprocess.run([sys.executable, "-c", code, str(calibration), str(tmp_path / "out")],
@@ -263,7 +263,8 @@ def test_engine_kind_sim_names_an_unknown_gpu_in_one_line(calibration, tmp_path)
     path.write_text(yaml.safe_dump({"model": TINY, "out": str(tmp_path / "out"),
                                     "engine": {"kind": "sim", "calibration": str(calibration), "gpu": "Nope-9000"}}))
     r = CliRunner().invoke(main, ["run", str(path)])
-    assert (r.exit_code, r.output) == (2, "error: field 'engine.gpu': unknown GPU 'Nope-9000' (see prefixstudy/model/gpus.py)\n")
+    assert (r.exit_code, r.output) == (
+        2, "error: field 'engine.gpu': unknown GPU 'Nope-9000' (see prefixstudy/costmodel/gpus.py)\n")
     assert not (tmp_path / "out").exists()
 
 
@@ -348,7 +349,7 @@ def test_an_extrapolating_transfer_warns_in_one_line_and_records_it(tmp_path, ca
     priced, with one warning line per extrapolation, the same sentences in the transfer record."""
     import logging
 
-    from prefixstudy.sim.run import make_target
+    from prefixstudy.study.simulate import make_target
     from prefixstudy.workloads import load_rows
 
     big = tmp_path / "mistral-96-layers"
@@ -357,7 +358,7 @@ def test_an_extrapolating_transfer_warns_in_one_line_and_records_it(tmp_path, ca
     (big / "config.json").write_text(json.dumps({**mistral, "num_hidden_layers": 96, "num_key_value_heads": 4}))
     cfg = load_config(None, {"model": str(big), "dataset.prefix_len": 64, "dataset.suffix_len": 16,
                              "dataset.output_len": 4, "engine.block_size": 16, "engine.gpu_memory_utilization": 0.9})
-    with caplog.at_level(logging.WARNING, logger="prefixstudy.sim.run"):
+    with caplog.at_level(logging.WARNING, logger="prefixstudy.study.simulate"):
         target = make_target(cfg, H200_TP1, None, None, load_rows(cfg))
     notes = target.cost.transfer["extrapolations"]
     assert [r.getMessage() for r in caplog.records] == [
@@ -388,7 +389,7 @@ def test_a_simulated_run_cut_short_resumes_to_what_an_uninterrupted_one_gives(ca
     """`prefixstudy run --resume` of a simulated run: its missing points run in virtual time with the
     engine and step costs the run recorded (never on a real engine, whatever its config names), the
     kept points stay as they were, and virtual time makes the whole summary the uninterrupted run's."""
-    from prefixstudy.study import run_study
+    from prefixstudy.study.orchestrate import run_study
 
     whole = load(simulate(load_config(None, OVERRIDES), calibration, out=tmp_path / "whole"))
     run = simulate(load_config(None, OVERRIDES), calibration, out=tmp_path / "cut")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefixstudy.cachesim import SentRequest, simulate
+from prefixstudy.engines.cachesim import SentRequest, simulate
 from prefixstudy.config import load_config
 from prefixstudy.configs import resolve_config
 from prefixstudy.errors import UserError

@@ -1,17 +1,17 @@
 """Routing policies as an engine axis of a grid (``replicas`` > 1 with ``router.policies``): one
-ordinary run folder per policy under one parent (``sweep.run``), and the tables and report that
+ordinary run folder per policy under one parent (``sweep.run_sweep``), and the tables and report that
 read them together.
 
 Why one run per policy and not a policy column in the point key: every piece keyed on (mode,
 rate, repeat) (store part names, resume, merge, summary, headline, report) stays as it is, old
 results load unchanged, and each policy's folder is a complete study of its own (its report, its
-``--resume``).  The cost is one fleet start per policy; capacity sweeps (``prefixstudy.capacity``)
+``--resume``).  The cost is one fleet start per policy; capacity sweeps (``prefixstudy.sweep.capacity_axis``)
 made the same choice.  ``routing.md`` at the parent then compares policies x ON/OFF at each rate.
 
 The parent holds ``sweep.json`` (the policies and their folders) and, once read, ``routing.csv``
 (``metrics.replicas.policy_table``), ``replicas.csv`` (per replica and repeat), ``replicas_summary.csv``
 (per replica over its repeats, ``replica_summary``), and ``routing.md`` / ``routing.html`` with their
-figures under ``plots/`` (``report.routing``).
+figures under ``plots/`` (``report.routing.routing_report``).
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ import pandas as pd
 
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import UserError
-from prefixstudy.metrics import replicas as rm
-from prefixstudy.schema import typed_frame
-from prefixstudy.sweep.folder import POLICY, read_index
+from prefixstudy.results.sweep_folder import POLICY, read_index
 
 # The parent's tables and their columns (metrics.replicas: ROUTING_FIELDS, REPLICAS_FIELDS,
 # REPLICAS_SUMMARY_FIELDS).
@@ -59,23 +57,3 @@ def read_sweep(parent: Path) -> dict[str, tuple[pd.DataFrame, pd.DataFrame, pd.D
         res = load(parent / r["dir"])
         out[r["values"][POLICY]] = (res.requests, res.iterations, res.summary)
     return out
-
-
-def routing_report(parent: Path) -> Path:
-    """Writes routing.csv, replicas.csv, replicas_summary.csv, routing.md, routing.html and
-    plots/routing_* at ``parent`` (``report.routing``); returns routing.md."""
-    from prefixstudy.report.routing import write_routing_report
-
-    runs = {p: v for p, v in read_sweep(parent).items() if len(v[0])}
-    if not runs:  # every policy stopped before a point finished: say so rather than draw nothing
-        out = parent / "routing.md"
-        out.write_text("# Routing\n\nNo policy finished a point: see each policy's manifest.json (`error`).\n")
-        return out
-    table = rm.policy_table(runs)
-    table.to_csv(parent / ROUTING, index=False)
-    per = typed_frame(pd.concat([rm.replica_table(req, its).assign(policy=p) for p, (req, its, _) in runs.items()],
-                                ignore_index=True), rm.REPLICAS_FIELDS)
-    per.to_csv(parent / REPLICAS, index=False)
-    summary = rm.replica_summary(runs)
-    summary.to_csv(parent / REPLICAS_SUMMARY, index=False)
-    return write_routing_report(parent, list(runs), table, per, summary)

@@ -1,6 +1,6 @@
 import numpy as np
 
-from prefixstudy.arrivals import schedule
+from prefixstudy.runner.arrivals import schedule
 
 
 def test_constant_is_exact():

@@ -1,7 +1,7 @@
 """KV-cache capacity as an engine axis of a grid (``grid: {capacity.blocks: [...]}``, or
 ``prefixstudy capacity --capacity blocks=...``): what a capacity does to the config, and the table
 that reads a sweep's capacities together.  Each capacity is a run folder of its own under the
-sweep's parent (``sweep.run``), whose ``sweep.json`` records each cell's working set; once read,
+sweep's parent (``sweep.run_sweep``), whose ``sweep.json`` records each cell's working set; once read,
 the parent also holds ``capacity.csv`` (``CAPACITY_FIELDS``).
 
 Capacity is set as ``blocks`` (vLLM's ``num_gpu_blocks_override``; the echo backend's
@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from prefixstudy.arms import compared
-from prefixstudy.cachesim import block_hashes
+from prefixstudy.config.arms import compared
+from prefixstudy.engines.cachesim import block_hashes
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines.registry import BACKENDS, capabilities
 from prefixstudy.errors import UserError
 from prefixstudy.schema import SUMMARY_FIELDS, typed_frame
-from prefixstudy.sweep.folder import CAPACITY, POLICY, axis_values, read_index
+from prefixstudy.results.sweep_folder import CAPACITY, POLICY, axis_values, read_index
 from prefixstudy.workloads import DatasetRow
 
 UNITS = ("blocks", "bytes", "share", "offload_gib", "tier_blocks")
@@ -106,7 +106,7 @@ def _takers(units) -> str:
 
 def _with_tier(sub: StudyConfig, unit: str, value: float) -> StudyConfig:
     """``sub`` with a CPU tier of ``value`` on every arm of its own that caches (0: none)."""
-    from prefixstudy.arms import OffloadConfig
+    from prefixstudy.config.arms import OffloadConfig
 
     kind = sub.engine.kind
     if unit not in capabilities(kind).capacity_units:

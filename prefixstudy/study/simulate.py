@@ -1,6 +1,6 @@
 """Stage: sim, orchestration.  ``simulate`` is what ``prefixstudy simulate`` calls: fit the step
 cost on a calibration study, carry it to the config's model and the target GPU / TP when they
-differ (``sim.hardware.transfer``), run every mode x rate in virtual time and write them with the
+differ (``costmodel.transfer.transfer``), run every mode x rate in virtual time and write them with the
 real run's ``ResultsWriter``.  The manifest's ``sim`` section and ``cost_model.json`` record the
 source and target (model, GPU, TP), the scale factor of each cost term and what the transfer
 extrapolates.  Refused: another model on a CPU calibration (no roofline for the CPU).
@@ -18,18 +18,18 @@ from prefixstudy.config import StudyConfig, load_config
 from prefixstudy.errors import UserError, first_line
 from prefixstudy.configs import recorded_model_dir
 from prefixstudy.engines.sim import check_calibration
-from prefixstudy.model.arch import Arch, load_arch
-from prefixstudy.model.gpus import GPU, find_gpu, get_gpu
-from prefixstudy.model.roofline import Deployment
+from prefixstudy.costmodel.arch import Arch, load_arch
+from prefixstudy.costmodel.gpus import GPU, find_gpu, get_gpu
+from prefixstudy.costmodel.roofline import Deployment
 from prefixstudy.results.provenance import base_manifest, package_version
 from prefixstudy.results.writer import ResultsWriter, new_run_dir, preflight_out
-from prefixstudy.sim.cost import CostModel, fit_study
+from prefixstudy.costmodel.step_cost import CostModel, fit_study
 from prefixstudy.sim.fit_requests import MAX_EVALS, fit_timestamps, has_step_records, load_run, why_no_step_fit
-from prefixstudy.sim.hardware import extrapolations, priced, same_model, transfer
-from prefixstudy.sim.study import (DEFAULT_BLOCK_SIZE, SimTarget, block_count, frozen_heap, model_dir_or_error,
+from prefixstudy.costmodel.transfer import extrapolations, priced, same_model, transfer
+from prefixstudy.sim.sessions import (DEFAULT_BLOCK_SIZE, SimTarget, block_count, frozen_heap, model_dir_or_error,
                                    sessions)
-from prefixstudy.preflight import check_simulated
-from prefixstudy.study_run import Study, run_pending
+from prefixstudy.study.preflight import check_simulated
+from prefixstudy.study.points import Study, run_pending
 from prefixstudy.workloads import describe, load_rows
 
 COST_FILE = "cost_model.json"
@@ -49,7 +49,7 @@ def calibration_hardware(study_dir: Path) -> tuple[GPU | None, int, int | None]:
     device = str(manifest.get("device", "cpu"))
     gpu = None if device == "cpu" else find_gpu(device)
     if device != "cpu" and gpu is None:
-        raise UserError(f"--calibration {study_dir}: device {device!r} is not in the GPU table (model/gpus.py)")
+        raise UserError(f"--calibration {study_dir}: device {device!r} is not in the GPU table (costmodel/gpus.py)")
     sizes = {p.get("block_size") for p in manifest.get("points", []) if p.get("block_size")}
     return gpu, cfg.engine.tensor_parallel_size, (sizes.pop() if len(sizes) == 1 else None)
 
@@ -94,7 +94,7 @@ def mean_context_tokens(rows) -> float:
 
 def make_target(cfg: StudyConfig, calibration: Path, gpu_name: str | None, tp: int | None, rows) -> SimTarget:
     """The simulated engine: the calibration's step cost carried to the config's model and the
-    asked GPU / TP (``sim.hardware.transfer``), with its record of source, target and scale."""
+    asked GPU / TP (``costmodel.transfer.transfer``), with its record of source, target and scale."""
     arch = load_arch(model_dir_or_error(cfg))
     source, src_arch, src_gpu, src_bs, cost = calibration_source(calibration)
     src_model, src_tp = source["model"], source["tp"]

@@ -22,11 +22,11 @@ from prefixstudy.engines.registry import capabilities, engine_class
 from prefixstudy.errors import StudyFailed, UserError, first_line  # noqa: F401 (StudyFailed: importers' name)
 from prefixstudy.executors import pick_executor
 from prefixstudy.results import find_run_dir, read_manifest, read_summary
-from prefixstudy.preflight import check_engine_config, check_inputs, check_installed, check_plan, check_simulated
+from prefixstudy.study.preflight import check_engine_config, check_inputs, check_installed, check_plan, check_simulated
 from prefixstudy.results.provenance import base_manifest, machine, now
 from prefixstudy.results.store import CONFIG, SUMMARY
 from prefixstudy.results.writer import ResultsWriter, RunLock, new_run_dir, preflight_out
-from prefixstudy.study_run import Study, run_pending  # noqa: F401 (Study: importers' name)
+from prefixstudy.study.points import Study, run_pending  # noqa: F401 (Study: importers' name)
 from prefixstudy.runner import Terminated
 from prefixstudy.workloads import DatasetRow, describe, load_rows
 
@@ -71,7 +71,7 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | str | None = None, progre
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         if cfg is not None and cfg.grid:
-            raise UserError("field 'grid': a grid runs one cell at a time through prefixstudy.sweep.run.run_sweep "
+            raise UserError("field 'grid': a grid runs one cell at a time through prefixstudy.sweep.run_sweep.run_sweep "
                             "(as `prefixstudy run` does); run_study runs one cell")
         if resume is not None:
             run_dir = find_run_dir(resume)
@@ -122,20 +122,20 @@ def run_study(cfg: StudyConfig | None, run_dir: Path | str | None = None, progre
 
 def _simulate(cfg: StudyConfig, run_dir: Path | None) -> Path:
     """engine.kind sim: the study in virtual time (prefixstudy.engines.sim says why not through the runner)."""
-    from prefixstudy.model.gpus import find_gpu
-    from prefixstudy.sim.run import simulate
+    from prefixstudy.costmodel.gpus import find_gpu
+    from prefixstudy.study.simulate import simulate
 
     check_plan(cfg)
     check_installed(cfg)
     check_engine_config(cfg)
     e = cfg.engine
     if e.gpu is not None and find_gpu(e.gpu) is None:
-        raise UserError(f"field 'engine.gpu': unknown GPU {e.gpu!r} (see prefixstudy/model/gpus.py)")
+        raise UserError(f"field 'engine.gpu': unknown GPU {e.gpu!r} (see prefixstudy/costmodel/gpus.py)")
     return simulate(cfg, Path(e.calibration), e.gpu, None, None, e.jobs, run_dir, stepwise=e.stepwise)
 
 
 def _resumed_simulation(run_dir: Path, manifest: dict):
-    from prefixstudy.sim.run import resumed_executor
+    from prefixstudy.study.simulate import resumed_executor
 
     return resumed_executor(run_dir, manifest)
 

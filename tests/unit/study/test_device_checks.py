@@ -14,7 +14,7 @@ from prefixstudy.config import load_config
 from prefixstudy.configs import resolve_config
 from prefixstudy.errors import UserError
 from prefixstudy.executors import engines_run_here
-from prefixstudy.preflight import check_device, check_offload_device
+from prefixstudy.study.preflight import check_device, check_offload_device
 
 NO_GPU = "field 'device': cuda asked for, but torch sees no CUDA GPU here"
 

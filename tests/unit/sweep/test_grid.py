@@ -1,4 +1,4 @@
-"""A grid of any config field, run by the one sweep loop (``sweep.run``) on echo engines: a
+"""A grid of any config field, run by the one sweep loop (``sweep.run_sweep``) on echo engines: a
 cell per value under one parent, its index written whole, a refused grid leaving no folder, and
 a sweep stopped between cells going on from its parent."""
 
@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 import yaml
 
-import prefixstudy.study as study_mod
+import prefixstudy.study.orchestrate as study_mod
 from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
-from prefixstudy.sweep.run import run_sweep
+from prefixstudy.sweep.run_sweep import run_sweep
 from tests import forkcli
 
 PROMPT = 1214  # tokens: a 1198-token shared prefix and a 16-token suffix

@@ -1,11 +1,11 @@
-"""prefixstudy.model.arch: parameter counts and KV bytes worked out by hand; bad config.json fields."""
+"""prefixstudy.costmodel.arch: parameter counts and KV bytes worked out by hand; bad config.json fields."""
 
 from __future__ import annotations
 
 import pytest
 
 from prefixstudy.errors import UserError
-from prefixstudy.model.arch import arch_from_config
+from prefixstudy.costmodel.arch import arch_from_config
 
 
 def test_mistral_params_and_kv(mistral):

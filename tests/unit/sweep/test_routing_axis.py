@@ -9,10 +9,11 @@ import json
 import pandas as pd
 import pytest
 
-import prefixstudy.study as study_mod
+import prefixstudy.study.orchestrate as study_mod
 from prefixstudy.config import load_config
-from prefixstudy.routing_sweep import policy_config, read_sweep, routing_report
-from prefixstudy.sweep.run import run_sweep
+from prefixstudy.sweep.routing_axis import policy_config, read_sweep
+from prefixstudy.report.routing import routing_report
+from prefixstudy.sweep.run_sweep import run_sweep
 
 BASE = {"engine": {"kind": "echo", "block_size": 16}, "executor": "local", "replicas": 2,
         "dataset.kind": "groups", "dataset.groups": 3, "dataset.prefix_len": 64, "dataset.suffix_len": 8,

@@ -1,5 +1,5 @@
 """The engine's step cost: one fit, used by the report (engine prefill share, interference) and by
-the simulator (``sim.cost`` prices its steps with it).
+the simulator (``costmodel.step_cost`` prices its steps with it).
 
 One non-negative least-squares fit over a study's busy steps, both modes pooled (caching changes
 how many prompt tokens a step computes, not what one costs)::
@@ -30,7 +30,7 @@ Busy steps: rows with work and step_ms > 0, timed as one step's cost (``timing``
 the frontend ("frontend": step_ms is the gap since the previous record) when the previous record
 of the same engine left requests in flight: the first record after an idle spell carries the idle
 gap, which is not step time.  Backends without steps ("request": echo) have none.  Intervals: a
-moving-block bootstrap of the steps (``metrics.bootstrap``), coefficients refitted on each resample.
+moving-block bootstrap of the steps (``shared.bootstrap``), coefficients refitted on each resample.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from prefixstudy.metrics.bootstrap import N_BOOT, block_indices, interval, rate_seed
-from prefixstudy.metrics.requests import KEY
+from prefixstudy.shared.bootstrap import N_BOOT, block_indices, interval, rate_seed
+from prefixstudy.schema import KEY
 
 TERMS = ("prefill_tokens", "num_prefill_reqs", "decode_tokens", "context_tokens")
 COEF_NAMES = ("a_ms", "b_ms_per_prefill_token", "e_ms_per_prefill_req", "c_ms_per_decode_token",

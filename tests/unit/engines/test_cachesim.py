@@ -1,6 +1,6 @@
 """The block-cache estimate: vLLM's block pool seen from outside, exact on small cases worked by hand."""
 
-from prefixstudy.cachesim import BlockCache, SentRequest, block_hashes, simulate
+from prefixstudy.engines.cachesim import BlockCache, SentRequest, block_hashes, simulate
 
 
 def req(prompt, out_len=1, out=None):
@@ -50,7 +50,7 @@ def test_unknown_outputs_never_match():
 
 
 def test_requests_in_flight_pin_their_blocks_and_push_the_cache_out():
-    from prefixstudy.cachesim import simulate_timed
+    from prefixstudy.engines.cachesim import simulate_timed
 
     # 4-token blocks, 4 usable.  W runs long (t 0..10) holding 2 blocks; X runs (1..2) and is freed;
     # Z (3..4) needs 2 blocks.  Alone in turn, W's freed blocks would be the oldest and go first,
@@ -104,7 +104,7 @@ def test_start_says_which_part_the_tier_served():
 
 
 def test_tier_blocks_from_the_tier_size_as_vllm_divides_it():
-    from prefixstudy.cachesim import tier_blocks_for
+    from prefixstudy.engines.cachesim import tier_blocks_for
 
     # Mistral-7B in bf16, 16-token blocks: 2 (K, V) x 32 layers x 8 KV heads x 128 x 2 bytes x 16.
     per_block = 2 * 32 * 8 * 128 * 2 * 16

@@ -1,4 +1,4 @@
-"""prefixstudy.model.roofline: exact FLOPs, bytes and times of the reported case.
+"""prefixstudy.costmodel.roofline: exact FLOPs, bytes and times of the reported case.
 
 Expected numbers are worked out by hand in the comments; tests never re-derive a formula.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from prefixstudy.model import roofline as m
-from prefixstudy.model.gpus import get_gpu
+from prefixstudy.costmodel import roofline as m
+from prefixstudy.costmodel.gpus import get_gpu
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -89,6 +89,6 @@ def test_rate_ceiling(a100x8):
 
 @pytest.mark.slow
 def test_model_module_needs_no_gpu_stack():
-    code = ("import sys, prefixstudy.model.roofline, prefixstudy.model.explain, prefixstudy.model.calibrate, "
+    code = ("import sys, prefixstudy.costmodel.roofline, prefixstudy.model.explain, prefixstudy.model.calibrate, "
             "prefixstudy.cli.model; assert not {'torch', 'vllm', 'ray'} & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env=dict(os.environ))

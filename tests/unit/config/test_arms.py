@@ -1,4 +1,4 @@
-"""Arms (prefixstudy.arms) on the echo backend: the config, the overlay each arm's engine is built
+"""Arms (prefixstudy.config.arms) on the echo backend: the config, the overlay each arm's engine is built
 from, one schedule for every arm, results named by arm, arms.csv against the baseline, and colours.
 
 The echo backend keeps a real block cache, so an arm's block size shows in its hit rate exactly:
@@ -11,11 +11,11 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from prefixstudy.arms import arm_engine, caching
+from prefixstudy.config.arms import arm_engine, caching
 from prefixstudy.config import load_config, parse_config
 from prefixstudy.errors import UserError
 from prefixstudy.results import load
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 
 # Its module fixtures take seconds (studies, reports, venvs): the whole file runs in `make test`, not `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -108,7 +108,7 @@ def test_offload_fields_are_checked_before_anything_starts():
 
 
 def test_an_offload_arm_is_refused_on_a_machine_whose_engines_run_on_the_cpu():
-    from prefixstudy.preflight import check_engine_config
+    from prefixstudy.study.preflight import check_engine_config
 
     cfg = load_config(None, {"engine": {"kind": "vllm"}, "arms": [{"name": "t", "offload": {"size_gib": 1}}]})
     with pytest.raises(UserError, match=r"^field 'arms.0.offload': .* this machine's engines run on the CPU \(arm t\)$"):
@@ -293,7 +293,7 @@ def test_the_console_says_when_auto_runs_the_arms_one_after_the_other():
 
 
 def test_an_arm_s_engine_arguments_are_checked_by_vllm_naming_the_arm():
-    from prefixstudy.preflight import check_engine_config
+    from prefixstudy.study.preflight import check_engine_config
 
     cfg = load_config(None, {"engine": {"kind": "vllm"}, "executor": "local",
                              "arms": [{"name": "odd", "engine": {"extra_args": {"no_such_vllm_arg": 1}}}]})

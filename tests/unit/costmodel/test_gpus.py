@@ -1,4 +1,4 @@
-"""prefixstudy.model.gpus: the datasheet table, device names, --gpus-file."""
+"""prefixstudy.costmodel.gpus: the datasheet table, device names, --gpus-file."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from prefixstudy.errors import UserError
-from prefixstudy.model.gpus import find_gpu, get_gpu, load_gpus
+from prefixstudy.costmodel.gpus import find_gpu, get_gpu, load_gpus
 
 
 def test_gpu_table_and_device_names():

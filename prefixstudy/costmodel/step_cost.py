@@ -1,13 +1,13 @@
 """Stage: sim.  The step-cost model the simulator prices its steps with, stored as JSON with its R²
 and residuals.  A calibration run one step at a time gets the study's one step-cost fit
-(``metrics.engine_fit``: non-negative least squares over busy steps, the same idle-step rule and terms
+(``costmodel.engine_fit``: non-negative least squares over busy steps, the same idle-step rule and terms
 as the report's)::
 
     step_ms = c0 + c_prefill·prefill_tokens + c_prefill_req·num_prefill_reqs + c_decode·decode_tokens
               (+ c_context·context_tokens where the data support it)
 
 A term the fit leaves at 0 is left out of ``coef_ms``; without a context term the decode coefficient
-carries the average KV read (``sim.hardware.transfer`` relies on that).
+carries the average KV read (``costmodel.transfer.transfer`` relies on that).
 
 A calibration that ran vLLM's async scheduling (its default engine: the host schedules and launches
 step K while step K-1 runs on the GPU) has two parts, both fitted by ``fit``:
@@ -30,7 +30,7 @@ calibration gets is read from what it recorded (``async_recorded``), never assum
 It reads iterations.parquet in both layouts: the engine-timed one (``timing`` "engine": step_ms is
 busy time measured in the engine core) and the old one (``timing`` "frontend" or no such column:
 step_ms is the gap between StatLogger records, so a step after an idle stretch carries the idle
-gap; those are filtered, see ``metrics.engine_fit.busy_steps``).
+gap; those are filtered, see ``costmodel.engine_fit.busy_steps``).
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ import numpy as np
 import pandas as pd
 
 from prefixstudy.errors import UserError
-from prefixstudy.metrics import engine_fit
-from prefixstudy.sim.step import ROW_TERMS, RowSegment, prompt_step, term_getter
+from prefixstudy.costmodel import engine_fit
+from prefixstudy.costmodel.step import ROW_TERMS, RowSegment, prompt_step, term_getter
 
 TERMS = engine_fit.TERMS
 OLD_NAMES = {"prompt_tokens": "prefill_tokens", "generation_tokens": "decode_tokens"}
@@ -64,14 +64,14 @@ class CostModel:
     source: str = ""
     timing: str = ""
     note: str = ""
-    # What it prices and how it got there (``sim.run``): the calibration's model and hardware
+    # What it prices and how it got there (``study.simulate``): the calibration's model and hardware
     # (``source``), the simulated ones (``target``), each term's scale factor (``scale``, 1 where
     # nothing changed) and what the transfer extrapolates (``extrapolations``).
     transfer: dict = field(default_factory=dict)
     # The host part of an async-scheduling calibration (``c0_ms``, ``coef_ms``, ``overlap`` where it is
     # the host's launch of each step, and from the fit the R² of its window sums, ``n_steps``,
     # ``n_windows``, ``binding_steps``); empty for one that ran one step at a time.  How the roofline
-    # transfer carries it: ``sim.hardware.transfer``.
+    # transfer carries it: ``costmodel.transfer.transfer``.
     host: dict = field(default_factory=dict)
     # A fit to request timestamps (``sim.fit_requests``): its error on the points it was fitted to.
     fit_error: dict = field(default_factory=dict)
@@ -117,7 +117,7 @@ class CostModel:
 
     def launch_ms(self, f) -> float:
         """The host's time from scheduling the step to launching it, which the GPU waits for where it
-        outlasts the step before (``sim.step.launch_ms``); 0 where the host part is priced in the step."""
+        outlasts the step before (``costmodel.step.launch_ms``); 0 where the host part is priced in the step."""
         return self.host_ms(f) if self.host_overlaps else 0.0
 
     def predict(self, df: pd.DataFrame) -> np.ndarray:
@@ -142,7 +142,7 @@ class CostModel:
 
 
 def term_column(df: pd.DataFrame, name: str) -> np.ndarray:
-    """Cost term ``name`` (``sim.step.term_getter``) of every step record in ``df``, column-wise."""
+    """Cost term ``name`` (``costmodel.step.term_getter``) of every step record in ``df``, column-wise."""
     get = term_getter(name)
     if isinstance(get, RowSegment):
         rows = df["prefill_tokens"].to_numpy(dtype=float) + df["decode_tokens"].to_numpy(dtype=float)
@@ -170,7 +170,7 @@ def load_steps(study_dir: Path) -> pd.DataFrame:
 
 
 def with_kv_tokens(study_dir: Path, steps: pd.DataFrame) -> pd.DataFrame:
-    """``steps`` with ``kv_tokens`` (``sim.step.StepFeatures``): each step's ``kv_cache_usage`` (the share
+    """``steps`` with ``kv_tokens`` (``costmodel.step.StepFeatures``): each step's ``kv_cache_usage`` (the share
     of the blocks, all but vLLM's null block, in use after its schedule) times its point's blocks less
     one and block size (manifest.json), to the whole block.  Unchanged where either is not recorded."""
     manifest = Path(study_dir) / "manifest.json"
@@ -233,7 +233,7 @@ def fit(df: pd.DataFrame, source: str = "", async_scheduling: bool = False) -> C
 
 
 def fit_linear(df: pd.DataFrame, source: str = "", async_scheduling: bool = False) -> CostModel:
-    """The study's step-cost fit (``metrics.engine_fit``) as a ``CostModel``.  No outlier is
+    """The study's step-cost fit (``costmodel.engine_fit``) as a ``CostModel``.  No outlier is
     dropped: with frontend timing a late record's long gap is paid back by the next one's short
     gap, and dropping the long ones alone would bias the sum.  ``async_scheduling``: the study ran
     vLLM's async scheduling; the GPU part is fitted on the GPU spans, and a host part as a floor under
@@ -251,7 +251,7 @@ def fit_linear(df: pd.DataFrame, source: str = "", async_scheduling: bool = Fals
 
 
 # The GPU part of a default-engine step (``fit``): piecewise linear and non-decreasing in the step's
-# GEMM rows (prompt plus decode tokens, ``sim.step.ROW_TERMS``), so that a lone prompt step does not pay
+# GEMM rows (prompt plus decode tokens, ``costmodel.step.ROW_TERMS``), so that a lone prompt step does not pay
 # a decode step's fixed cost on top; decode tokens and prompt requests; 1 where the step computes
 # prompt tokens; and the KV the cache holds for the step's requests, each block once (a cached prefix
 # many requests share is read about once).  Each a non-negative least-squares coefficient.
@@ -265,7 +265,7 @@ def design(steps: pd.DataFrame, terms: tuple[str, ...]) -> np.ndarray:
 
 def fit_terms(df: pd.DataFrame, source: str, terms: tuple[str, ...], launch: bool = False) -> CostModel:
     """A default-engine ``CostModel`` whose GPU part is the non-negative least squares over ``terms``
-    (any term ``sim.step.term_getter`` reads) on the GPU spans, with the host's launch of each step
+    (any term ``costmodel.step.term_getter`` reads) on the GPU spans, with the host's launch of each step
     while the one before runs (``launch``: ``fit_host_paired``) or a host floor under each step
     (``fit_host``)."""
     check_async_records(df, source)

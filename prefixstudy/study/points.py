@@ -2,7 +2,7 @@
 ``run_pending``, the loop that runs the points still to do through an executor (a measured one,
 or the simulator's) and closes the manifest with the run's status, whatever happens.
 
-``study.run_study`` plans, checks and resumes; ``sim.run.simulate`` hands its own executor here.
+``study.run_study`` plans, checks and resumes; ``study.simulate.simulate`` hands its own executor here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from prefixstudy import slo_run
+from prefixstudy.study import slo_rounds
 from prefixstudy.config import StudyConfig
 from prefixstudy.errors import StudyFailed, first_line
 from prefixstudy.executors import interleaved
@@ -20,7 +20,7 @@ from prefixstudy.metrics.saturation import failed_point
 from prefixstudy.results.store import ENGINE_LOG, atomic_write_text
 from prefixstudy.results.writer import ResultsWriter
 from prefixstudy.schema import PointResult, point_key
-from prefixstudy.sweep.plan import RunPlan
+from prefixstudy.executors.run_plan import RunPlan
 from prefixstudy.workloads import DatasetRow
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class Study:
         """Write the point and apply the policies on it: a point whose requests mostly failed is
         failed (a server answering errors is broken, not saturated).  Returns its summary row,
         status and error included."""
-        slo_run.add_objective_values(self.cfg, res)
+        slo_rounds.add_objective_values(self.cfg, res)
         row = self.writer.add(res)
         why = failed_point(res.requests) if row["status"] == "ok" else ""
         if why:
@@ -76,9 +76,9 @@ class Study:
         per arm; interleaved arms keep taking turns over every pending point, skipping the arms
         that have it."""
         cfg = self.cfg
-        if cfg.sweep.slo is not None:  # an SLO search's next round (prefixstudy.slo_run)
+        if cfg.sweep.slo is not None:  # an SLO search's next round (prefixstudy.study.slo_rounds)
             self._asked_at = self._recorded()
-            return slo_run.pending(cfg, self.writer)
+            return slo_rounds.pending(cfg, self.writer)
         done = {point_key(p) for p in self.writer.points if p.get("status") == "ok"}
         pending = {m: [(r, k) for r, k in cfg.sweep.points() if (m, float(r), k) not in done] for m in cfg.sweep.modes}
         pending = {m: pts for m, pts in pending.items() if pts}
@@ -112,7 +112,7 @@ class Study:
         otherwise (then ``next_round`` hands it out, or nothing is left)."""
         if self.cfg.sweep.slo is None or self._recorded() == self._asked_at:
             return None  # nothing recorded since the last round: next_round's check says so
-        work = slo_run.pending(self.cfg, self.writer)
+        work = slo_rounds.pending(self.cfg, self.writer)
         if len(work) != 1 or not set(work[0][0].sweep.modes) <= set(modes):
             return None
         self._asked_at = self._recorded()

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from prefixstudy.capacity import (capacity_config, capacity_table, collapse_lines, parse_capacity,
+from prefixstudy.sweep.capacity_axis import (capacity_config, capacity_table, collapse_lines, parse_capacity,
                                   reuse_footprint_blocks, working_set_blocks)
 from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.breakdown import breakdown
 from prefixstudy.results import load
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 from prefixstudy.workloads import load_rows
 from prefixstudy.workloads.base import group_prefixes
 from tests.sweeps import capacity_sweep
@@ -105,7 +105,7 @@ def test_sweep_writes_one_run_per_capacity_and_a_table(tmp_path):
 def test_gains_are_against_the_configured_baseline():
     import pandas as pd
 
-    from prefixstudy.capacity import with_gain
+    from prefixstudy.sweep.capacity_axis import with_gain
 
     df = pd.DataFrame({"mode": ["cold", "warm", "cold", "warm"], "capacity": [1.0, 1.0, 2.0, 2.0], "rate": 1.0,
                        "mean_e2e_ms": [10.0, 5.0, 10.0, 8.0], "mean_ttft_ms": [4.0, 1.0, 4.0, 2.0]})
@@ -116,7 +116,7 @@ def test_gains_are_against_the_configured_baseline():
 
 @pytest.mark.slow
 def test_a_sweep_of_arms_named_neither_on_nor_off_reads_the_arm_against_its_baseline(tmp_path):
-    from prefixstudy.capacity import sweep_arms
+    from prefixstudy.sweep.capacity_axis import sweep_arms
 
     cfg = load_config(None, {**GROUPS, "out": str(tmp_path), "arms": [{"name": "cold", "prefix_caching": False},
                                                                       {"name": "warm"}],

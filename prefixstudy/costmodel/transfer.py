@@ -15,7 +15,7 @@ bf16; P = the decoder layers' projection weights, V·h = lm_head, L layers, hidd
 * ``num_prefill_reqs``: a prefilling request's fixed cost is host and launch work (attention
   metadata, the layers run outside the full CUDA graph), done once per layer: ``L`` units, the same
   on every GPU and TP degree;
-* the derived terms of a piecewise GPU part (``sim.step.term_getter``) as the work they are: a
+* the derived terms of a piecewise GPU part (``costmodel.step.term_getter``) as the work they are: a
   segment of the GEMM rows as ``prefill_tokens``, ``prompt_step`` as ``num_prefill_reqs``, and
   ``kv_tokens`` (the KV a step holds) as ``context_tokens``.
 
@@ -23,8 +23,8 @@ bf16; P = the decoder layers' projection weights, V·h = lm_head, L layers, hidd
 it to the target's roofline, so each coefficient is multiplied by ``roofline(target) /
 roofline(source)``; the part of ``c0`` the roofline does not explain (CPU scheduling, sampling,
 kernel launches) is carried over unchanged.  The host part of a default-engine calibration
-(``CostModel.host``: the host's launch of each step, ``sim.cost.fit_host_paired``, or a floor under each
-step, ``sim.cost.fit_host``) is carried the same way: each term by the GPU part's ratio, its fixed cost
+(``CostModel.host``: the host's launch of each step, ``costmodel.step_cost.fit_host_paired``, or a floor under each
+step, ``costmodel.step_cost.fit_host``) is carried the same way: each term by the GPU part's ratio, its fixed cost
 beyond the source's roofline kept; a term only the host has (``prefix_queries``, the prompt tokens it
 hashes) unchanged.  A launch measured from host stamps may hold waits on the GPU too: between one H200
 and one H100 (experiments/sim/gpu_transfer.py) this rule prices the other machine's default engine
@@ -37,11 +37,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from prefixstudy.model.arch import Arch
-from prefixstudy.model.gpus import GPU
-from prefixstudy.model.roofline import Deployment
-from prefixstudy.sim.cost import CostModel
-from prefixstudy.sim.step import ROW_TERMS
+from prefixstudy.costmodel.arch import Arch
+from prefixstudy.costmodel.gpus import GPU
+from prefixstudy.costmodel.roofline import Deployment
+from prefixstudy.costmodel.step_cost import CostModel
+from prefixstudy.costmodel.step import ROW_TERMS
 
 DTYPE_BYTES = 2  # bf16 weights and KV, as every committed study ran
 # Per GPU, what vLLM's profile run leaves out of the KV cache besides the weights: peak activations
@@ -81,7 +81,7 @@ def roofline_terms(dep: Deployment, mean_context_tokens: float) -> dict[str, flo
     }
 
 
-# The derived terms (``sim.step.term_getter``) scale as the roofline term whose work they are: a
+# The derived terms (``costmodel.step.term_getter``) scale as the roofline term whose work they are: a
 # segment of a step's GEMM rows as a prompt token's GEMMs, a step that computes a prompt as a prompt
 # request's fixed cost, the KV a step holds as the KV a token attends.
 ROOFLINE_OF = {**dict.fromkeys(ROW_TERMS, "prefill_tokens"), "prompt_step": "num_prefill_reqs",

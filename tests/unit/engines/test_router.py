@@ -1,10 +1,10 @@
-"""prefixstudy.router: every policy's decisions as exact sequences."""
+"""prefixstudy.engines.router: every policy's decisions as exact sequences."""
 
 from __future__ import annotations
 
 import pytest
 
-from prefixstudy.router import HashRing, Router, prefix_key
+from prefixstudy.engines.router import HashRing, Router, prefix_key
 
 A = [7, 7, 7, 7, 1]  # one block of 4 tokens, then a suffix
 A2 = [7, 7, 7, 7, 2]  # the same first block, another suffix

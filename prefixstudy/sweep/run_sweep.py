@@ -1,6 +1,6 @@
 """``run_sweep``: what every command that runs engines calls (``prefixstudy run``, ``capacity``,
 ``simulate``).  A grid of one cell is an ordinary run folder; a larger one is a parent folder
-whose cells are run folders, in the grid's order, under one index (``sweep.folder``).
+whose cells are run folders, in the grid's order, under one index (``results.sweep_folder``).
 
 Every cell's config is built and checked before the parent folder is made, so a refused sweep
 leaves nothing behind.  A sweep resumes as a run does (``--resume PARENT``): cells that finished
@@ -19,7 +19,7 @@ from pathlib import Path
 from prefixstudy.config import StudyConfig, dump_config, load_config
 from prefixstudy.errors import StudyFailed, UserError, first_line
 from prefixstudy.sweep.axes import Axis, grid_axes
-from prefixstudy.sweep.folder import is_sweep, read_index, write_index
+from prefixstudy.results.sweep_folder import is_sweep, read_index, write_index
 
 log = logging.getLogger(__name__)
 CONFIG, MANIFEST = "config.yaml", "manifest.json"
@@ -59,7 +59,7 @@ def run_sweep(cfg: StudyConfig | None, progress: bool = True, resume: Path | str
               resume_config: Path | str | None = None, run_dir: Path | str | None = None) -> Path:
     """Run the grid of ``cfg`` (or, with ``resume``, go on with a recorded run or sweep); returns
     the run folder, or the sweep's parent folder."""
-    from prefixstudy.study import run_study
+    from prefixstudy.study.orchestrate import run_study
 
     resume, resume_config, run_dir = (None if p is None else Path(p) for p in (resume, resume_config, run_dir))
     if resume is not None and is_sweep(resume):
@@ -77,10 +77,10 @@ def run_sweep(cfg: StudyConfig | None, progress: bool = True, resume: Path | str
 
 
 def _run_cells(cfg: StudyConfig, parent: Path | None, progress: bool, resumed: bool) -> Path:
-    from prefixstudy.preflight import check_inputs
+    from prefixstudy.study.preflight import check_inputs
     from prefixstudy.results.store import atomic_write_text
     from prefixstudy.results.writer import new_run_dir
-    from prefixstudy.study import run_study
+    from prefixstudy.study.orchestrate import run_study
     from prefixstudy.workloads import load_rows
 
     axes = grid_axes(cfg)

@@ -1,8 +1,8 @@
 """Stage: model.  The roofline arithmetic of one engine step and of one request.
 
-Pure arithmetic, no vLLM, torch, pandas or GPU: from an ``Arch`` (``model.arch``,
+Pure arithmetic, no vLLM, torch, pandas or GPU: from an ``Arch`` (``costmodel.arch``,
 read from a Hugging Face ``config.json``) and a GPU datasheet entry
-(``model.gpus``) it hands on
+(``costmodel.gpus``) it hands on
 
 * the FLOPs, bytes and all-reduces of one engine step (``StepWork``),
 * a roofline time for that step on ``tp`` GPUs (``Deployment.time`` -> ``StepTime``),
@@ -34,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from prefixstudy.model.arch import Arch
-from prefixstudy.model.gpus import GPU
+from prefixstudy.costmodel.arch import Arch
+from prefixstudy.costmodel.gpus import GPU
 
 FLOPS_PER_MAC = 2
 

@@ -21,11 +21,11 @@ import pandas as pd
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines.base import RequestTrace
 from prefixstudy.errors import UserError
-from prefixstudy.model.arch import Arch, load_arch
-from prefixstudy.sim.cost import CostModel
+from prefixstudy.costmodel.arch import Arch, load_arch
+from prefixstudy.costmodel.step_cost import CostModel
 from prefixstudy.sim.driver import SimRequest, Simulator
-from prefixstudy.sim.step import SimTrace
-from prefixstudy.sim.hardware import num_gpu_blocks
+from prefixstudy.costmodel.step import SimTrace
+from prefixstudy.costmodel.transfer import num_gpu_blocks
 from prefixstudy.sim.vllm_setup import SchedulerSpec, build_scheduler, vllm_config
 from prefixstudy.runner import make_record, point_plan, token_range, warmup_rows
 from prefixstudy.schema import PointResult, typed_iterations, typed_requests
@@ -163,7 +163,7 @@ class SimSession:
         meta = {"status": "ok", "error": "", "n_sent": n, "started_at": started_at,
                 "duration_s": self.sim.clock_s - t0, "warmup_s": t0 - tw, "block_size": self.target.block_size,
                 "engine_startup_s": 0.0, "sim_wall_s": time.perf_counter() - wall0, "sim_steps": len(self.sim.steps),
-                "async_scheduling": self.sim.pipelined,  # the engine the calibration ran (sim.cost.async_recorded)
+                "async_scheduling": self.sim.pipelined,  # the engine the calibration ran (costmodel.step_cost.async_recorded)
                 "prefix_caching": self.cfg.arm(self.mode).prefix_caching}  # the hit-rate check's, as a measured point's
         # vars, not asdict: the fields are scalars, and asdict deep-copies each one (a second a sweep)
         req = typed_requests(pd.DataFrame([{**vars(r), "repeat": repeat} for r in records]))

@@ -15,7 +15,7 @@ SAMPLED_TOKEN_ID = 0  # any id: outputs are never shared between requests, so ne
 
 @dataclass(frozen=True)
 class StepFeatures:
-    """What a step computes: the inputs of the step-cost model (``prefixstudy.sim.cost``)."""
+    """What a step computes: the inputs of the step-cost model (``prefixstudy.costmodel.step_cost``)."""
 
     prefill_tokens: int  # prompt tokens computed this step
     decode_tokens: int  # tokens of requests past their prompt
@@ -73,7 +73,7 @@ def term_getter(name: str) -> Callable[[object], float]:
 def launch_ms(cost: StepCost, f: StepFeatures) -> float:
     """How long the host takes, from scheduling a step, to launch it: a step of vLLM's async engine
     starts on the GPU once both the step before it has ended and the host has launched it.  A cost
-    model whose host part overlaps the step before (``sim.cost.CostModel.launch_ms``) says; any other
+    model whose host part overlaps the step before (``costmodel.step_cost.CostModel.launch_ms``) says; any other
     folds the host into the step's own price, and the step starts as the one before ends."""
     launch = getattr(cost, "launch_ms", None)
     return float(launch(f)) if launch is not None else 0.0

@@ -16,7 +16,7 @@ import pandas as pd
 
 from prefixstudy.metrics.slo_search import arm_record, objective_values, probe_rows, search_arm
 from prefixstudy.results.store import atomic_write_csv
-from prefixstudy.sweep.plan import RunPlan
+from prefixstudy.executors.run_plan import RunPlan
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig

@@ -1,4 +1,4 @@
-"""Fixtures of the model tests: the Mistral-7B architecture, 8 x A100 at peak, the CLI."""
+"""Fixtures of the cost model and model tests: the Mistral-7B architecture, 8 x A100 at peak, the CLI."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from prefixstudy.model import roofline as m
-from prefixstudy.model.arch import Arch, load_arch
-from prefixstudy.model.gpus import get_gpu
+from prefixstudy.costmodel import roofline as m
+from prefixstudy.costmodel.arch import Arch, load_arch
+from prefixstudy.costmodel.gpus import get_gpu
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")

@@ -108,9 +108,10 @@ def test_resume_keeps_ok_points_and_plans_the_rest(tmp_path):
     assert [(p["mode"], p["rate"]) for p in w2.points] == [("on", 1.0), ("on", 2.0)]
     req = load(tmp_path).requests
     assert sorted(set(zip(req["mode"], req["rate"]))) == [("on", 1.0), ("on", 2.0)]
+    # The arms take turns: one plan over both, ON's two kept points marked done.
     plans = Study(w.cfg, w2).pending()
-    assert [(c.sweep.modes, plan.points) for c, plan in plans] == [
-        (["on"], ((4.0, 0),)), (["off"], ((1.0, 0), (2.0, 0), (4.0, 0)))]
+    assert [(c.sweep.modes, plan.points, plan.done) for c, plan in plans] == [
+        (["on", "off"], ((1.0, 0), (2.0, 0), (4.0, 0)), frozenset({("on", 1.0, 0), ("on", 2.0, 0)}))]
 
 
 def test_point_cap_shorter_than_the_schedule_is_refused():

@@ -1,11 +1,11 @@
-"""Stage: sim.  What the hardware and the model change: the KV-cache size, and the roofline ratios
-that carry a step-cost model fitted on one model, GPU and TP degree to another.
+"""Stage: cost model.  Carrying a step cost fitted on one model, GPU and TP degree to another, by the
+ratio of each term's roofline time on the two (priced by ``costmodel.roofline``'s ``Deployment``).
 
-Roofline time of each cost term on one GPU of a TP group (``roofline_terms``; weights and KV in
-bf16; P = the decoder layers' projection weights, V·h = lm_head, L layers, hidden h):
+Roofline time of each cost term on one GPU of a TP group (``roofline_terms``; P = the decoder
+layers' projection weights, V·h = lm_head, L layers, hidden h):
 
-* ``c0`` (a step): read the weights once, (P + V·h) · 2 B / TP / HBM, + ``2 · L`` all-reduces'
-  latency for TP > 1;
+* ``c0`` (a step): a step with no tokens: it reads the weights once, (P + V·h) · 2 B / TP / HBM, and
+  makes ``2 · L`` all-reduce calls (their latency, for TP > 1);
 * ``prefill_tokens``: 2 · P FLOPs / TP / peak (lm_head runs on a prompt's last token only), + the
   ring all-reduce bytes of ``2 · L`` all-reduces of h · 2 B over the link;
 * ``decode_tokens``: 2 · (P + V·h) FLOPs / TP / peak, the same all-reduce bytes, + reading
@@ -18,6 +18,9 @@ bf16; P = the decoder layers' projection weights, V·h = lm_head, L layers, hidd
 * the derived terms of a piecewise GPU part (``costmodel.step.term_getter``) as the work they are: a
   segment of the GEMM rows as ``prefill_tokens``, ``prompt_step`` as ``num_prefill_reqs``, and
   ``kv_tokens`` (the KV a step holds) as ``context_tokens``.
+
+The deployments are priced at their efficiencies; callers pass the datasheet peaks (``PEAK``), so
+only ratios of peaks enter.
 
 ``transfer`` keeps each term's measured efficiency (measured / roofline on the source) and applies
 it to the target's roofline, so each coefficient is multiplied by ``roofline(target) /
@@ -38,44 +41,26 @@ from __future__ import annotations
 from dataclasses import replace
 
 from prefixstudy.costmodel.arch import Arch
-from prefixstudy.costmodel.gpus import GPU
-from prefixstudy.costmodel.roofline import Deployment
+from prefixstudy.costmodel.roofline import FLOPS_PER_MAC, Deployment, step_work
 from prefixstudy.costmodel.step_cost import CostModel
 from prefixstudy.costmodel.step import ROW_TERMS
 
-DTYPE_BYTES = 2  # bf16 weights and KV, as every committed study ran
-# Per GPU, what vLLM's profile run leaves out of the KV cache besides the weights: peak activations
-# of a max_num_batched_tokens forward pass, CUDA graphs, the NCCL buffers.  A round figure for a
-# 7B model at 8192 batched tokens; it moves the block count by ~2 %, far from cache pressure.
-NON_KV_RESERVE_BYTES = 2 * 2**30
-ALLREDUCE_LATENCY_MS = 0.010  # one small all-reduce over NVLink (NCCL ring, latency-bound)
 # Beyond this ratio of weights either way, the GEMMs run at shapes whose efficiency the calibration
 # never measured.
 SIZE_RATIO_CHECKED = 2.0
 
 
-def num_gpu_blocks(arch: Arch, gpu: GPU, tp: int, gpu_memory_utilization: float, block_size: int) -> int:
-    """As vLLM sizes it: (memory x utilization - weights - non-KV reserve) per GPU, divided by one
-    block's KV bytes on that GPU (each GPU holds 1/TP of the KV heads, at least one)."""
-    free = gpu.memory_gb * 1e9 * gpu_memory_utilization - arch.total_params * DTYPE_BYTES / tp - NON_KV_RESERVE_BYTES
-    per_block = block_size * arch.kv_bytes_per_token(DTYPE_BYTES) * Deployment(arch, gpu, tp).kv_share()
-    return max(0, int(free // per_block))
-
-
 def roofline_terms(dep: Deployment, mean_context_tokens: float) -> dict[str, float]:
     """Roofline milliseconds of each cost term for ``dep`` (see the module doc)."""
-    arch, gpu, tp = dep.arch, dep.gpu, dep.tp
-    weights = arch.matmul_params + arch.lm_head_params
-    peak = gpu.bf16_tflops * 1e12
+    arch = dep.arch
     n_allreduce = 2 * arch.layers  # after attention and after the MLP, every layer
-    # Ring all-reduce: each GPU sends and receives 2 (TP-1)/TP of the bytes.
-    ar_ms = (n_allreduce * arch.hidden * DTYPE_BYTES * 2 * (tp - 1) / tp) / (gpu.link_gb_s * 1e9) * 1e3
-    kv_ms = arch.kv_bytes_per_token(DTYPE_BYTES) * dep.kv_share() / (gpu.hbm_gb_s * 1e9) * 1e3
+    ar_ms = n_allreduce * dep.ring_ms(arch.hidden * dep.dtype_bytes)  # one token's hidden state, each call
+    kv_ms = dep.memory_ms(dep.kv_bytes_per_gpu(1))
     return {
-        "c0": weights * DTYPE_BYTES / tp / (gpu.hbm_gb_s * 1e9) * 1e3
-              + (n_allreduce * ALLREDUCE_LATENCY_MS if tp > 1 else 0.0),
-        "prefill_tokens": 2 * arch.matmul_params / tp / peak * 1e3 + ar_ms,
-        "decode_tokens": 2 * weights / tp / peak * 1e3 + ar_ms + mean_context_tokens * kv_ms,
+        "c0": dep.time(step_work(arch, [], dep.dtype_bytes)).total_ms,
+        "prefill_tokens": dep.compute_ms(FLOPS_PER_MAC * arch.matmul_params) + ar_ms,
+        "decode_tokens": dep.compute_ms(FLOPS_PER_MAC * (arch.matmul_params + arch.lm_head_params)) + ar_ms
+                         + mean_context_tokens * kv_ms,
         "context_tokens": kv_ms,
         "num_prefill_reqs": float(arch.layers),  # host-side units (module doc): only ratios are used
     }

@@ -25,7 +25,7 @@ from prefixstudy.costmodel.arch import Arch, load_arch
 from prefixstudy.costmodel.step_cost import CostModel
 from prefixstudy.sim.driver import SimRequest, Simulator
 from prefixstudy.costmodel.step import SimTrace
-from prefixstudy.costmodel.transfer import num_gpu_blocks
+from prefixstudy.costmodel.roofline import Deployment, num_gpu_blocks
 from prefixstudy.sim.vllm_setup import SchedulerSpec, build_scheduler, vllm_config
 from prefixstudy.runner import make_record, point_plan, token_range, warmup_rows
 from prefixstudy.schema import PointResult, typed_iterations, typed_requests
@@ -69,7 +69,7 @@ def block_count(cfg: StudyConfig, arch: Arch, gpu, tp: int, block_size: int) -> 
         return n
     if lim["kv_cache_memory_bytes"] is not None:
         return int(lim["kv_cache_memory_bytes"] // (block_size * arch.kv_bytes_per_token(2) / tp))
-    n = num_gpu_blocks(arch, gpu, tp, lim["gpu_memory_utilization"], block_size)
+    n = num_gpu_blocks(Deployment(arch, gpu, tp), lim["gpu_memory_utilization"], block_size)
     if n < 2:
         raise UserError(f"--gpu {gpu.name}: the weights leave no room for a KV cache at TP {tp}")
     return n

@@ -12,8 +12,8 @@ import pytest
 from prefixstudy.costmodel.arch import load_arch
 from prefixstudy.costmodel.gpus import get_gpu
 from prefixstudy.costmodel.step_cost import CostModel, busy_steps, fit, load_steps, step_error
-from prefixstudy.costmodel.roofline import Deployment
-from prefixstudy.costmodel.transfer import extrapolations, num_gpu_blocks, roofline_terms, same_model, transfer
+from prefixstudy.costmodel.roofline import Deployment, num_gpu_blocks
+from prefixstudy.costmodel.transfer import extrapolations, roofline_terms, same_model, transfer
 
 from pathlib import Path
 
@@ -81,9 +81,9 @@ def test_old_layout_is_mapped_and_idle_gaps_dropped(tmp_path):
 
 def test_h200_block_count():
     # (141e9 B x 0.9 - 7,248,023,552 params x 2 B - 2 GiB) / (16 tokens x 131,072 B) = 52,574.4
-    assert num_gpu_blocks(MISTRAL, H200, 1, 0.9, 16) == 52574
+    assert num_gpu_blocks(Deployment(MISTRAL, H200, 1), 0.9, 16) == 52574
     # A100-40GB at TP 8: (36e9 - 1.812e9 - 2 GiB) / (16 x 16,384 B) = 122,224.6
-    assert num_gpu_blocks(MISTRAL, A100, 8, 0.9, 16) == 122224
+    assert num_gpu_blocks(Deployment(MISTRAL, A100, 8), 0.9, 16) == 122224
 
 
 def test_roofline_terms_of_mistral_on_h200():

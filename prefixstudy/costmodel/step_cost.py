@@ -73,7 +73,7 @@ class CostModel:
     # ``n_windows``, ``binding_steps``); empty for one that ran one step at a time.  How the roofline
     # transfer carries it: ``costmodel.transfer.transfer``.
     host: dict = field(default_factory=dict)
-    # A fit to request timestamps (``sim.fit_requests``): its error on the points it was fitted to.
+    # A fit to request timestamps (``costmodel.timestamp_fit``): its error on the points it was fitted to.
     fit_error: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

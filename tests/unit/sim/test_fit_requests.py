@@ -1,4 +1,4 @@
-"""The step cost fitted to request timestamps alone (``sim.fit_requests``): a run the simulator made
+"""The step cost fitted to request timestamps alone (``costmodel.timestamp_fit``, ``sim.fit_requests``): a run the simulator made
 with known coefficients is recovered from its requests; a run with too few loads is refused in one
 line; the coordinate search finds a known minimum."""
 
@@ -18,6 +18,7 @@ from prefixstudy.config import load_config
 from prefixstudy.errors import UserError
 from prefixstudy.results import load
 from prefixstudy.results.store import read_table
+from prefixstudy.costmodel import timestamp_fit as tf
 from prefixstudy.sim import fit_requests as fr
 from prefixstudy.costmodel.step_cost import CostModel
 from prefixstudy.study.simulate import simulate
@@ -83,10 +84,10 @@ def test_the_true_coefficients_reproduce_the_run_exactly(synthetic_run):
     from prefixstudy.workloads import load_rows
 
     sim = fr.PointSimulator(cfg, load_rows(cfg), SimTarget("cpu", 1, 256, 16, None), points, fr.MAX_REQUESTS)
-    err = fr.point_errors(sim.run(fr.cost_model(TRUTH)), points)
+    err = tf.point_errors(sim.run(fr.cost_model(TRUTH)), points)
     assert list(points["n"]) == [40] * 6
     assert np.abs(err[["ttft_ms_err", "tpot_ms_err", "e2e_ms_err"]].to_numpy()).max() < 1e-12
-    assert fr.loss(fr.point_errors(sim.run(fr.cost_model({**TRUTH, "c0": 2.2})), points)) > 0.05
+    assert tf.loss(tf.point_errors(sim.run(fr.cost_model({**TRUTH, "c0": 2.2})), points)) > 0.05
 
 
 def test_the_fit_counts_its_simulations_on_a_line_it_clears(synthetic_run, capsys):
@@ -111,7 +112,7 @@ def test_the_fit_counts_its_simulations_on_a_line_it_clears(synthetic_run, capsy
 
 def test_the_first_guess_from_timestamps_is_near_the_truth(synthetic_run):
     req, summary = fr.load_run(synthetic_run)
-    guess = fr.first_guess(req, fr.fit_points(req, summary))
+    guess = tf.first_guess(req, fr.fit_points(req, summary))
     for term, rel in (("c0", 0.02), ("prefill_tokens", 0.03), ("decode_tokens", 0.05), ("num_prefill_reqs", 0.2)):
         assert guess[term] == pytest.approx(TRUTH[term], rel=rel), term
 
@@ -134,7 +135,7 @@ def test_a_run_with_one_unsaturated_rate_is_refused(tmp_path):
     d = one_rate_run(tmp_path, lambda df: (df["mode"] == "off") & df["rate"].isin([16.0, 32.0]))
     req, summary = fr.load_run(d)
     with pytest.raises(UserError) as e:
-        fr.check_loads(fr.fit_points(req, summary), str(d))
+        tf.check_loads(fr.fit_points(req, summary), str(d))
     assert str(e.value) == (f"--calibration {d}: a fit from request timestamps needs unsaturated points at 2 or "
                             f"more request rates to tell a step's fixed cost from its cost per decode token; the "
                             f"run has 1 (rates: 16)")
@@ -162,7 +163,7 @@ def test_the_coordinate_search_walks_to_a_known_minimum():
         d = [x[k] / max(want[k], 1.0) - want[k] / max(want[k], 1.0) for k in want]
         return pd.DataFrame({"tpot_ms_err": [np.expm1(v) for v in d], "ttft_ms_err": [0.0] * 4})
 
-    res = fr.search(evaluate, {"c0": 2.0, "prefill_tokens": 0.02, "num_prefill_reqs": 0.3, "decode_tokens": 0.03},
+    res = tf.search(evaluate, {"c0": 2.0, "prefill_tokens": 0.02, "num_prefill_reqs": 0.3, "decode_tokens": 0.03},
                     ref={"c0": 0.1, "prefill_tokens": 0.01, "num_prefill_reqs": 0.1, "decode_tokens": 0.01},
                     min_step=1e-4, max_evals=400)
     assert res.x["prefill_tokens"] == 0.0 and res.x["num_prefill_reqs"] == 0.0  # clipped at 0, not below
@@ -201,7 +202,7 @@ def test_a_pipelined_run_is_reproduced_only_by_a_pipelined_fit(tmp_path):
 
     def errors(cost):
         target = SimTarget("cpu", 1, 256, 16, cost)
-        return fr.point_errors(fr.PointSimulator(cfg, rows, target, points, fr.MAX_REQUESTS).run(cost), points)
+        return tf.point_errors(fr.PointSimulator(cfg, rows, target, points, fr.MAX_REQUESTS).run(cost), points)
 
     err = errors(truth)
     assert np.abs(err[["ttft_ms_err", "tpot_ms_err", "e2e_ms_err"]].to_numpy()).max() < 1e-12

@@ -248,21 +248,7 @@ def typed_requests(df: pd.DataFrame | None = None) -> pd.DataFrame:
 
 
 def typed_iterations(df: pd.DataFrame | None = None) -> pd.DataFrame:
-    return _typed(_legacy_iterations(pd.DataFrame() if df is None else df), ITERATION_COLUMNS)
-
-
-def _legacy_iterations(df: pd.DataFrame) -> pd.DataFrame:
-    """Iterations of runs before engine step timing (StatLogger records): fill the new columns from
-    the old ones, and say how they were timed."""
-    if len(df.columns) == 0 or "prefill_tokens" in df:
-        return df
-    df = df.copy()
-    df["timing"] = df["timing"] if "timing" in df else "frontend"
-    df["prefill_tokens"] = df.get("prompt_tokens", 0)
-    df["decode_tokens"] = df.get("generation_tokens", 0)
-    if "t_s" in df and "step_ms" in df:
-        df["step_start_s"] = df["t_s"] - df["step_ms"] / 1e3
-    return df
+    return _typed(pd.DataFrame() if df is None else df, ITERATION_COLUMNS)
 
 
 @dataclass

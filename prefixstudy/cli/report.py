@@ -145,6 +145,7 @@ def check(results_dirs):
     from prefixstudy.metrics.step_checks import check_steps
     from prefixstudy.report.tables import step_check_lines
     from prefixstudy.results import ITERATIONS, find_run_dir, read_table
+    from prefixstudy.results.migrate import migrate
     from prefixstudy.schema import typed_iterations
 
     runs = [find_run_dir(d) for d in results_dirs]
@@ -153,7 +154,7 @@ def check(results_dirs):
             raise UserError(f"{run}: no {ITERATIONS} (not a finished or started run)")
     failed = False
     for run in runs:
-        its = typed_iterations(read_table(run / ITERATIONS))
+        its = typed_iterations(migrate({"iterations": read_table(run / ITERATIONS)}, {})[0]["iterations"])
         fit = fit_step_cost(its, n_boot=0) if len(busy_steps(its)) else None
         checks = check_steps(its, fit.coef if fit is not None else None)
         click.echo(f"{run}: {({True: 'ok', False: 'FAILED', None: 'not judged'})[checks['ok'] if checks else None]}")

@@ -16,6 +16,7 @@ import yaml
 
 from prefixstudy.errors import UserError, read_text
 from prefixstudy.metrics.requests import measured
+from prefixstudy.results.migrate import migrate
 from prefixstudy.results.store import (ARMS, CONFIG, HEADLINE, ITERATIONS, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv,
                                        atomic_write_parquet, atomic_write_text, read_table, write_json)
 from prefixstudy.schema import SUMMARY_COLUMNS, typed_iterations, typed_requests
@@ -94,8 +95,6 @@ def read_summary(path: Path) -> pd.DataFrame:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     except (pd.errors.ParserError, UnicodeDecodeError, OSError) as e:
         raise UserError(f"{path}: unreadable summary ({str(e).strip().splitlines()[0]})") from None
-    if "repeat" not in df:  # runs before repeats
-        df.insert(2, "repeat", 0)
     for c in ("error", "status", "mode", "saturation_reason", "step_timing"):
         if c in df:  # one dtype for text, whether a column is all empty or not
             df[c] = df[c].astype(object)
@@ -113,5 +112,7 @@ def load(path: str | Path) -> StudyResults:
             raise UserError(f"{run / CONFIG}: unreadable recorded config ({type(e).__name__})") from None
     head = pd.read_csv(run / HEADLINE) if (run / HEADLINE).is_file() else pd.DataFrame()
     arms = pd.read_csv(run / ARMS, converters={"arm": str, "baseline": str}) if (run / ARMS).is_file() else pd.DataFrame()
-    return StudyResults(run, config or {}, manifest, typed_requests(read_table(run / REQUESTS)),
-                        typed_iterations(read_table(run / ITERATIONS)), read_summary(run / SUMMARY), head, arms)
+    frames, manifest = migrate({"requests": read_table(run / REQUESTS), "iterations": read_table(run / ITERATIONS),
+                                "summary": read_summary(run / SUMMARY)}, manifest)
+    return StudyResults(run, config or {}, manifest, typed_requests(frames["requests"]),
+                        typed_iterations(frames["iterations"]), frames["summary"], head, arms)

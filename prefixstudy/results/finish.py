@@ -16,6 +16,7 @@ from prefixstudy.costmodel.engine_fit import fit_by_kind, fit_step_cost
 from prefixstudy.metrics.headline import headline, versus_baseline
 from prefixstudy.metrics.step_checks import check_steps
 from prefixstudy.metrics.summary import add_engine_columns
+from prefixstudy.results.migrate import migrate
 from prefixstudy.results.store import (ARMS, CONFIG, HEADLINE, ITERATIONS, REQUESTS, SUMMARY, atomic_write_csv,
                                        read_table)
 from prefixstudy.schema import SUMMARY_COLUMNS, typed_iterations, typed_requests
@@ -26,11 +27,13 @@ def finish_run(run_dir: Path, manifest: dict) -> None:
     in ``manifest`` (the caller saves it)."""
     from prefixstudy.results import read_summary
 
-    summary = read_summary(run_dir / SUMMARY)
+    frames, _ = migrate({"summary": read_summary(run_dir / SUMMARY), "iterations": read_table(run_dir / ITERATIONS)},
+                        manifest)
+    summary = frames["summary"]
     if summary.empty:
         return
     summary = summary.reindex(columns=SUMMARY_COLUMNS)
-    its = typed_iterations(read_table(run_dir / ITERATIONS))
+    its = typed_iterations(frames["iterations"])
     fit = fit_step_cost(its) if len(its) else None
     summary = add_engine_columns(summary, its, fit)
     atomic_write_csv(run_dir / SUMMARY, summary)

@@ -32,6 +32,7 @@ from prefixstudy.costmodel.timestamp_fit import (MAX_EVALS, MAX_REQUESTS, TIMING
                                                  first_guess, fit, fit_points)
 from prefixstudy.errors import UserError
 from prefixstudy.results import read_summary
+from prefixstudy.results.migrate import migrate
 from prefixstudy.results.store import read_table
 from prefixstudy.sim.sessions import SimSession, SimTarget, frozen_heap, sessions
 
@@ -57,11 +58,9 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     run_dir = Path(run_dir)
     if not (run_dir / "requests.parquet").exists():
         raise UserError(f"--calibration {run_dir}: no requests.parquet there (is it a study's results folder?)")
-    req = read_table(run_dir / "requests.parquet")
-    if "repeat" not in req:
-        req["repeat"] = 0
     summary = read_summary(run_dir / "summary.csv") if (run_dir / "summary.csv").exists() else pd.DataFrame()
-    return req, summary
+    frames, _ = migrate({"requests": read_table(run_dir / "requests.parquet"), "summary": summary}, {})
+    return frames["requests"], frames["summary"]
 
 
 class PointSimulator:

@@ -22,6 +22,7 @@ from prefixstudy.engines.registry import capabilities, engine_class
 from prefixstudy.errors import StudyFailed, UserError, first_line  # noqa: F401 (StudyFailed: importers' name)
 from prefixstudy.executors import pick_executor
 from prefixstudy.results import find_run_dir, read_manifest, read_summary
+from prefixstudy.results.migrate import migrate
 from prefixstudy.study.preflight import check_engine_config, check_inputs, check_installed, check_plan, check_simulated
 from prefixstudy.results.provenance import base_manifest, machine, now
 from prefixstudy.results.store import CONFIG, SUMMARY
@@ -55,7 +56,8 @@ def resume_state(run_dir: Path, cfg_path: Path | None) -> tuple[StudyConfig, lis
         if diff:
             raise UserError(f"{cfg_path}: differs from the config recorded in {run_dir} at field '{diff[0]}' "
                             f"({b.get(diff[0])!r} vs recorded {a.get(diff[0])!r}); refusing to resume")
-    return recorded, load_rows(recorded), SimpleNamespace(manifest=manifest, summary=read_summary(run_dir / SUMMARY))
+    frames, manifest = migrate({"summary": read_summary(run_dir / SUMMARY)}, manifest)
+    return recorded, load_rows(recorded), SimpleNamespace(manifest=manifest, summary=frames["summary"])
 
 
 def run_study(cfg: StudyConfig | None, run_dir: Path | str | None = None, progress: bool = True,

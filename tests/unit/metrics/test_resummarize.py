@@ -46,12 +46,14 @@ RUNS = sorted(str(p.relative_to(RESULTS)) for p in load_script("experiments/resu
 def test_committed_summary_is_reproduced(run):
     from prefixstudy.costmodel.engine_fit import fit_step_cost
     from prefixstudy.metrics.summary import add_engine_columns, summarize
+    from prefixstudy.results.migrate import migrate
     from prefixstudy.schema import typed_iterations
 
     d = REPO / "experiments/results" / run
-    req = pd.read_parquet(d / "requests.parquet")
-    it = pd.read_parquet(d / "iterations.parquet")
-    points = json.loads((d / "manifest.json").read_text())["points"]
+    manifest = json.loads((d / "manifest.json").read_text())
+    frames, manifest = migrate({"requests": pd.read_parquet(d / "requests.parquet"),
+                                "iterations": pd.read_parquet(d / "iterations.parquet")}, manifest)
+    req, it, points = frames["requests"], frames["iterations"], manifest["points"]
     committed = pd.read_csv(d / "summary.csv", converters={"error": str, "status": str, "mode": str,
                                                             "saturation_reason": str, "step_timing": str})
     tol = 0.05

@@ -50,7 +50,7 @@ class ReportData:
     repeat_saturated: dict = field(default_factory=dict)  # (mode, configured rate, repeat) -> saturated
     step_checks: dict | None = None  # metrics.step_checks.check_steps of the study's steps
     tiers: pd.DataFrame = field(default_factory=pd.DataFrame)  # arms with a CPU tier vs caching ON alone
-    split: pd.DataFrame = field(default_factory=pd.DataFrame)  # metrics.gain_split per rate, actual rates
+    split: pd.DataFrame = field(default_factory=pd.DataFrame)  # metrics.gain_split.both per rate, actual rates
     coef: np.ndarray | None = None  # the step-cost fit's coefficients (engine_fit.COEF_NAMES); None: no fit
     arms: tuple[str, str] = MODES  # the arm headline.csv compares, and its baseline (arms.compared)
 
@@ -282,7 +282,7 @@ def analyze(study: StudyResults, slo: dict[str, float] | None = None, threshold_
     tiers = hl.tiers_versus_cache(req, s[s["status"] == "ok"], study.arms)
     split = pd.DataFrame()
     if coef is not None and (checks or {}).get("ok") is not False and set(arms) <= set(req["mode"]):
-        split = gain_split.gain_split(gain_split.request_parts(req, it, coef), *arms)
+        split = gain_split.both(req, it, coef, *arms)[0]
         split = to_actual(split, rate_map) if len(split) else pd.DataFrame()
     return ReportData(study, study_label(study), points, to_actual(manifest_points(study, nominal), rate_map),
                       knees, fit, gains,

@@ -20,9 +20,10 @@ import pandas as pd
 import yaml
 
 from prefixstudy.configs import recorded_model_dir
-from prefixstudy.metrics import engine_fit, gain_split, headline, order, requests
-from prefixstudy.model import arch, closure, gpus
-from prefixstudy.report import figure_kit, first_screen
+from prefixstudy.costmodel import arch, engine_fit, gpus
+from prefixstudy.metrics import gain_split, headline, order, requests
+from prefixstudy.model import closure
+from prefixstudy.report import figure_kit, first_screen, gain_split as split_report
 from prefixstudy.results import load
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,16 +146,15 @@ def async_vs_sync(res: Path) -> str:
 
 
 def split_table(res: Path) -> str:
-    """Per rate both arms kept up: the gain split into parts (metrics.gain_split) and the arm order's effect."""
+    """Per rate both arms kept up: the gain split by both measures (metrics.gain_split) and the arm order's effect."""
     st, coef = study(d := res / "h200-tp1")
-    g = gain_split.gain_split(gain_split.request_parts(st.requests, st.iterations, coef)).set_index("rate")
+    c = split_report.cells((g := gain_split.both(st.requests, st.iterations, coef)[0])[g["rate"].isin(calm(head(d))["rate"])])
     o = order.order_effect(st.manifest["points"], pd.read_csv(d / "summary.csv"), "on", "off").set_index("rate")
-    parts = ("prefill_stalls", "own_prefill", "decode_steps", "queue", "residual")
-    return table(["offered rate (req/s)", "gain (points)", "others' prefill in its decode steps", "own prefill",
-                  "decode steps", "queue", "residual", "gain with ON first − with OFF first"],
-                 [[f"{r:g}", f"{100 * g.loc[r, 'gain']:.1f}", *(f"{100 * g.loc[r, p + '_points']:+.1f}" for p in parts),
-                   f"{o.loc[r, 'difference_points']:+.1f}" if r in o.index else "–"]
-                  for r in calm(head(d))["rate"] if r in g.index])
+    rows = [[f"{r.rate:g}", r.measure, r.gain, *(r[p] for p in split_report.SHOWN), f"{o.loc[r.rate, 'difference_points']:+.1f}"
+             if r.rate in o.index and r.measure == "fitted" else ""] for _, r in c.iterrows()]
+    return table(["offered rate (req/s)", "measure", "gain (points)", "others' prompt chunks in its decode steps", "own prefill",
+                  "decode steps", "queue", "unpriced", "residual", "gain with ON first − with OFF first"], rows,
+                 "95 % intervals over the repeats (Student's t); where the measures differ by a point or more, whole points.")
 
 
 def step_fit(res: Path) -> str:

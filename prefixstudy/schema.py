@@ -124,6 +124,19 @@ TIER_FIELDS: dict[str, tuple[str, str]] = {
 }
 TIER_COLUMNS = tuple(TIER_FIELDS)
 
+# Where the point's engine ran (shared.machine.engine_machine), asked by the process that drives it:
+# in process, this host; under Ray, the engine actor's node.  Repeats of one rate on different
+# machines are told apart by these (metrics.machines); "" where not known.
+MACHINE_FIELDS: dict[str, tuple[str, str]] = {
+    "host": ("str", "host name of the engine's machine; `http` (a server given by its address): the client's"),
+    "boot_id": ("str", "that machine's kernel boot id, new at every boot, so two leases of one host name differ; "
+                "empty where not known"),
+    "gpu_name": ("str", "the GPU the engine computed on (NVML's name); empty on the CPU or where not known"),
+    "gpu_uuid": ("str", "that GPU's UUID; empty on the CPU or where not known (a Ray actor whose vLLM workers "
+                 "hold the GPUs)"),
+}
+MACHINE_COLUMNS = tuple(MACHINE_FIELDS)
+
 _LATENCY_WHAT = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E", "queue": "engine queue time",
                  "prefill": "engine prefill time", "decode": "engine decode time"}
 
@@ -195,6 +208,7 @@ def summary_fields() -> dict[str, tuple[str, str]]:
         "waiting_share": ("float64", "share of the engine's steps in the window's last half with requests waiting; "
                           "NaN: no engine steps"),
     })
+    cols.update(MACHINE_FIELDS)  # added with per-point machines; filled from the manifest for older runs
     return cols
 
 

@@ -46,6 +46,12 @@ class Capabilities:
     # each request alone, at a fixed cost per token, and a simulated run's step cost is its
     # cost_model.json.
     shared_steps: bool = False
+    # Computes on the GPU its process sees, where there is one: each point records that GPU
+    # (summary.csv's gpu_name, gpu_uuid; shared.machine.engine_machine).
+    gpu: bool = False
+    # Measures a server given by its address, on a machine not known here: a point records the
+    # client's host and no GPU.
+    remote: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,17 +65,17 @@ class Backend:
 BACKENDS: dict[str, Backend] = {
     "vllm": Backend("prefixstudy.engines.vllm", "VllmEngine", "VllmEngineConfig", Capabilities(
         needs_vllm=True, replicas=True, cpu_tier=True, capacity_units=("blocks", "bytes", "share", "offload_gib"),
-        cache_salt=True, shared_steps=True)),
+        cache_salt=True, shared_steps=True, gpu=True)),
     "echo": Backend("prefixstudy.engines.echo", "EchoEngine", "EchoEngineConfig", Capabilities(
         replicas=True, capacity_units=("blocks", "tier_blocks"), local_by_default=True, cache_salt=True)),
     "http": Backend("prefixstudy.engines.http", "HttpEngine", "HttpEngineConfig", Capabilities(
-        local_by_default=True, cache_salt=True, shared_steps=True)),
+        local_by_default=True, cache_salt=True, shared_steps=True, remote=True)),
     "vllm-server": Backend("prefixstudy.engines.vllm_server", "VllmServerEngine", "VllmServerEngineConfig",
                            Capabilities(needs_vllm=True, cpu_tier=True, capacity_units=("offload_gib",),
-                                        gpus_in_process=True, cache_salt=True, shared_steps=True)),
+                                        gpus_in_process=True, cache_salt=True, shared_steps=True, gpu=True)),
     # One SGLang server per arm, each needing the GPU it runs on: under Ray the actor holds it.
     "sglang-server": Backend("prefixstudy.engines.sglang_server", "SglangServerEngine", "SglangServerEngineConfig",
-                             Capabilities(gpus_in_process=True, shared_steps=True)),
+                             Capabilities(gpus_in_process=True, shared_steps=True, gpu=True)),
     "sim": Backend("prefixstudy.engines.sim", "SimEngine", "SimEngineConfig", Capabilities(
         virtual_time=True, needs_vllm=True, arm_overlays=False)),
 }

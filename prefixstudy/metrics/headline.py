@@ -16,6 +16,8 @@ screen is this table.
   with how long the point runs.  ``*_saturated_share``: the share of repeats that were; the knee
   goes by the majority, so one repeat's transient does not move it.
 * ``*_spread_pct``: (max - min) / mean of the repeats' mean E2E, the run-to-run spread.
+* ``*_machines``, ``*_machine_spread_pct``: the machines the repeats ran on, and the spread between
+  their means (``metrics.machines``): an interval over repeats on two machines mixes two populations.
 * Engine prefill share and decode slowdown per mode (``costmodel.engine_fit``), pooled over the
   repeats' busy steps, with intervals like latency's: t over the repeats' own values, or (one
   repeat) blocks of steps with the coefficients refitted.
@@ -30,6 +32,7 @@ import pandas as pd
 
 from prefixstudy.costmodel import engine_fit
 from prefixstudy.shared.bootstrap import Stat, gain, interval, over_repeats, rate_seed
+from prefixstudy.metrics.machines import machine_spread
 from prefixstudy.metrics.requests import counted, hit_rates
 from prefixstudy.metrics.summary import tier_hit_rates
 
@@ -74,6 +77,9 @@ HEADLINE_FIELDS: dict[str, tuple[str, str]] = {
     "gain_is_bound": ("bool", "either arm saturated here: the gain is a bound, not a value"),
     "{arm}_hit_rate": ("float64", "the arm's measured hit rate: cached / prompt tokens of its counted requests"),
     "{arm}_hit_rate_expected": ("float64", "its infinite-cache bound"),
+    # The interval holds for the machines the repeats ran on (metrics.machines):
+    "{mode}_machines": ("int64", "machines (host, boot, GPU) the mode's repeats ran on at this rate"),
+    "{mode}_machine_spread_pct": ("float64", "%, (max - min) / mean of those machines' mean E2E; NaN on one machine"),
 }
 
 
@@ -191,6 +197,7 @@ def headline(requests: pd.DataFrame, summary: pd.DataFrame, iterations: pd.DataF
         row["gain_is_bound"] = bool(row[f"{arm}_saturated"] or row[f"{baseline}_saturated"])
         row[f"{arm}_hit_rate"], row[f"{arm}_hit_rate_expected"] = hit_rates(at[at["mode"] == arm]) \
             if (at["mode"] == arm).any() else (math.nan, math.nan)
+        row |= machine_spread(at, s, arms)
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -12,7 +12,8 @@ from prefixstudy.costmodel import engine_fit
 from prefixstudy.metrics.requests import (KEY, duration_s, hit_rate_estimated, hit_rate_ok, hit_rates, measured,
                                           percentile, split_outcomes, with_repeat)
 from prefixstudy.metrics.saturation import saturation
-from prefixstudy.schema import LATENCY_METRICS, PERCENTILES, SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS
+from prefixstudy.schema import (LATENCY_METRICS, MACHINE_COLUMNS, PERCENTILES, SERVER_COLUMNS, SUMMARY_COLUMNS,
+                                TIER_COLUMNS)
 
 
 def _per_s(n: float, seconds: float) -> float:
@@ -68,6 +69,8 @@ def summarize_point(requests: pd.DataFrame, meta: dict, tolerance: float = 0.05,
     # put those there (None: the engine has no such number).
     for c in (*SERVER_COLUMNS, *TIER_COLUMNS):
         row[c] = math.nan if meta.get(c) is None else float(meta[c])
+    for c in MACHINE_COLUMNS:  # where the engine ran, as the runner recorded it; "" where not known
+        row[c] = meta.get(c) or ""
     return {c: row.get(c, math.nan) for c in SUMMARY_COLUMNS}
 
 

@@ -22,7 +22,8 @@ from prefixstudy.config.arms import arm_label
 from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import counted, parse_slo
 from prefixstudy.report import arms as arm_report, bench_import, figure_kit as kit, figures as plots, first_screen, tables
-from prefixstudy.report import closure as closure_report, gain_split as split_report, order as order_report
+from prefixstudy.report import closure as closure_report, gain_split as split_report, machines as machine_report
+from prefixstudy.report import order as order_report
 from prefixstudy.report import prediction, saturation_codes as sat_codes, slo as slo_report
 from prefixstudy.report.data import ReportData, analyze, norm_rate
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, write_report
@@ -213,6 +214,7 @@ def _per_rate_blocks(d: ReportData) -> list[tuple]:
         b += [("p", t) for t in first_screen.why_sentences(d.head, d.arms,
                                                             first_screen.no_share_reason(d.study.manifest))]
         b.append(("table", first_screen.headline_table(d.head, d.arms)))
+    b += machine_report.blocks(d.head, d.study.summary, d.arms)  # repeats on several machines
     b += [("p", t) for t in tables.headline_paragraphs(d)]
     if d.slo:
         b.append(("p", "SLOs (ms): " + ", ".join(f"{k} ≤ {v:g}" for k, v in d.slo.items())

@@ -19,7 +19,7 @@ from prefixstudy.metrics.requests import measured
 from prefixstudy.results.migrate import migrate
 from prefixstudy.results.store import (ARMS, CONFIG, HEADLINE, ITERATIONS, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv,
                                        atomic_write_parquet, atomic_write_text, read_table, write_json)
-from prefixstudy.schema import SUMMARY_COLUMNS, typed_iterations, typed_requests
+from prefixstudy.schema import MACHINE_COLUMNS, SUMMARY_COLUMNS, typed_iterations, typed_requests
 
 __all__ = ["ARMS", "CONFIG", "HEADLINE", "ITERATIONS", "MANIFEST", "REQUESTS", "SUMMARY", "StudyResults", "atomic_write_csv",
            "atomic_write_parquet", "atomic_write_text", "find_run_dir", "load", "read_manifest", "read_summary", "typed_iterations",
@@ -98,6 +98,9 @@ def read_summary(path: Path) -> pd.DataFrame:
     for c in ("error", "status", "mode", "saturation_reason", "step_timing"):
         if c in df:  # one dtype for text, whether a column is all empty or not
             df[c] = df[c].astype(object)
+    for c in MACHINE_COLUMNS:  # "" where not known (a CPU has no GPU UUID)
+        if c in df:
+            df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str).astype(object)
     return df
 
 

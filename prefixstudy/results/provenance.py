@@ -7,13 +7,12 @@ import datetime as dt
 import os
 import socket
 import sys
-from pathlib import Path
 from importlib import metadata
 from typing import NamedTuple
 
 from prefixstudy import __version__
-from prefixstudy.schema import SERVER_FIELDS
-from prefixstudy.shared.machine import gpu_name_via_nvml, package_version  # noqa: F401 (provenance's names)
+from prefixstudy.schema import MACHINE_FIELDS, SERVER_FIELDS
+from prefixstudy.shared.machine import boot_id, gpu_name_via_nvml, package_version  # noqa: F401 (provenance's names)
 
 
 class Key(NamedTuple):
@@ -173,6 +172,7 @@ POINT_KEYS: dict[str, Key] = {
     "admission_limit": Key("integer | null", "requests the engine (all replicas) runs at once at most: "
                            "`max_num_seqs` x replicas; null: none or not known (the saturation check's \"ran "
                            "full\" rule)", optional=True),
+    **{k: Key("string", f"summary.csv's: {doc}", optional=True) for k, (_, doc) in MACHINE_FIELDS.items()},
     "saturated": Key("boolean", "summary.csv's `saturated`: the engine did not keep up (its latency is a bound)"),
     "hit_rate_ok": Key("boolean", "summary.csv's `hit_rate_ok`: the hit-rate check passed"),
     "accounting_ok": Key("boolean", "n_sent = n_ok + n_failed + n_unfinished: every planned request is a row"),
@@ -218,11 +218,7 @@ def device_uuid() -> str:
 def machine() -> dict:
     """Where the driver runs now: a run records one at its start and one at each resume, so a run
     whose attempts landed on different machines says so (a lent machine's host name can repeat)."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    return {"at": now(), "host": socket.gethostname(), "boot_id": boot, "device": device_name(),
+    return {"at": now(), "host": socket.gethostname(), "boot_id": boot_id(), "device": device_name(),
             "device_uuid": device_uuid()}
 
 

@@ -5,7 +5,8 @@ and saturation) from the point's own request and step records, then what needs t
 
 What the run measured is never touched: the records, config.yaml, and each point's status, error,
 requests sent and the engine's and server's own counters (read from summary.csv as the run wrote
-them).  A point a policy marked failed stays failed.
+them).  A point a policy marked failed stays failed.  A point's machine is its manifest entry's; an
+older run's points get what its manifest knows (``results.machines``), recorded in their entries.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from prefixstudy.errors import UserError
 from prefixstudy.metrics.requests import KEY, with_repeat
 from prefixstudy.metrics.summary import point_rows, summarize_point
 from prefixstudy.results.finish import finish_run
+from prefixstudy.results.machines import recorded_machine
 from prefixstudy.results.store import MANIFEST, REQUESTS, SUMMARY, atomic_write_csv, write_json
-from prefixstudy.schema import SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS
+from prefixstudy.schema import MACHINE_COLUMNS, SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS
 
 # summary.csv columns that record what the run saw rather than what is derived from the records.
 KEPT = ["status", "error", "n_sent", "duration_s", *SERVER_COLUMNS, *TIER_COLUMNS]
@@ -72,7 +74,7 @@ def rederive(run_dir: Path) -> pd.DataFrame:
     for old in study.summary.reindex(columns=SUMMARY_COLUMNS).to_dict("records"):
         key = (old["mode"], float(old["rate"]), int(old["repeat"]))
         point = points.get(key, {})
-        meta = _meta(old, point, limit)
+        meta = _meta(old, point, limit) | recorded_machine(study.manifest, {**dict(zip(KEY, key, strict=True)), **point})
         it = point_rows(its, meta) if its is not None else None
         row = summarize_point(point_rows(req, meta), meta, tolerance, it if it is not None and len(it) else None)
         rows.append(row)
@@ -83,6 +85,7 @@ def rederive(run_dir: Path) -> pd.DataFrame:
         if point:
             point["saturated"] = bool(row["saturated"]) and point.get("status", "ok") == "ok"
             point.setdefault("admission_limit", limit)  # what the check used: recorded, as a new run's
+            point.update({c: meta[c] for c in MACHINE_COLUMNS})  # where it ran, as far as the manifest knows
     atomic_write_csv(run_dir / SUMMARY, pd.DataFrame(rows, columns=SUMMARY_COLUMNS))
     manifest = study.manifest
     finish_run(run_dir, manifest)

@@ -29,6 +29,7 @@ from prefixstudy.runner.plan import point_plan, token_range, warmup_rows
 from prefixstudy.runner.records import iteration_frame, itl_summary, make_record
 from prefixstudy.runner.signals import stop_requested
 from prefixstudy.runner.warmup import batch_gap_ms, settled, skipped
+from prefixstudy.shared.machine import engine_machine
 from prefixstudy.schema import PointResult, RequestRecord, typed_iterations, typed_requests
 from prefixstudy.workloads.base import DatasetRow, group_prefixes
 
@@ -51,6 +52,7 @@ class ModeSession:
         self._sent: list[_Sent] = []
         self.cold = ColdStart(cfg.sweep.cache_isolation, mode, rows, self.caching, cfg.engine.max_model_len)
         self.warmup: dict = {}  # what the last warm-up did (runner.warmup), for the manifest's `engines`
+        self.machine: dict = {}  # where the engine runs, in every point's metadata (summary.csv's host, gpu_uuid, ...)
 
     async def __aenter__(self) -> "ModeSession":
         try:
@@ -65,8 +67,17 @@ class ModeSession:
             hint = "" if log else "; -v shows the engine's own log"
             raise StudyFailed(f"cache {self.mode.upper()}: the engine did not start ({describe_failure(e, log)}){hint}",
                               log=log) from e
+        self.machine = self._machine()
         await self._warm_up_or_close()
         return self
+
+    def _machine(self) -> dict:
+        """Where the engine runs (shared.machine.engine_machine), asked once it started.  A Ray
+        actor whose vLLM workers hold the GPUs, or a fleet of Ray replicas, names no one GPU."""
+        can = capabilities(self.cfg.engine.kind)
+        exact = can.gpus_in_process or not (self.ray_workers or self.replica_factory)
+        return engine_machine(can.gpu and self.cfg.device != "cpu" and self.replica_factory is None,
+                              here=not can.remote, exact=exact)
 
     async def _warm_up_or_close(self) -> None:
         try:
@@ -165,7 +176,7 @@ class ModeSession:
             probe_meta = e.meta if isinstance(e, ColdStartFailed) else cold
             return PointResult(self.mode, rate, typed_requests(pd.DataFrame([asdict(r) for r in recs])),
                                typed_iterations(), {"status": "failed", "error": why, "n_sent": n,
-                                                    "started_at": started_at, **probe_meta}, repeat)
+                                                    "started_at": started_at, **probe_meta, **self.machine}, repeat)
 
         await eng.begin_point()
         eng.begin_iterations()
@@ -198,7 +209,7 @@ class ModeSession:
                 "num_blocks": eng.num_blocks, "tier_blocks": int(eng.tier_blocks),
                 "evicted_blocks_estimated": evicted, **server,
                 "prefix_caching": self.caching, **cold,
-                "itl_ms": itl_summary(gaps, self.cfg.percentiles)}
+                "itl_ms": itl_summary(gaps, self.cfg.percentiles), **self.machine}
         req = typed_requests(pd.DataFrame([asdict(r) for r in records]))
         its = iteration_frame(self.mode, rate, samples, t0, repeat, timing)
         return PointResult(self.mode, rate, req, its, meta, repeat)

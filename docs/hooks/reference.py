@@ -2,7 +2,7 @@
 drift from it: reference/cli.md from the click commands, reference/config.md from the pydantic
 config models (every field with its type, default and description; each engine kind's own
 section), reference/results.md from the column tables of the results files (prefixstudy.schema,
-prefixstudy.metrics.headline; a sweep's parent: prefixstudy.capacity, prefixstudy.metrics.replicas)
+prefixstudy.metrics.headline; a sweep's parent: prefixstudy.sweep.capacity_axis, prefixstudy.metrics.replicas)
 and the manifest's key tables (prefixstudy.results.provenance)."""
 
 from __future__ import annotations
@@ -124,9 +124,9 @@ def results_files() -> list[tuple[str, str, dict[str, tuple[str, str]]]]:
 def sweep_files() -> list[tuple[str, str, dict[str, tuple[str, str]]]]:
     """(file name, what one row is, {column: (dtype, meaning)}) of every table a capacity or routing
     sweep writes at its parent folder, beside one ordinary run folder per capacity or policy."""
-    from prefixstudy.capacity import CAPACITY_FIELDS, TABLE
+    from prefixstudy.sweep.capacity_axis import CAPACITY_FIELDS, TABLE
     from prefixstudy.metrics.replicas import REPLICAS_FIELDS, REPLICAS_SUMMARY_FIELDS, ROUTING_FIELDS
-    from prefixstudy.routing_sweep import REPLICAS, REPLICAS_SUMMARY, ROUTING
+    from prefixstudy.sweep.routing_axis import REPLICAS, REPLICAS_SUMMARY, ROUTING
 
     return [
         (TABLE, "A capacity sweep's parent (`prefixstudy capacity`, or sweeps joined by `prefixstudy merge`): "

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from prefixstudy.arms import arm_label
+from prefixstudy.config.arms import arm_label
 from prefixstudy.metrics.headline import knee_bracket
 from prefixstudy.report import saturation_codes as sat_codes
 from prefixstudy.report.data import arm_text

@@ -13,7 +13,7 @@ import re
 
 import pandas as pd
 
-from prefixstudy.arms import arm_label
+from prefixstudy.config.arms import arm_label
 from prefixstudy.metrics.saturation import COMPLETION_MIN, FULL_LEVEL, FULL_SHARE, WAIT_SHARE
 
 # Rule -> (code, how its clause in saturation_reason starts), in the rules' order.

@@ -8,7 +8,7 @@ import pandas as pd
 
 from prefixstudy.metrics.headline import knee_bracket
 from prefixstudy.metrics.saturation import COMPLETION_MIN, FULL_LEVEL, FULL_SHARE, WAIT_SHARE
-from prefixstudy.arms import arm_label
+from prefixstudy.config.arms import arm_label
 from prefixstudy.report import saturation_codes as sat_codes
 from prefixstudy.report.data import ReportData, arm_text
 from prefixstudy.report.render import SAT_MARK
@@ -45,7 +45,7 @@ SATURATION_TEXT = (
 )
 INTERVAL_TEXT = (
     "Intervals are 95 %. With two or more repeats a rate's interval is Student's t over the repeats' own "
-    "values (metrics.bootstrap.over_repeats; coverage tested by simulation at 2, 3 and 5 repeats), so "
+    "values (shared.bootstrap.over_repeats; coverage tested by simulation at 2, 3 and 5 repeats), so "
     "run-to-run spread is inside it; with one repeat it is a moving-block bootstrap of consecutive "
     "requests, which cannot show that spread. An interval holds for the machine the study ran on: "
     "another machine of the same kind can fall outside it."

@@ -16,11 +16,11 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from prefixstudy.cachesim import SentRequest, simulate, simulate_timed
+from prefixstudy.engines.cachesim import SentRequest, simulate, simulate_timed
 from prefixstudy.config import StudyConfig
 from prefixstudy.engines import RequestTrace
 from prefixstudy.engines import pool as engine_pool
-from prefixstudy.engines.build import make_engine
+from prefixstudy.runner.engine_build import make_engine
 from prefixstudy.engines.registry import capabilities
 from prefixstudy.errors import StudyFailed, describe_failure
 from prefixstudy.runner.cold import ColdStart, ColdStartFailed

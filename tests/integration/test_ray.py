@@ -427,7 +427,7 @@ def test_a_two_cpu_cluster_takes_turns_a_b_b_a_on_one_actor_per_arm_through_an_s
     """Echo stands in for the default study's CPU engines: 2 CPUs place both actors, not side by
     side, so every point runs alone, A B then B A, as in process; an SLO search's later rounds take
     turns on the same actors."""
-    from prefixstudy.study import run_study
+    from prefixstudy.study.orchestrate import run_study
 
     base = {"engine": {"kind": "echo", "block_size": 16, "decode_ms_per_token": 2}, "executor": "ray",
             "ray.address": "local", "ray.num_cpus": 2, "arrivals.process": "constant", "dataset.prefix_len": 32,

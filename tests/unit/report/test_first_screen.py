@@ -26,7 +26,7 @@ from prefixstudy.report.render import MD_LINE_MAX, wrap_md
 from prefixstudy.report.saturation_codes import cell, codes
 from prefixstudy.report.tables import bound_mark
 from prefixstudy.results import typed_requests
-from prefixstudy.study import run_study
+from prefixstudy.study.orchestrate import run_study
 
 WORDS_MAX = 250  # before the report's first section
 

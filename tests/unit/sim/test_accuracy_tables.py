@@ -56,7 +56,7 @@ def _e2e_sim(rows: list[dict]) -> pd.Series:
 @pytest.mark.slow
 def test_the_table_is_what_the_code_gives_on_the_tp1_to_tp2_transfer(accuracy):
     """The tables above are checked against accuracy.csv; this checks accuracy.csv against the code on
-    the one-step-at-a-time path (``sim.cost.fit`` without a host part, ``sim.hardware.transfer``):
+    the one-step-at-a-time path (``costmodel.step_cost.fit`` without a host part, ``costmodel.transfer.transfer``):
     three of h200-tp2's points (ON at 1 req/s, OFF at 16 and at 24, the last before its knee)
     re-simulated from the fit on all of h200-tp1-sync, moved to TP 2 (virtual time: the same
     numbers).  The transferred model with its fixed cost 1 % higher is the wrong data the check must

@@ -1,4 +1,4 @@
-"""The default-engine step-cost forms: the simulator's (``sim.cost.fit``) and the ones it is compared
+"""The default-engine step-cost forms: the simulator's (``costmodel.step_cost.fit``) and the ones it is compared
 with (experiments/sim/async_forms.py): their designs on numbers worked by hand, the roofline, kv and
 shipped fits recovering known coefficients, the KV a step holds, and the forms' committed tables
 (experiments/results/sim-accuracy/async-forms/, async-forms-linear/, async-forms-roofline/,
@@ -24,7 +24,7 @@ def forms():
 def test_a_step_s_gemm_rows_fill_the_segments_in_order(forms):
     # one 1214-token prompt beside 20 decoders: T = 1234 rows
     steps = pd.DataFrame({"prefill_tokens": [1214, 0], "num_prefill_reqs": [1, 0], "decode_tokens": [20, 100]})
-    from prefixstudy.sim.cost import design
+    from prefixstudy.costmodel.step_cost import design
 
     row = design(steps, forms.PIECEWISE_TERMS)[0]
     assert row.tolist() == [1, 64, 64, 128, 256, 512, 210, 0, 0, 0, 20, 1, 1]
@@ -42,7 +42,7 @@ def roofline(forms, host_ms=3.0):
 
 
 def step(prefill, reqs, decode):
-    from prefixstudy.sim.step import StepFeatures
+    from prefixstudy.costmodel.step import StepFeatures
 
     return StepFeatures(prefill, decode, 0, reqs + decode, num_prefill_reqs=reqs)
 
@@ -95,7 +95,7 @@ def test_the_roofline_fit_keeps_a_split_that_one_more_round_would_not_better(for
     """On h200-cache-pressure-spans the alternation swings: four steps near the boundary change branch
     every round.  The fit keeps the better of the two whatever its round limit, so a further round
     from its split prices the steps no closer."""
-    from prefixstudy.sim.cost import busy_steps, load_steps
+    from prefixstudy.costmodel.step_cost import busy_steps, load_steps
 
     monkeypatch.setattr(forms, "ROOFLINE_ROUNDS", rounds)
     steps = load_steps(REPO / "experiments/results/h200-cache-pressure-spans")
@@ -114,7 +114,7 @@ def test_kv_tokens_are_the_blocks_a_lone_request_holds(forms):
     """On h200-tp1 at 1 req/s one request runs at a time: its 1214-token prompt holds 76 blocks of 16
     (1216 tokens), and a 77th from the step whose context passes 1216 tokens.  ON's requests share
     their prompt's blocks, so at 96 req/s ON holds under a tenth of OFF's KV."""
-    from prefixstudy.sim.cost import load_steps
+    from prefixstudy.costmodel.step_cost import load_steps
 
     d = REPO / "experiments/results/h200-tp1"
     s = load_steps(d)  # kv_tokens from the records' KV usage and the manifest's block count
@@ -127,7 +127,7 @@ def test_kv_tokens_are_the_blocks_a_lone_request_holds(forms):
 def test_the_kv_form_recovers_the_coefficients_that_made_the_steps(forms):
     """GPU spans made from known coefficients on h200-tp1's real steps (their terms, their KV): the
     kv form's fit gives them back, with an R² of 1, and prices a step with them."""
-    from prefixstudy.sim.cost import busy_steps, load_steps
+    from prefixstudy.costmodel.step_cost import busy_steps, load_steps
 
     d = REPO / "experiments/results/h200-tp1"
     s = load_steps(d)
@@ -147,11 +147,11 @@ def test_the_kv_form_recovers_the_coefficients_that_made_the_steps(forms):
 
 def test_the_shipped_fit_recovers_the_gpu_part_and_the_host_s_launch_that_made_the_steps(forms):
     """The steps of tests/unit/sim/test_async.launched_steps, with the KV a step holds (0 to 200
-    tokens) priced at 0.001 ms a token: the simulator's default-engine fit (``sim.cost.fit``) gives
+    tokens) priced at 0.001 ms a token: the simulator's default-engine fit (``costmodel.step_cost.fit``) gives
     back a GPU part that prices every step as it ran, and the host's launch (3 ms + 0.02 ms a decoder
     + 0.004 ms a hashed token); the priced steps span the host records exactly.  A host part fitted as
     a floor under each step (the kv form's) matches the records' 16-step sums with an R² under 0.9."""
-    from prefixstudy.sim.cost import fit
+    from prefixstudy.costmodel.step_cost import fit
 
     from tests.unit.sim.test_async import launched_steps
 
@@ -196,7 +196,7 @@ def test_near_on_s_knee_the_slow_repeats_are_the_ones_whose_host_loop_ran_past_t
     """At ON 32 and 56 req/s on h200-tp1 the measured repeats spread far more than the simulated ones
     (each on its own arrivals), and the repeats rank by how far their host records add up past their
     steps' GPU spans: the fastest has the least, the slowest the most."""
-    from prefixstudy.sim.cost import load_steps
+    from prefixstudy.costmodel.step_cost import load_steps
 
     steps = load_steps(REPO / "experiments/results/h200-tp1")
     on = steps[steps["mode"] == "on"]
@@ -218,7 +218,7 @@ def _prompt_and_decode_price_ratios(study: str) -> tuple[pd.DataFrame, pd.DataFr
     repeat's engine (its start, in the order the run started them)."""
     import json
 
-    from prefixstudy.sim.cost import busy_steps, fit_linear, load_steps
+    from prefixstudy.costmodel.step_cost import busy_steps, fit_linear, load_steps
 
     d = REPO / "experiments/results" / study
     steps = busy_steps(load_steps(d))

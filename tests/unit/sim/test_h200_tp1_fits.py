@@ -1,5 +1,5 @@
 """The two parts the simulator fits on h200-tp1's committed step records for vLLM's default engine:
-the GPU span and the host's launch (``sim.cost.fit_study``), and the linear form's host part."""
+the GPU span and the host's launch (``costmodel.step_cost.fit_study``), and the linear form's host part."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_default_engine_parts_fitted_on_h200_tp1():
-    """The GPU part and the host's launch ``sim.cost.fit_study`` fits on h200-tp1."""
-    from prefixstudy.sim.cost import fit_study
-    from prefixstudy.sim.step import ROW_TERMS
+    """The GPU part and the host's launch ``costmodel.step_cost.fit_study`` fits on h200-tp1."""
+    from prefixstudy.costmodel.step_cost import fit_study
+    from prefixstudy.costmodel.step import ROW_TERMS
 
     m = fit_study(REPO / "experiments/results/h200-tp1")
     c, h = m.coef_ms, m.host
@@ -30,7 +30,7 @@ def test_the_default_engine_parts_fitted_on_h200_tp1():
 
 
 def test_the_linear_forms_host_part_fitted_on_h200_tp1():
-    from prefixstudy.sim.cost import fit_linear, load_steps
+    from prefixstudy.costmodel.step_cost import fit_linear, load_steps
 
     h = fit_linear(load_steps(REPO / "experiments/results/h200-tp1"), async_scheduling=True).host
     assert set(h["coef_ms"]) == {"decode_tokens"} and "overlap" not in h

@@ -72,8 +72,8 @@ def synthetic_point(mode: str, rate: float, n: int, rng: np.random.Generator, wa
         "mode": mode, "rate": rate, "t_s": t, "step_ms": step, "num_running": running,
         "num_waiting": waiting, "kv_cache_usage": np.clip(running / 64, 0, 1),
         "prefix_queries": p_tok + (cached if mode == "on" else 0) * (p_tok > 0),
-        "prefix_hits": (cached if mode == "on" else 0) * (p_tok > 0), "prompt_tokens": p_tok,
-        "generation_tokens": g_tok,
+        "prefix_hits": (cached if mode == "on" else 0) * (p_tok > 0), "prefill_tokens": p_tok,
+        "decode_tokens": g_tok, "timing": "frontend", "step_start_s": t - step / 1e3,
     })
     return req, it
 

@@ -89,6 +89,8 @@ def _parse_sets(values: tuple[str, ...]) -> dict:
 @click.option("--percentiles", help="Percentiles of the bench export, e.g. 50,90,95,99.")
 @click.option("--goodput", help="Objectives in ms for goodput, e.g. ttft:200,e2e:2000.")
 @click.option("--slo", help="Search each arm's highest rate meeting these, e.g. e2e_p90:2000,ttft_p90:500 (ms).")
+@click.option("--capacity", is_flag=True, default=None,
+              help="Search each arm's highest sustained arrival rate (sweep.capacity_search); writes capacity.csv.")
 @click.option("--label", help="A name for this run (bench export label, manifest).")
 @click.option("--metadata", multiple=True, metavar="KEY=VALUE", help="Recorded in the manifest and bench export.")
 @click.option("--target-on", help="engine.kind http: base URL of the caching-ON server.")
@@ -103,7 +105,7 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
 
     overrides = _overrides(sets, rates=rates, modes=modes, num_requests=num_requests, out=out, executor=executor,
                            ray_address=ray_address, parallel=parallel)
-    if resume is not None and (overrides or any(v not in (None, ()) for v in peer.values())):
+    if resume is not None and (overrides or any(v not in (None, (), False) for v in peer.values())):
         raise UserError("--resume takes the recorded config; drop the other run options")
     if resume is None:
         from prefixstudy.cli.run_flags import peer_overrides
@@ -111,6 +113,8 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
 
         config = resolve_config(config)
         flags = peer_overrides(config, rates, **peer)
+        if "sweep.capacity_search" in flags:  # before the --set items, which may set its fields
+            overrides = {"sweep.capacity_search": flags.pop("sweep.capacity_search"), **overrides}
         if "engine" in flags:  # --target-on/off replace the engine section: the --set engine.* items go into it
             for key in [k for k in overrides if k.startswith("engine.")]:
                 node = flags["engine"]
@@ -134,13 +138,19 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         virtual = capabilities(cfg.engine.kind).virtual_time  # no executor, no device of this machine's
         cannot = device_problem(cfg) if not virtual else ""
         executor_name = resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address)
+        from prefixstudy.report.capacity_search import settings_line
+
+        search = cfg.sweep.capacity_search
         click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
-                   + (f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s" if cfg.sweep.slo is None else
+                   + ("capacity search" if search is not None else
+                      f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s" if cfg.sweep.slo is None else
                       "SLO search " + ",".join(f"{k}:{v:g}" for k, v in cfg.sweep.slo.objectives.items()) + " ms")
-                   + (f" x {cfg.sweep.repeats} repeats" if cfg.sweep.repeats > 1 else "")
+                   + (f" x {cfg.sweep.repeats} repeats" if cfg.sweep.repeats > 1 and search is None else "")
                    + (f", {cfg.replicas} replicas routed by {','.join(cfg.router.policies)}" if cfg.replicas > 1 else "")
                    + f", executor {'sim (virtual time)' if virtual else executor_name}; "
                    "nothing run (--dry-run)")
+        if search is not None:
+            click.echo(settings_line(search, cfg.sweep.num_requests, cfg.sweep.max_point_duration_s))
         from prefixstudy.sweep.axes import grid_axes
         from prefixstudy.sweep.run_sweep import cells
 
@@ -161,6 +171,10 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
     if is_sweep(run_dir):
         return _sweep_done(run_dir, report)
     _bench_table(run_dir)
+    from prefixstudy.report.capacity_search import console_lines
+
+    for line in console_lines(run_dir):  # a capacity search's answer: each arm's bracket and the ratio
+        click.echo(line)
     click.echo(f"results: {run_dir}")
     if report:
         from prefixstudy.report import build_report

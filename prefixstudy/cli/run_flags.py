@@ -65,13 +65,30 @@ def _targets(config: Path | None, on: str | None, off: str | None) -> dict:
     return {"engine": {"kind": "http", "targets": targets}, "sweep.modes": list(targets)}
 
 
+def capacity_overrides(config: Path | None, slo, rates) -> dict:
+    """--capacity: a capacity search with its defaults, unless the config has one (its fields stay)."""
+    if slo is not None:
+        raise UserError("--capacity and --slo both given: a run searches one answer; use one")
+    if rates is not None:
+        raise UserError("--capacity searches its own rates (sweep.capacity_search.start_rate, growth, "
+                        "max_rate); drop --rates / --request-rate")
+    from prefixstudy.config import read_yaml
+
+    data = read_yaml(config) if config is not None else None
+    sweep = data.get("sweep") if isinstance(data, dict) else None
+    return {} if isinstance(sweep, dict) and isinstance(sweep.get("capacity_search"), dict) \
+        else {"sweep.capacity_search": {}}
+
+
 def peer_overrides(config: Path | None, rates, *, request_rate=None, max_concurrency=None, seed=None,
-                   burstiness=None, percentiles=None, goodput=None, slo=None, label=None, metadata=(),
-                   target_on=None, target_off=None) -> dict:
+                   burstiness=None, percentiles=None, goodput=None, slo=None, capacity=None, label=None,
+                   metadata=(), target_on=None, target_off=None) -> dict:
     """The flags' dotted config overrides (only those given)."""
     if request_rate is not None and rates is not None:
         raise UserError("--request-rate and --rates both given; use one")
     out: dict = {}
+    if capacity:
+        out.update(capacity_overrides(config, slo, rates if rates is not None else request_rate))
     if request_rate is not None:
         out["sweep.rates"] = request_rate
     if max_concurrency is not None:

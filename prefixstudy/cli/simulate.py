@@ -30,9 +30,11 @@ from prefixstudy.errors import UserError
               help="Simulate points in this many processes.")
 @click.option("--stepwise", is_flag=True,
               help="Every step through vLLM's scheduler, no decode lane (slower; the same results).")
+@click.option("--capacity", is_flag=True,
+              help="Search each arm's highest sustained arrival rate (sweep.capacity_search); writes capacity.csv.")
 @click.option("--report/--no-report", default=True, show_default=True, help="Build the report at the end.")
 @click.option("-v", "--verbose", is_flag=True, help="Show vLLM's own log.")
-def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, stepwise, report, verbose):
+def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, stepwise, capacity, report, verbose):
     """Predict a study: CONFIG's sweep on the simulated engine (the whole sweep in seconds)."""
     from prefixstudy.config import load_config
     from prefixstudy.configs import resolve_config
@@ -40,7 +42,13 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, stepwi
     from prefixstudy.engines.sim import SimEngineConfig
 
     _console(verbose)
-    cfg = load_config(resolve_config(config), _overrides(sets, rates=rates, modes=modes, out=out))
+    config = resolve_config(config)
+    overrides = _overrides(sets, rates=rates, modes=modes, out=out)
+    if capacity:  # before the --set items, which may set its fields
+        from prefixstudy.cli.run_flags import capacity_overrides
+
+        overrides = {**capacity_overrides(config, None, rates), **overrides}
+    cfg = load_config(config, overrides)
     if capabilities(cfg.engine.kind).virtual_time:  # the simulator's own config names its calibration
         calibration, gpu = calibration or Path(cfg.engine.calibration), gpu or cfg.engine.gpu
     elif calibration is None:
@@ -61,6 +69,10 @@ def simulate(config, calibration, gpu, tp, out, rates, modes, sets, jobs, stepwi
         click.echo(f"error: {e}; the points simulated are saved in {getattr(e, 'run_dir', '?')}", err=True)
         sys.exit(1)
     click.echo(f"results: {run_dir}")
+    from prefixstudy.report.capacity_search import console_lines
+
+    for line in console_lines(run_dir):
+        click.echo(line)
     from prefixstudy.sim.fit_requests import fit_error_line
 
     if line := fit_error_line(run_dir):

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from prefixstudy.config.workload_specs import MixConfig, SessionsConfig, TraceConfig
 from prefixstudy.config.slo import SloSearchConfig
+from prefixstudy.config.capacity_search import CapacitySearchConfig
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -169,6 +170,9 @@ class SweepConfig(BaseModel):
     slo: SloSearchConfig | None = Field(None, description="Search each arm's highest rate meeting these "
                                         "objectives (`--slo e2e_p90:2000`) instead of running `rates`; None: "
                                         "run `rates`.")
+    capacity_search: CapacitySearchConfig | None = Field(
+        None, description="Search each arm's highest sustained arrival rate (`--capacity`) instead of running "
+        "`rates`; its points' lengths are its windows, not `min_duration_s`; None: run `rates`.")
 
     @field_validator("rates")
     @classmethod
@@ -205,6 +209,18 @@ class SweepConfig(BaseModel):
                 raise ValueError(f"only_repeats: {k} is not a repeat of 0..{self.repeats - 1}")
         if self.slo is not None and self.only_repeats is not None:
             raise ValueError("only_repeats: an SLO search runs its repeats where it ends; it cannot be split")
+        if self.capacity_search is not None:
+            if self.slo is not None:
+                raise ValueError("capacity_search: give either slo or capacity_search, not both")
+            if self.only_repeats is not None:
+                raise ValueError("only_repeats: a capacity search runs its repeats where it ends; it cannot be split")
+            if self.max_concurrency is not None:
+                raise ValueError("max_concurrency: a capacity search offers open-loop arrivals; a concurrency "
+                                 "limit would hold them back in the client, not in the engine")
+            # Its points need room for their whole schedule (and the backlog after it).
+            c = self.capacity_search
+            self.max_point_duration_s = max(self.max_point_duration_s, c.point_cap_s(),
+                                            *(1.25 * self.requests_for(r) / r for r in c.extent()))
         return self
 
     def baseline_arm(self) -> str | None:
@@ -212,14 +228,19 @@ class SweepConfig(BaseModel):
             return self.baseline
         return "off" if "off" in self.modes else None
 
-    def requests_for(self, rate: float) -> int:
+    def requests_for(self, rate: float, repeat: int | None = None) -> int:
+        """Requests of the point (rate, repeat); ``repeat`` None: the most any repeat may send."""
         if math.isinf(rate):  # everything at once: the duration is not the schedule's to set
             return self.num_requests
-        return max(self.num_requests, math.ceil(rate * self.min_duration_s))
+        c = self.capacity_search
+        seconds = self.min_duration_s if c is None else c.window_s(rate, repeat)
+        return max(self.num_requests, math.ceil(rate * seconds))
 
     def rate_extent(self) -> list[float]:
-        """The rates datasets and point limits are sized for: ``rates``, and an SLO search's range."""
-        return sorted({*self.rates, *(self.slo.extent(self.rates) if self.slo is not None else ())})
+        """The rates datasets and point limits are sized for: ``rates``, and a search's range."""
+        c = self.capacity_search
+        return sorted({*self.rates, *(self.slo.extent(self.rates) if self.slo is not None else ()),
+                       *(c.extent() if c is not None else ())})
 
     def points(self) -> list[tuple[float, int]]:
         """(rate, repeat) in the order they run: the whole sweep, then again for the next repeat

@@ -16,6 +16,11 @@ SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
 _OBJECTIVE = re.compile(r"(ttft|tpot|itl|e2e)_p(\d+(?:\.\d+)?)")
 
 
+def round_rate(x: float) -> float:
+    """3 significant digits: a rate that reads back from summary.csv and the manifest exactly."""
+    return float(f"{x:.3g}")
+
+
 def objective_parts(name: str) -> tuple[str, float]:
     """``"e2e_p90"`` -> ``("e2e", 90.0)``; ValueError naming the token otherwise."""
     m = _OBJECTIVE.fullmatch(name)

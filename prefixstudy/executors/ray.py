@@ -189,7 +189,7 @@ class _ModeRunner:
         except RayError as e:  # the call failed, the actor may live: recover() below will tell
             res = PointResult.failed(self.mode, rate, f"{type(e).__name__}: {' '.join(str(e).split())}"[:500],
                                      repeat, started_at=asked_at)
-        self.finished_requests += ex.cfg.sweep.requests_for(rate)
+        self.finished_requests += ex.cfg.sweep.requests_for(rate, repeat)
         ex.point_done(res)
         if res.meta.get("status") == "failed" and not self.dead:
             try:

@@ -41,7 +41,7 @@ class RunPlan:
 
     def requests(self, cfg: StudyConfig) -> int:
         """Requests the plan sends over every arm of ``cfg`` (the progress bar's total)."""
-        return sum(cfg.sweep.requests_for(r) for m in cfg.sweep.modes for r, _ in self.of(m))
+        return sum(cfg.sweep.requests_for(r, k) for m in cfg.sweep.modes for r, k in self.of(m))
 
     def record(self) -> dict:
         """The plan as the manifest keeps it."""

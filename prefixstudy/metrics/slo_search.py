@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from prefixstudy.config.slo import SloSearchConfig, objective_parts
+from prefixstudy.config.slo import SloSearchConfig, objective_parts, round_rate
 from prefixstudy.metrics.requests import split_outcomes
 
 # Why an arm's search stopped (the manifest, slo.csv's readers, the report).
@@ -77,11 +77,6 @@ def verdict(point: dict, objectives: dict[str, float]) -> str:
         if v is None or not v <= bound:
             return MISSED
     return MET
-
-
-def round_rate(x: float) -> float:
-    """3 significant digits: a rate that reads back from summary.csv and the manifest exactly."""
-    return float(f"{x:.3g}")
 
 
 @dataclass
@@ -144,13 +139,20 @@ def search_arm(arm: str, points: list[dict], spec: SloSearchConfig, repeats: int
             done = SATURATED if s.hi_verdict == SATURATED else CONVERGED
         else:
             nxt = mid
+    have = {int(p.get("repeat", 0)) for p in points if float(p["rate"]) == s.lo}
+    return next_step(s, done, [(s.lo, k) for k in range(repeats) if k not in have], nxt, spec.max_probes)
+
+
+def next_step(s, done: str | None, owed: list[tuple[float, int]], nxt: float | None, max_probes: int):
+    """A search's (ArmSearch or capacity_search.CapacitySearch) step once it knows whether its
+    bracket is final (``done``, why): the repeats it still owes there, and when none, the stop;
+    else its next probe ``nxt``, unless it has probed ``max_probes`` rates."""
     if done is not None:
-        have = {int(p.get("repeat", 0)) for p in points if float(p["rate"]) == s.lo}
-        s.next_points = [(s.lo, k) for k in range(repeats) if k not in have]
-        if not s.next_points:
+        s.next_points = owed
+        if not owed:
             s.stopped = done
         return s
-    if len(s.rates) >= spec.max_probes:
+    if len(s.rates) >= max_probes:
         s.stopped = MAX_PROBES
         return s
     s.next_points = [(nxt, 0)]

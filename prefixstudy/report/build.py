@@ -24,7 +24,7 @@ from prefixstudy.metrics.requests import counted, parse_slo
 from prefixstudy.report import arms as arm_report, bench_import, figure_kit as kit, figures as plots, first_screen, tables
 from prefixstudy.report import closure as closure_report, gain_split as split_report, machines as machine_report
 from prefixstudy.report import order as order_report
-from prefixstudy.report import prediction, saturation_codes as sat_codes, slo as slo_report
+from prefixstudy.report import capacity_search, prediction, saturation_codes as sat_codes, slo as slo_report
 from prefixstudy.report.data import ReportData, analyze, norm_rate
 from prefixstudy.report.render import FORMATS, PLOTS_DIR, SavedFigure, write_report
 from prefixstudy.results import HEADLINE, MANIFEST, SUMMARY, find_run_dir, load, write_json
@@ -242,6 +242,7 @@ def report_blocks(d: ReportData, figs: list[SavedFigure], model: tuple[list[str]
     said = prediction.of_run(d.study.manifest, d.study.path)  # a simulation's error, before any number
     b = first_screen_blocks(d, f, said[:1])
     b += slo_report.blocks(d.study.manifest, d.study.summary, d.head, d.arms)  # an SLO search's answer
+    b += capacity_search.blocks(d.study.path)  # a capacity search's answer
     if said[1:]:
         b += [("h2", "Prediction error"), *(("p", t) for t in said[1:])]
     b += _arm_blocks(d, f)

@@ -93,6 +93,11 @@ MANIFEST_KEYS: dict[str, Key] = {
                       "(lowest missed; null: none), `hi_verdict`, `final_rate_req_s`, `repeats_met`, `stopped` "
                       "(converged, saturated, max rate, min rate, failures, max probes; null: still searching)",
                       optional=True),
+    "capacity_search": Key("object", "`sweep.capacity_search`: the search's settings (its config fields) and per "
+                           "arm under `arms`: `rates_tried_req_s` in order, `lo_rate_req_s` (highest rate judged "
+                           "sustained), `hi_rate_req_s` (lowest not; null: none), `next_points` ([rate, repeat] still "
+                           "to run), `stopped` (converged, max rate, min rate, failures, max probes, resolution; null: "
+                           "still searching), `contradictions`; capacity.csv holds the answer", optional=True),
     "sim": Key("object", "a simulated run: the calibration, GPU, TP, blocks and block size simulated, the cost "
                "model's file and transfer (`source`, `target`, `scale`, `extrapolations`), `wall_s`",
                optional=True),

@@ -35,7 +35,7 @@ def point_plan(cfg: StudyConfig, dataset: list[DatasetRow], rate: float,
     schedule in order; a trace replays its recorded times unless told to draw them.  Each repeat
     draws its own schedule; ON and OFF of one repeat the same one (they are paired by index).
     The runner and the simulator (``sim.sessions``) both follow it."""
-    n, L = cfg.sweep.requests_for(rate), len(dataset)
+    n, L = cfg.sweep.requests_for(rate, repeat), len(dataset)
     rows = [dataset[i % L] for i in range(n)]
     # The dataset wraps around: a parent sits as many rows back as in the dataset.
     parents = [i - (i % L - r.parent) if r.parent >= 0 else -1 for i, r in enumerate(rows)]

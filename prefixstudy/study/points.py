@@ -76,7 +76,7 @@ class Study:
         per arm; interleaved arms keep taking turns over every pending point, skipping the arms
         that have it."""
         cfg = self.cfg
-        if cfg.sweep.slo is not None:  # an SLO search's next round (prefixstudy.study.slo_rounds)
+        if slo_rounds.searching(cfg):  # a search's next round (prefixstudy.study.slo_rounds)
             self._asked_at = self._recorded()
             return slo_rounds.pending(cfg, self.writer)
         done = {point_key(p) for p in self.writer.points if p.get("status") == "ok"}
@@ -99,18 +99,20 @@ class Study:
         return out
 
     def next_round(self) -> list[tuple[StudyConfig, RunPlan]]:
-        """After the pending points ran: an SLO search's next round; a sweep has none."""
-        if self.cfg.sweep.slo is None:
+        """After the pending points ran: a search's next round; a sweep has none."""
+        kind = slo_rounds.searching(self.cfg)
+        if kind is None:
             return []
         if self._recorded() == self._asked_at:
-            raise StudyFailed("SLO search: a round recorded no point; stopping rather than asking again")
+            raise StudyFailed(f"{'SLO' if kind == 'slo' else 'capacity'} search: a round recorded no point; "
+                              "stopping rather than asking again")
         return self.pending()
 
     def take_round(self, modes: list[str]) -> tuple[StudyConfig, RunPlan] | None:
         """For an executor whose engines of ``modes`` are still up: an SLO search's next round when
         it runs on them alone (one config), so no engine starts again between rounds; None
         otherwise (then ``next_round`` hands it out, or nothing is left)."""
-        if self.cfg.sweep.slo is None or self._recorded() == self._asked_at:
+        if not slo_rounds.searching(self.cfg) or self._recorded() == self._asked_at:
             return None  # nothing recorded since the last round: next_round's check says so
         work = slo_rounds.pending(self.cfg, self.writer)
         if len(work) != 1 or not set(work[0][0].sweep.modes) <= set(modes):

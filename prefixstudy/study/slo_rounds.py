@@ -1,11 +1,13 @@
-"""The SLO search inside a run (``sweep.slo``): which points the study runs next, round by round.
+"""A search inside a run: which points the study runs next, round by round.  Two kinds:
+``sweep.slo`` (each arm's highest rate meeting latency objectives, ``metrics.slo_search``) and
+``sweep.capacity_search`` (each arm's highest sustained arrival rate, ``metrics.capacity_search``).
 
-Each round every arm still searching gets its next rate (or the repeats at its final rate) from
-``metrics.slo_search``, decided from the points recorded so far, and the round runs through the
-study's point loop as a sweep's points do: same folder, same rows, same point policy, the arms
-taking turns (their order flips each round).  The search's state is in its recorded points only,
-so a resumed run carries on where it stopped.  Each round also records the search: the manifest's
-``slo_search`` and ``slo.csv``.
+Each round every arm still searching gets its next rate (or its repeats) from its search, decided
+from the points recorded so far, and the round runs through the study's point loop as a sweep's
+points do: same folder, same rows, same point policy, the arms taking turns (their order flips
+each round).  The search's state is in its recorded points only, so a resumed run carries on where
+it stopped.  Each round also records the search: the manifest's ``slo_search`` and ``slo.csv``, or
+its ``capacity_search`` and ``capacity.csv`` (and a line on the console).
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from tqdm import tqdm
+
+from prefixstudy.metrics import capacity_search as cap
 from prefixstudy.metrics.slo_search import arm_record, objective_values, probe_rows, search_arm
 from prefixstudy.results.store import atomic_write_csv
 from prefixstudy.executors.run_plan import RunPlan
+from prefixstudy.schema import point_key
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
@@ -24,6 +30,12 @@ if TYPE_CHECKING:
     from prefixstudy.schema import PointResult
 
 SLO_CSV = "slo.csv"
+CAPACITY_CSV = "capacity.csv"
+
+
+def searching(cfg: "StudyConfig") -> str | None:
+    """The kind of search the run makes (``slo``, ``capacity``), None for a sweep of ``rates``."""
+    return "slo" if cfg.sweep.slo is not None else "capacity" if cfg.sweep.capacity_search is not None else None
 
 
 def add_objective_values(cfg: "StudyConfig", res: "PointResult") -> None:
@@ -33,13 +45,34 @@ def add_objective_values(cfg: "StudyConfig", res: "PointResult") -> None:
         res.meta["slo_ms"] = objective_values(res.requests, res.meta.get("itl_ms"), cfg.sweep.slo.objectives)
 
 
-def searches(cfg: "StudyConfig", points: list[dict]) -> dict:
-    """Each arm's search (metrics.slo_search.ArmSearch), from the recorded points."""
+def searches(cfg: "StudyConfig", writer: "ResultsWriter") -> dict:
+    """Each arm's search (metrics.slo_search.ArmSearch or metrics.capacity_search.CapacitySearch),
+    from the recorded points (a capacity search reads their summary rows too)."""
+    if cfg.sweep.capacity_search is not None:
+        points = [{**writer.rows.get(point_key(p), {}), **p} for p in writer.points]
+        return {m: cap.search_arm(m, [p for p in points if p["mode"] == m], cfg.sweep.capacity_search)
+                for m in cfg.sweep.modes}
     spec = cfg.sweep.slo.resolved(cfg.sweep.rates)
-    return {m: search_arm(m, [p for p in points if p["mode"] == m], spec, cfg.sweep.repeats) for m in cfg.sweep.modes}
+    return {m: search_arm(m, [p for p in writer.points if p["mode"] == m], spec, cfg.sweep.repeats)
+            for m in cfg.sweep.modes}
+
+
+def record_capacity(cfg: "StudyConfig", writer: "ResultsWriter", found: dict) -> None:
+    """The manifest's ``capacity_search`` and capacity.csv, and one console line for the round."""
+    spec = cfg.sweep.capacity_search
+    writer.manifest["capacity_search"] = {**spec.model_dump(), "arms": {m: cap.arm_record(s) for m, s in found.items()}}
+    rows = cap.capacity_rows(found, cfg.sweep.baseline_arm())
+    atomic_write_csv(writer.dir / CAPACITY_CSV, pd.DataFrame(rows, columns=cap.COLUMNS))
+    writer.save_manifest()
+    line = f"capacity search after {len(writer.points)} points: " + "; ".join(s.line() for s in found.values())
+    if writer.points and line != getattr(writer, "said", None):  # a round is planned once, maybe asked twice
+        writer.said = line
+        tqdm.write(line)
 
 
 def record(cfg: "StudyConfig", writer: "ResultsWriter", found: dict) -> None:
+    if cfg.sweep.capacity_search is not None:
+        return record_capacity(cfg, writer, found)
     spec = cfg.sweep.slo.resolved(cfg.sweep.rates)
     writer.manifest["slo_search"] = {
         "objectives_ms": dict(spec.objectives), "tolerance": spec.tolerance, "growth": spec.growth,
@@ -55,7 +88,7 @@ def record(cfg: "StudyConfig", writer: "ResultsWriter", found: dict) -> None:
 def pending(cfg: "StudyConfig", writer: "ResultsWriter") -> list[tuple["StudyConfig", RunPlan]]:
     """The next round, as Study.pending gives a sweep's points: (config restricted to the arms
     concerned, their plan); none when every arm's search has stopped.  Records the search so far."""
-    found = searches(cfg, writer.points)
+    found = searches(cfg, writer)
     record(cfg, writer, found)
     todo = {m: s.next_points for m, s in found.items() if s.next_points}
     if not todo:

@@ -32,8 +32,8 @@ def test_the_walk_reaches_every_config_model():
     assert {c.__name__ for c in config_classes().values()} <= names
     assert {"StudyConfig", "DatasetConfig", "ArrivalConfig", "SweepConfig", "CheckConfig", "RayConfig", "RouterConfig",
             "ArmConfig", "OffloadConfig", "MixConfig", "SessionsConfig", "TraceConfig", "LengthDist",
-            "SloSearchConfig", "EngineWarmupConfig"} <= names
-    assert len(names) == 21  # the 15 above and the six engine kinds
+            "SloSearchConfig", "CapacitySearchConfig", "EngineWarmupConfig"} <= names
+    assert len(names) == 22  # the 16 above and the six engine kinds
 
 
 def test_every_config_field_has_a_description():

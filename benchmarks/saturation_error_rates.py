@@ -5,17 +5,22 @@ fit of the committed h200-tp1-sync study), at loads relative to each mode's meas
 * **Capacity** of a mode: its completions per second through the second half of a flood (requests
   arriving at 3x a first guess for ``FLOOD_S`` seconds), when the engine runs full all the time.
   Below it a stationary engine keeps up; above it the backlog grows by 1 - 1/load of the arrivals.
-* **Points**: the shipped GPU configs' lengths (``LENGTHS``), each repeat its own Poisson draw
-  (repeat k draws the schedule with seed + k, as a study's repeats do), ON and OFF.
+* **Points**: windows of 15 to 90 s of arrivals and a fixed count of requests (``LENGTHS``), each
+  repeat its own Poisson draw (repeat k draws the schedule with seed + k, as a study's repeats do),
+  ON and OFF.  A point's backlog trend and its arrival rate are kept, so the trend test's own error
+  rate by window length (``trend_false``) can be read beside the verdicts: it sets
+  ``metrics.saturation.MIN_TREND_WINDOW_S``.
 * **Verdict**: ``metrics.saturation.saturation`` on the point's records, as a study computes it.
 
 Writes ``benchmarks/results/saturation_error_rates.jsonl`` (one row per point, plus one per mode's
 capacity) and rewrites the tables in ``docs/saturation.md`` from it.  ``--table`` only rewrites the
 tables.  tests/unit/metrics/test_saturation_rates.py checks the tables against the file, the targets
 (at most 2 % flagged at <= 0.8 of capacity, at least 95 % at >= 1.1) and re-simulates points of the
-file to the same verdict.
+file to the same verdict.  ``--lengths`` runs only those lengths and keeps the file's other rows (and
+its capacities): the committed file holds 100 repeats of the 15-s, 30-s and 84-request points and
+20 of the 60-s and 90-s ones (those cost several times more to simulate).
 
-    python benchmarks/saturation_error_rates.py [--repeats 100] [--jobs 2] [--table]
+    python benchmarks/saturation_error_rates.py [--repeats 100] [--jobs 2] [--lengths "60 s,90 s"] [--table]
 """
 
 from __future__ import annotations
@@ -33,11 +38,12 @@ OUT = REPO / "benchmarks" / "results" / "saturation_error_rates.jsonl"
 DOC = REPO / "docs" / "saturation.md"
 CALIBRATION = REPO / "experiments" / "results" / "h200-tp1-sync"
 CONFIG = "h200-tp1-sync"
-LOADS = (0.5, 0.8, 0.9, 1.0, 1.1, 1.2, 1.5)
+LOADS = (0.5, 0.8, 0.9, 1.0, 1.05, 1.1, 1.2, 1.5)
 # label -> (num_requests, min_duration_s): the shipped GPU configs' point lengths (h200-tp1, h200-tp2
-# and h200-replicas: 15 s of arrivals; the seed configs: 30 s), and a fixed count of requests as
-# h200-offload's, whose window shrinks with the rate.
-LENGTHS = {"15 s": (20, 15.0), "30 s": (40, 30.0), "84 requests": (84, 0.0)}
+# and h200-replicas: 15 s of arrivals; the seed configs: 30 s), longer windows (60 s: the capacity
+# search's points near the edge), and a fixed count of requests as h200-offload's, whose window
+# shrinks with the rate.
+LENGTHS = {"15 s": (20, 15.0), "30 s": (40, 30.0), "60 s": (40, 60.0), "90 s": (40, 90.0), "84 requests": (84, 0.0)}
 TARGET_LENGTHS = ("15 s", "30 s")  # the targets hold for these; a fixed count is reported beside them
 FLOOD_S = 60.0
 FLOOD_GUESS = {"on": 50.0, "off": 20.0}  # req/s, a first guess of each mode's capacity on one H200
@@ -119,7 +125,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
         return math.nan, math.nan
     p = k / n
     mid, half = (p + z * z / (2 * n)), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (mid - half) / (1 + z * z / n), (mid + half) / (1 + z * z / n)
+    return max(0.0, (mid - half) / (1 + z * z / n)), min(1.0, (mid + half) / (1 + z * z / n))
 
 
 def rates(rows: list[dict], verdict: str = "saturated") -> list[dict]:
@@ -132,6 +138,34 @@ def rates(rows: list[dict], verdict: str = "saturated") -> list[dict]:
             out[k] = (n + 1, f + bool(r[verdict]))
     return [{"length": k[0], "mode": k[1], "load": k[2], "points": n, "flagged": f, "share": f / n,
              "lo": wilson(f, n)[0], "hi": wilson(f, n)[1]} for k, (n, f) in sorted(out.items())]
+
+
+def trend(row: dict) -> bool:
+    """The trend test's own verdict on a point as it decides where the limit is known (rule 5 of
+    metrics.saturation, ``sure``), whatever the window."""
+    from prefixstudy.metrics.saturation import trend_grew
+
+    return trend_grew(row["backlog_growth_per_s"], row["backlog_growth_lo"], row["arrival_rate"], sure=True)
+
+
+def calm(rows: list[dict], length: str, mode: str | None = None, verdict=None) -> tuple[int, int]:
+    """(points, flagged) at loads <= ``STATIONARY_MAX`` of ``length`` (and ``mode``), by ``verdict``
+    (a row's key, or a function of the row)."""
+    pts = [r for r in rows if r["kind"] == "point" and r["length"] == length and r["load"] <= STATIONARY_MAX
+           and mode in (None, r["mode"])]
+    flag = verdict if callable(verdict) else (lambda r: bool(r[verdict or "saturated"]))
+    return len(pts), sum(map(flag, pts))
+
+
+def trend_false(rows: list[dict]) -> dict[str, dict[tuple[str, float], tuple[int, int]]]:
+    """Per window length (the lengths of a fixed duration), per mode and load <= ``STATIONARY_MAX``:
+    (points, flagged by the trend alone), the basis of ``MIN_TREND_WINDOW_S``."""
+    out: dict = {}
+    for r in rows:
+        if r["kind"] == "point" and LENGTHS[r["length"]][1] > 0 and r["load"] <= STATIONARY_MAX:
+            n, f = out.setdefault(r["length"], {}).get((r["mode"], r["load"]), (0, 0))
+            out[r["length"]][(r["mode"], r["load"])] = (n + 1, f + trend(r))
+    return out
 
 
 def half_load(share: list[tuple[float, float]]) -> float:
@@ -158,12 +192,14 @@ def meets_targets(table: list[dict]) -> list[str]:
 
 def markdown(rows: list[dict], verdict: str = "saturated") -> str:
     """A docs table: points flagged by ``verdict`` of those run, by load, per point length and
-    mode, and the load at which half are flagged."""
+    mode, the load at which half are flagged, and the share flagged at loads <= ``STATIONARY_MAX``
+    with its 95 % Wilson interval."""
     caps = {r["mode"]: r["capacity_req_s"] for r in rows if r["kind"] == "capacity"}
     table = rates(rows, verdict)
     loads = sorted({r["load"] for r in table})
-    head = "| point length | mode | capacity | " + " | ".join(f"{x:g}x" for x in loads) + " | 50 % flagged at |"
-    lines = [head, "|" + "---|" * (len(loads) + 4)]
+    head = ("| point length | mode | capacity | " + " | ".join(f"{x:g}x" for x in loads)
+            + f" | 50 % flagged at | flagged at ≤ {STATIONARY_MAX:g}x [95 % CI] |")
+    lines = [head, "|" + "---|" * (len(loads) + 5)]
     for length in LENGTHS:
         for mode in ("on", "off"):
             at = {r["load"]: r for r in table if r["length"] == length and r["mode"] == mode}
@@ -172,8 +208,10 @@ def markdown(rows: list[dict], verdict: str = "saturated") -> str:
             cells = [f"{at[x]['flagged']}/{at[x]['points']}" if x in at else "" for x in loads]
             half = half_load([(x, r["share"]) for x, r in at.items()])
             reached = f"{half:.2f}x" if math.isfinite(half) else "not reached"
+            n, f = calm(rows, length, mode, verdict)
+            lo, hi = wilson(f, n)
             lines.append(f"| {length} | {mode.upper()} | {caps[mode]:.1f} req/s | " + " | ".join(cells)
-                         + f" | {reached} |")
+                         + f" | {reached} | {f}/{n} [{lo:.1%}, {hi:.1%}] |")
     return "\n".join(lines)
 
 
@@ -195,17 +233,31 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=100, help="points per length x mode x load")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--lengths", help="comma-separated LENGTHS labels to run; the file's other rows stay")
+    ap.add_argument("--loads", help="comma-separated loads to run (default: LOADS); the file's other rows stay")
     ap.add_argument("--table", action="store_true", help="only rewrite the docs table from the results file")
     a = ap.parse_args()
     if not a.table:
-        caps = [capacity(m) for m in ("on", "off")]
+        lengths = a.lengths.split(",") if a.lengths else list(LENGTHS)
+        loads = [float(x) for x in a.loads.split(",")] if a.loads else list(LOADS)
+        if unknown := [x for x in lengths if x not in LENGTHS] + [str(x) for x in loads if x not in LOADS]:
+            print(f"--lengths/--loads: unknown {', '.join(unknown)}; known: {list(LENGTHS)}, {list(LOADS)}",
+                  file=sys.stderr)
+            return 2
+        part = bool(a.lengths or a.loads)
+        kept = read_rows() if part else []
+        caps = [r for r in kept if r["kind"] == "capacity"] or [capacity(m) for m in ("on", "off")]
         for c in caps:
             print(f"{c['mode']}: capacity {c['capacity_req_s']:.2f} req/s", flush=True)
         cap = {c["mode"]: c["capacity_req_s"] for c in caps}
-        todo = [(m, length, x, cap[m], k) for length in LENGTHS for m in ("on", "off") for x in LOADS
+        todo = [(m, length, x, cap[m], k) for length in lengths for m in ("on", "off") for x in loads
                 for k in range(FIRST_REPEAT, FIRST_REPEAT + a.repeats)]
         with ProcessPoolExecutor(a.jobs) as ex:
-            pts = list(ex.map(_point, todo, chunksize=8))
+            pts = list(ex.map(_point, todo, chunksize=4))
+        run = {(r["length"], r["load"]) for r in pts}
+        old = [r for r in kept if r["kind"] == "point" and (r["length"], r["load"]) not in run]
+        order = {k: i for i, k in enumerate(LENGTHS)}
+        pts = sorted(old + pts, key=lambda r: (order[r["length"]], r["mode"] != "on", r["load"], r["repeat"]))
         OUT.write_text("".join(json.dumps(r) + "\n" for r in caps + pts))
     rows = read_rows()
     DOC.write_text(with_tables(DOC.read_text(), rows))
@@ -213,6 +265,8 @@ def main() -> int:
     bad = meets_targets(rates(rows))
     for b in bad:
         print("misses a target:", b)
+    for length, at in trend_false(rows).items():
+        print(f"trend alone, {length}: " + ", ".join(f"{m} {x:g}x {f}/{n}" for (m, x), (n, f) in sorted(at.items())))
     return 1 if bad else 0
 
 

@@ -27,7 +27,7 @@ from prefixstudy.config.capacity_search import CapacitySearchConfig
 from prefixstudy.metrics.slo_search import (CONVERGED, FAILURES, MAX_PROBES, MAX_RATE, MIN_RATE, gain_bracket, next_step,
                                             round_rate)
 
-RESOLUTION = "resolution"  # the ends are adjacent 3-digit rates yet wider apart than the tolerance in arrivals
+RESOLUTION = "resolution"  # the offered ends are adjacent, or within half the tolerance, yet arrivals are wider apart
 STOP_REASONS = (CONVERGED, MAX_RATE, MIN_RATE, FAILURES, MAX_PROBES, RESOLUTION)
 
 SUSTAINED, SATURATED, ERRORS, FAILED = "sustained", "saturated", "errors", "failed"  # a point's verdict
@@ -81,15 +81,16 @@ class CapacitySearch:
         return SUSTAINED if up > down else TIE if up == down else SATURATED
 
     def arrival(self, end: str) -> float:
-        """The bracket's end as an actual arrival rate, conservatively: the slowest arrivals of the
-        sustained end's sustained repeats, the fastest of the other end's unsustained ones (the
-        offered rate where a repeat has no arrival rate)."""
+        """The bracket's end as an actual arrival rate: the mean arrivals of the repeats that agree
+        with the end's verdict (the offered rate where a repeat has no arrival rate).  A mean, not
+        the extreme repeat: each window's Poisson count moves its rate by a few per cent, which
+        bisecting further cannot shrink."""
         rate = self.lo if end == "lo" else self.hi
         if rate is None:
             return math.nan
         agree = [p for p in self.points[rate] if (verdict(p) == SUSTAINED) == (end == "lo")]
         vals = [v if math.isfinite(v := _num(p.get("arrival_rate"))) else rate for p in agree]
-        return min(vals) if end == "lo" else max(vals)
+        return sum(vals) / len(vals)
 
     def width(self) -> float:
         return self.arrival("hi") / self.arrival("lo") if self.lo is not None and self.hi is not None else math.nan
@@ -139,7 +140,9 @@ def search_arm(arm: str, points: list[dict], spec: CapacitySearchConfig) -> Capa
         mid = round_rate(math.sqrt(s.lo * s.hi))
         if s.width() <= 1 + spec.tolerance:
             done = CONVERGED
-        elif not s.lo < mid < s.hi:
+        elif not s.lo < mid < s.hi or s.hi / s.lo <= math.sqrt(1 + spec.tolerance):
+            # Offered rates within half the tolerance yet arrivals wider apart: the arrivals' own
+            # noise, which a closer pair of rates would not narrow.
             done = RESOLUTION
         else:
             nxt = mid

@@ -137,13 +137,15 @@ def test_capacity_rows_give_each_end_its_evidence_and_the_ratio_its_bracket():
                     "off": [(22.6, 0, "sustained", 22.0), (22.6, 1, "sustained", 23.0), (24.7, 0, "errors", 24.5),
                             (24.7, 1, "saturated", 25.0)]})
     on, off = rows["on"], rows["off"]
-    assert (on["sustained_req_s"], on["saturated_req_s"], on["bracket_width"]) == (69.0, 77.0, 77.0 / 69.0)
+    # each end: the mean arrivals of the repeats that agree with its verdict
+    assert (on["sustained_req_s"], on["saturated_req_s"]) == (69.75, 76.25)
+    assert on["bracket_width"] == 76.25 / 69.75
     assert (on["sustained_votes"], on["sustained_repeats"], on["saturated_votes"], on["saturated_repeats"]) == \
         (2, 2, 2, 2)
     assert on["ceiling_req_s"] == pytest.approx(76.1 * 0.9)  # the most completions/s of a saturated point
     assert off["saturated_reasons"] == "3 failed, 0 unfinished requests | completed 80% of arrivals in the window"
-    assert (on["ratio_lo"], on["ratio_hi"]) == (69.0 / 25.0, 77.0 / 22.0)
-    assert on["ratio_vs_baseline"] == pytest.approx(math.sqrt(69.0 * 77.0 / (22.0 * 25.0)))
+    assert (on["ratio_lo"], on["ratio_hi"]) == (69.75 / 24.75, 76.25 / 22.5)
+    assert on["ratio_vs_baseline"] == pytest.approx(math.sqrt(69.75 * 76.25 / (22.5 * 24.75)))
     assert math.isnan(off["ratio_vs_baseline"]) and on["contradictions"] == "" and on["baseline"] == "off"
 
 
@@ -160,3 +162,15 @@ def test_an_arm_without_an_upper_end_bounds_the_ratio_from_below_only():
     point_, lo, hi = ratio_bracket({"sustained_req_s": 512.0, "saturated_req_s": math.nan},
                                    {"sustained_req_s": 20.0, "saturated_req_s": 22.0})
     assert math.isnan(point_) and lo == 512.0 / 22.0 and hi == math.inf
+
+
+def test_offered_ends_within_half_the_tolerance_stop_on_the_arrivals_noise():
+    # 24.7 and 25.8 offered are 1.045 apart (under sqrt(1.10)), but their windows' arrivals came out
+    # 23.0 and 26.5 (1.15 apart): a rate between them would not narrow what the arrivals' noise sets
+    pts = [{**point(r, k, o, a), "mode": "off"} for r, k, o, a in [
+        (16, 0, "sustained", 16.0), (32, 0, "saturated", 32.0), (22.6, 0, "sustained", 22.6),
+        (26.9, 0, "saturated", 26.9), (24.7, 0, "sustained", 23.0), (24.7, 1, "sustained", 23.0),
+        (25.8, 0, "saturated", 26.5), (25.8, 1, "saturated", 26.5)]]
+    s = search_arm("off", pts, SPEC)
+    assert (s.lo, s.hi, s.stopped, s.next_points) == (24.7, 25.8, "resolution", [])
+    assert s.width() == 26.5 / 23.0

@@ -43,7 +43,7 @@ collect() {  # the newest run, as one archive plus its summary and manifest
   # requests.parquet/ and iterations.parquet/ are folders of per-point parts: the device tool
   # brings back at most 8 files, so the run travels as one archive.
   tar -czf "$OUT/$name/run.tgz" -C "$run" .
-  cp "$run"/{manifest.json,summary.csv} "$OUT/$name/" 2>/dev/null
+  cp "$run"/{manifest.json,summary.csv,capacity.csv} "$OUT/$name/" 2>/dev/null
   # An engine that did not start: its own log (from Ray's session files), readable without the archive.
   find "$run" -name engine-start.log | head -2 | while read -r f; do
     cp "$f" "$OUT/$name/$(basename "$(dirname "$f")")-engine-start.log"; done

@@ -13,6 +13,7 @@ from prefixstudy.metrics import headline, saturation
 from prefixstudy.shared import bootstrap
 from prefixstudy.costmodel import engine_fit
 from prefixstudy.schema import typed_iterations, typed_requests
+from prefixstudy.results.migrate import migrate
 
 
 def point(e2e_ms, gap_s=1.0, mode="on", rate=1.0, repeat=0, errors=None):
@@ -189,10 +190,11 @@ def test_fit_recovers_the_step_cost_and_the_share_is_exact():
 
 def test_frontend_timed_steps_after_idle_are_not_busy_time():
     # Old runs: the first record after an idle spell (nothing in flight before it) carries the gap.
-    it = typed_iterations(pd.DataFrame({
+    old = pd.DataFrame({
         "mode": "on", "rate": 1.0, "t_s": [1.0, 1.02, 1.04, 3.0, 3.02], "step_ms": [np.nan, 20, 20, 1960, 20],
         "prompt_tokens": [62, 0, 0, 62, 0], "generation_tokens": [1, 1, 1, 1, 1],
-        "num_running": [1, 1, 0, 1, 1], "num_waiting": 0}))
+        "num_running": [1, 1, 0, 1, 1], "num_waiting": 0})
+    it = typed_iterations(migrate({"iterations": old}, {})[0]["iterations"])  # as a folder's reader brings them
     assert (it["timing"] == "frontend").all() and it["prefill_tokens"].tolist() == [62, 0, 0, 62, 0]
     assert engine_fit.busy_steps(it)["t_s"].tolist() == [1.02, 1.04, 3.02]  # 1960 ms after idle: dropped
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from prefixstudy.engines.registry import BACKENDS, capabilities
 from prefixstudy.schema import MACHINE_COLUMNS
 
 NONE = dict.fromkeys(MACHINE_COLUMNS, "")
@@ -33,7 +34,8 @@ def recorded_machine(manifest: dict, point: dict) -> dict[str, str]:
     own where it recorded them, else what ``manifest`` knows (see the module docstring)."""
     if any(c in point for c in MACHINE_COLUMNS):
         return {c: str(point.get(c) or "") for c in MACHINE_COLUMNS}
-    if manifest.get("executor") == "sim":
+    kind = manifest.get("engine")
+    if isinstance(kind, str) and kind in BACKENDS and capabilities(kind).virtual_time:  # simulated: no machine
         return dict(NONE)
     entries = manifest.get("machines") or []
     started = point.get("started_at")

@@ -24,13 +24,13 @@ REQUIRED = {"sim": {"calibration": "x"}, "http": {"targets": {"on": "http://127.
 EXPECTED = {
     "vllm": Capabilities(needs_vllm=True, replicas=True, cpu_tier=True,
                          capacity_units=("blocks", "bytes", "share", "offload_gib"), cache_salt=True,
-                         shared_steps=True),
+                         shared_steps=True, gpu=True),
     "echo": Capabilities(replicas=True, capacity_units=("blocks", "tier_blocks"), local_by_default=True,
                          cache_salt=True),
-    "http": Capabilities(local_by_default=True, cache_salt=True, shared_steps=True),
+    "http": Capabilities(local_by_default=True, cache_salt=True, shared_steps=True, remote=True),
     "vllm-server": Capabilities(needs_vllm=True, cpu_tier=True, capacity_units=("offload_gib",), gpus_in_process=True,
-                                cache_salt=True, shared_steps=True),
-    "sglang-server": Capabilities(gpus_in_process=True, shared_steps=True),
+                                cache_salt=True, shared_steps=True, gpu=True),
+    "sglang-server": Capabilities(gpus_in_process=True, shared_steps=True, gpu=True),
     "sim": Capabilities(virtual_time=True, needs_vllm=True, arm_overlays=False),
 }
 
@@ -39,7 +39,7 @@ def test_each_backend_declares_exactly_this():
     assert {k: capabilities(k) for k in BACKENDS} == EXPECTED
     assert [f.name for f in fields(Capabilities)] == ["virtual_time", "needs_vllm", "replicas", "arm_overlays",
                                                      "cpu_tier", "capacity_units", "local_by_default",
-                                                     "gpus_in_process", "cache_salt", "shared_steps"]
+                                                     "gpus_in_process", "cache_salt", "shared_steps", "gpu", "remote"]
     with pytest.raises(AttributeError):  # frozen: a declaration, not a setting
         capabilities("echo").replicas = False  # type: ignore[misc]
 

@@ -58,7 +58,7 @@ def test_ray_engines_elsewhere_and_simulated_points_name_no_driver_machine():
         {"host": "node7", "boot_id": "", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_uuid": ""}
     assert recorded_machine(ray, {"mode": "off", "started_at": 0}) == \
         {"host": "vm", "boot_id": "b1", "gpu_name": "NVIDIA H200", "gpu_uuid": ""}
-    assert set(recorded_machine({"executor": "sim", "host": "vm"}, {"mode": "on"}).values()) == {""}
+    assert set(recorded_machine({"executor": "sim", "engine": "sim", "host": "vm"}, {"mode": "on"}).values()) == {""}
 
 
 class _Nvml(types.SimpleNamespace):

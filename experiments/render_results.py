@@ -96,27 +96,30 @@ def h200_tp1_rates(res: Path) -> str:
 
 
 def h200_tp1_throughput(res: Path) -> str:
-    b = {a: headline.knee_bracket(head(res / "h200-tp1"), a) for a in ARMS}
     slo = manifest(res / "h200-tp1-slo")["slo_search"]
     at = pd.read_csv(res / "h200-tp1-slo/summary.csv").groupby(["mode", "rate"])["arrival_rate"].mean()
     (metric, bound), = slo["objectives_ms"].items()
-    rows = [["engine kept up (h200-tp1 sweep)", {a: (b[a]["lo"], b[a]["hi"]) for a in ARMS},
-             {a: (f"{b[a]['lo_repeats'] - b[a]['lo_saturated']} of {b[a]['lo_repeats']} kept up",
-                  f"{b[a]['hi_saturated']} of {b[a]['hi_repeats']} saturated") for a in ARMS}],
-            [f"{metric.replace('e2e_', 'E2E ')} ≤ {bound:g} ms (h200-tp1-slo search)",
-             {a: (at[(a, slo["arms"][a]["lo_req_s"])], at[(a, slo["arms"][a]["hi_req_s"])]) for a in ARMS},
-             {a: ("met", "missed") for a in ARMS}]]
-    return table(["limit", "ON highest sustained (req/s)", "ON lowest failed", "OFF highest sustained", "OFF lowest failed",
-                  "ON / OFF [bracket]"],
-                 [[what, *(f"{r[a][i]:.1f} ({why[a][i]})" for a in ARMS for i in (0, 1)),
-                   f"{r['on'][0] / r['off'][0]:.1f} [{r['on'][0] / r['off'][1]:.1f}, {r['on'][1] / r['off'][0]:.1f}]"]
-                  for what, r, why in rows],
-                 "Actual arrival rates; the bracket runs from each arm's sustained rate to its failed one.")
+    r = {a: (at[(a, slo["arms"][a]["lo_req_s"])], at[(a, slo["arms"][a]["hi_req_s"])]) for a in ARMS}
+    return table(["limit", "ON met (req/s)", "ON missed", "OFF met", "OFF missed", "ON / OFF [bracket]"],
+                 [[f"{metric.replace('e2e_', 'E2E ')} ≤ {bound:g} ms", *(f"{r[a][i]:.1f}" for a in ARMS for i in (0, 1)),
+                   f"{r['on'][0] / r['off'][0]:.1f} [{r['on'][0] / r['off'][1]:.1f}, {r['on'][1] / r['off'][0]:.1f}]"]],
+                 "h200-tp1-slo: the SLO search on one H200, 2 repeats at each end, actual arrival rates.")
+
+
+def capacity(res: Path) -> str:
+    c, m = pd.read_csv(res / "h100-tp1-capacity/capacity.csv").set_index("mode"), manifest(res / "h100-tp1-capacity")
+    on = c.loc["on"]
+    return table(["arm", "sustained (req/s)", "not sustained (req/s)", "width", "ceiling (req/s)",
+                  "repeats agreeing: sustained / not", "search stopped"],
+                 [[a.upper(), num(r.sustained_req_s), num(r.saturated_req_s), f"{r.bracket_width:.2f}", num(r.ceiling_req_s),
+                   f"{r.sustained_votes} of {r.sustained_repeats} / {r.saturated_votes} of {r.saturated_repeats}", r.stopped]
+                  for a, r in c.loc[list(ARMS)].iterrows()],
+                 f"ON / OFF: {on.ratio_vs_baseline:.1f} [{on.ratio_lo:.1f}, {on.ratio_hi:.1f}] (the brackets' bounds). One "
+                 f"{m['device']}, the h200-tp1 config, actual arrival rates; ceiling: completions/s while overloaded.")
 
 
 def h200_tp1_run(res: Path) -> str:
-    d = res / "h200-tp1"
-    m, cfg = manifest(d), yaml.safe_load((d / "config.yaml").read_text())
+    m, cfg = manifest(d := res / "h200-tp1"), yaml.safe_load((d / "config.yaml").read_text())
     reps = int(cfg["sweep"].get("repeats", 1))
     ran = {(float(p["rate"]), int(p["repeat"])) for p in m["points"] if p.get("status") == "ok" and p["mode"] == "off"}
     missing = [f"{r:g} req/s repeat {k + 1}" for r in cfg["sweep"]["rates"] for k in range(reps) if (float(r), k) not in ran]
@@ -145,8 +148,7 @@ def async_vs_sync(res: Path) -> str:
                   for (m, r), x in t[("change_pct", "mean_e2e_ms")].dropna().items() if (m, r) not in hot])
 
 
-def split_table(res: Path) -> str:
-    """Per rate both arms kept up: the gain split by both measures (metrics.gain_split) and the arm order's effect."""
+def split_table(res: Path) -> str:  # per rate both arms kept up: both measures of the split, and the arm order's effect
     st, coef = study(d := res / "h200-tp1")
     c = split_report.cells((g := gain_split.both(st.requests, st.iterations, coef)[0])[g["rate"].isin(calm(head(d))["rate"])])
     o = order.order_effect(st.manifest["points"], pd.read_csv(d / "summary.csv"), "on", "off").set_index("rate")
@@ -168,8 +170,8 @@ def step_fit(res: Path) -> str:
     rows.append(["R², every busy step", f"{fit['r2']:.3f} ({fit['n']:,} steps)", ""])
     rows += [["R², ON's steps with prompt tokens", f"{k['r2']:.2f} ({k['n']:,} steps)", ""]
              for k in fit.get("by_kind") or [] if k["mode"] == "on" and k["kind"] == "mixed"]
-    sync = manifest(res / "h200-tp1-sync")["step_fit"]["e_ms_per_prefill_req"]
-    rows.append(["a prefilling request, sync engine (h200-tp1-sync)", f"{sync:.2f}", "–"])
+    rows.append(["a prefilling request, sync engine (h200-tp1-sync)",
+                 f"{manifest(res / 'h200-tp1-sync')['step_fit']['e_ms_per_prefill_req']:.2f}", "–"])
     pred = closure.arm_table(coef, hd := head(res / "h200-tp1"), req, closure.admission_limit(st.manifest), ARMS).set_index("arm")
     return table(["cost of", "fitted (ms)", "datasheet explains (%)"], rows) + "\n\n" + table(
                  ["arm", "engine time a request adds (ms)", "predicted knee (req/s)", "measured: kept up at",
@@ -212,14 +214,12 @@ def studies(res: Path) -> str:
 
 
 def sim_table(res: Path, csv: str, mod: str = "accuracy_async", fn: str = "summary") -> str:
-    """experiments/sim/``mod``.py's table of sim-accuracy/``csv``."""
     m, df = script(f"experiments/sim/{mod}.py"), pd.read_csv(res / "sim-accuracy" / csv)
     return getattr(m, fn)(df if fn == "verifiable" else m.per_point(df))
 
 
 def seed_says(res: Path) -> str:
-    seed = script("experiments/sim/seed.py")
-    band = seed.transfer_band(pd.read_csv(res / "sim-accuracy/accuracy.csv"))
+    band = script("experiments/sim/seed.py").transfer_band(pd.read_csv(res / "sim-accuracy/accuracy.csv"))
     rows = []
     for name in ("sim-seed-a100x8-tp8", "sim-seed-h200x8-tp8", "sim-seed-h200x8-tp4-parallel"):
         s = pd.read_csv(res / name / "summary.csv")
@@ -236,8 +236,8 @@ def seed_says(res: Path) -> str:
 
 BLOCKS = {
     "h200-tp1-rates": h200_tp1_rates, "h200-tp1-throughput": h200_tp1_throughput, "h200-tp1-run": h200_tp1_run,
-    "interval-coverage": interval_coverage, "async-vs-sync": async_vs_sync, "gain-split": split_table, "step-fit": step_fit,
-    "threeway": threeway, "studies": studies, "seed-says": seed_says,
+    "capacity": capacity, "interval-coverage": interval_coverage, "async-vs-sync": async_vs_sync, "gain-split": split_table,
+    "step-fit": step_fit, "threeway": threeway, "studies": studies, "seed-says": seed_says,
     **{name: lambda res, v=verdict: (s := script("benchmarks/saturation_error_rates.py")).markdown(s.read_rows(), v)
        for name, verdict in (("saturated", "saturated"), ("saturated-http", "saturated_http"))},
     "sim-accuracy": lambda res: sim_table(res, "accuracy.csv", "accuracy"),

@@ -18,8 +18,8 @@ CAPACITY_CSV = "capacity.csv"
 
 TEXT = ("Each arm's capacity was searched: the rate grew geometrically until a point was not sustained (it "
         "saturated or a request did not succeed), then was bisected until the bracket was narrow, and each end's "
-        "verdict was confirmed by a repeat. Rates are actual arrival rates: the sustained end's slowest sustained "
-        "repeat and the other end's fastest unsustained one. The ceiling is the most completions per second of a "
+        "verdict was confirmed by a repeat. Rates are actual arrival rates: each end's mean over the repeats that "
+        "agree with its verdict. The ceiling is the most completions per second of a "
         "saturated point: what the engine delivered overloaded, less the work on requests that timed out. "
         "The ratio's bounds are the two brackets' (arm's sustained over baseline's saturated, and the reverse): "
         "the search's resolution, not a statistical interval.")

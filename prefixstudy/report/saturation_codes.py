@@ -28,7 +28,7 @@ LEGEND = {
     "behind": f"under {COMPLETION_MIN:.0%} of the arrivals completed in the window",
     "full": f"≥ {FULL_LEVEL:.0%} of the engine's request limit in use through {FULL_SHARE:.0%} of the window's last half",
     "waiting": f"requests waited for admission in ≥ {WAIT_SHARE:.0%} of the steps of the window's last half",
-    "grew": "the backlog grew (a trend test, where the server's limit is unknown)",
+    "grew": "the backlog grew (a trend test: on long windows, or where the server's limit is unknown)",
     OTHER: "a reason this report has no code for (in full in the Saturation section)",
 }
 # The same, in a few words: the first screen's legend.

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from prefixstudy.metrics.headline import knee_bracket
-from prefixstudy.metrics.saturation import COMPLETION_MIN, FULL_LEVEL, FULL_SHARE, WAIT_SHARE
+from prefixstudy.metrics.saturation import COMPLETION_MIN, FULL_LEVEL, FULL_SHARE, MIN_TREND_WINDOW_S, WAIT_SHARE
 from prefixstudy.config.arms import arm_label
 from prefixstudy.report import saturation_codes as sat_codes
 from prefixstudy.report.data import ReportData, arm_text
@@ -20,8 +20,8 @@ ESTIMATOR_TEXT = (
     "subclass stamps each step's start and end; idle time is never inside a step). We fit "
     "step_ms = a + b·prefill_tokens + e·prefill_requests + c·decode_tokens + k·context_tokens by "
     "non-negative least squares over the study's busy steps, both modes pooled (caching changes how "
-    "many prompt tokens a step computes, not what one costs); e is a prefill's cost beyond its tokens "
-    "(a cached prefill still attends to its whole context); k, attention over the context, is kept "
+    "many prompt tokens a step computes, not what one costs). e is a prefill's cost beyond its tokens "
+    "(a cached prefill still attends to its whole context). k, attention over the context, is kept "
     "only where it removes at least 1 % of the squared error (else 0). The same fit prices the "
     "simulator's steps. Per point the share is Σ(b·prefill_tokens + e·prefill_requests "
     "+ k·prefill context) / Σstep_ms, "
@@ -35,8 +35,9 @@ SATURATION_TEXT = (
     f"than {COMPLETION_MIN:.0%} of the arrivals completed within the window shifted by the early "
     f"latency, the engine ran full (the requests in the system at {FULL_LEVEL:.0%} or more of its "
     f"admission limit, max_num_seqs x replicas, through {FULL_SHARE:.0%} of the window's last half), or "
-    f"requests waited for admission in {WAIT_SHARE:.0%} of the engine's steps there. Over HTTP without "
-    f"the server's limit, a trend test on the requests in flight decides instead. The error rates are "
+    f"requests waited for admission in {WAIT_SHARE:.0%} of the engine's steps there. A trend test on the "
+    f"requests in the system also decides on windows of at least {MIN_TREND_WINDOW_S:.0f} s of arrivals, and "
+    f"over HTTP without the server's limit. The error rates are "
     f"measured on vLLM's scheduler in docs/saturation.md. A saturated point's latency grows with how "
     f"long it runs: it is a bound, and so is a gain measured there. A mode's knee "
     f"(metrics.headline.knee_bracket) lies between the last rate where most repeats kept up (and every "

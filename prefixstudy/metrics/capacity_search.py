@@ -58,10 +58,9 @@ def _reason(point: dict) -> str:
 
 def _num(x) -> float:
     try:
-        v = float(x)
+        return float(x)
     except (TypeError, ValueError):
         return math.nan
-    return v
 
 
 @dataclass

@@ -45,6 +45,9 @@ class CapacitySearchConfig(BaseModel):
     confirm_repeats: int = Field(2, ge=1, le=9, description="Repeats at each end of the final bracket; a rate's "
                                  "verdict is its repeats' majority, so a flip re-opens the bisection (a tie runs one "
                                  "more repeat).")
+    max_end_repeats: int = Field(4, ge=1, le=15, description="Where the offered ends are within half the tolerance "
+                                 "but their windows' arrivals are wider apart, each end runs more repeats, up to this "
+                                 "many, before the arm stops with `resolution`.")
     max_probes: int = Field(16, ge=2, le=200, description="Rates probed per arm at most (repeats not counted); then "
                             "the arm stops with `max probes` and reports its bracket.")
 
@@ -53,6 +56,9 @@ class CapacitySearchConfig(BaseModel):
         if not self.min_rate <= self.start_rate <= self.max_rate:
             raise ValueError(f"start_rate {self.start_rate:g} must lie in [min_rate {self.min_rate:g}, "
                              f"max_rate {self.max_rate:g}] req/s")
+        if self.max_end_repeats < self.confirm_repeats:
+            raise ValueError(f"max_end_repeats {self.max_end_repeats} must be at least confirm_repeats "
+                             f"{self.confirm_repeats}")
         if self.short_window_s > self.edge_window_s:
             raise ValueError(f"short_window_s {self.short_window_s:g} must not exceed edge_window_s "
                              f"{self.edge_window_s:g}")
@@ -76,6 +82,15 @@ class CapacitySearchConfig(BaseModel):
         while self._grid(k) >= rate:
             k -= 1
         return max(self._grid(k), self.min_rate)
+
+    def near_ceiling(self, ceiling: float) -> list[float]:
+        """The rates probed next to a ceiling (an overloaded point's completions per second), nearest
+        first: ``ceiling`` x s^(k + 1/2) for k = -1, 0, -2, 1, -3, 2, where s = sqrt(1 + tolerance).
+        Neighbours are half the tolerance apart, so a sustained one below a saturated one is a final
+        bracket with room for the windows' arrival noise.  Three steps either side (about 13 % at the
+        default tolerance) bound the walk where the ceiling is far from the capacity."""
+        step = math.sqrt(1 + self.tolerance)
+        return [round_rate(ceiling * step ** (k + 0.5)) for k in (-1, 0, -2, 1, -3, 2)]
 
     def _grid(self, k: int) -> float:
         return round_rate(self.start_rate * self.growth ** k)

@@ -8,10 +8,26 @@ lowest rate not sustained (``hi``).
 
 How it walks (rates on ``CapacitySearchConfig``'s growth grid while no bracket exists): the first
 rate is ``start_rate``; while every rate is sustained the next grid rate up (to ``max_rate``);
-while none is, the next one down (to ``min_rate``); once both exist, the geometric midpoint (3
-significant digits), until the bracket's ends, as actual arrival rates, are at most ``1 +
-tolerance`` apart.  Then each end runs ``confirm_repeats`` repeats: a repeat that flips the
-majority moves that end and the bisection goes on.
+while none is, the next one down (to ``min_rate``).
+
+Once both exist, the arm's **ceiling** points at the edge: the most completions per second of an
+overloaded point whose every request succeeded.  The rates half the tolerance apart around it
+(``CapacitySearchConfig.near_ceiling``) are probed first, nearest first, while one lies inside
+the bracket and the ceiling is above its sustained end.  An engine that completes about its
+capacity when overloaded is bracketed in two probes.  Then geometric midpoints (3 significant
+digits), until the bracket's ends, as actual arrival rates, are at most ``1 + tolerance`` apart.
+
+Each end runs ``confirm_repeats`` repeats: a repeat that flips the majority moves that end and the
+search goes on.  Offered ends within half the tolerance whose arrivals are wider apart run more
+repeats, up to ``max_end_repeats``: a closer rate would not narrow what the windows' Poisson
+counts set.
+
+The bracket's ends are actual arrival rates: the highest arrival rate of a window judged sustained
+at the lower end, the lowest of a window judged not sustained at the upper end.  Each window's
+verdict is about its own arrivals, so both are evidence on the capacity.  Where they cross (a
+window sustained faster arrivals than one that was not), the verdicts contradict one capacity at
+that resolution: the ends fall back to the mean arrivals of the agreeing repeats, and the
+crossing is named.
 
 Pure: ``search_arm`` takes an arm's recorded points (manifest entries with their summary.csv
 columns) and says which points to run next, or why it stopped; ``capacity_rows`` turns the
@@ -79,20 +95,41 @@ class CapacitySearch:
         up, down = sum(votes), len(votes) - sum(votes)
         return SUSTAINED if up > down else TIE if up == down else SATURATED
 
-    def arrival(self, end: str) -> float:
-        """The bracket's end as an actual arrival rate: the mean arrivals of the repeats that agree
-        with the end's verdict (the offered rate where a repeat has no arrival rate).  A mean, not
-        the extreme repeat: each window's Poisson count moves its rate by a few per cent, which
-        bisecting further cannot shrink."""
+    def agreeing_arrivals(self, end: str) -> list[float]:
+        """The actual arrival rates of the repeats at the bracket's end (``lo`` or ``hi``) that agree
+        with its verdict (the offered rate where a repeat has no arrival rate)."""
         rate = self.lo if end == "lo" else self.hi
         if rate is None:
-            return math.nan
+            return []
         agree = [p for p in self.points[rate] if (verdict(p) == SUSTAINED) == (end == "lo")]
-        vals = [v if math.isfinite(v := _num(p.get("arrival_rate"))) else rate for p in agree]
-        return sum(vals) / len(vals)
+        return [v if math.isfinite(v := _num(p.get("arrival_rate"))) else rate for p in agree]
+
+    def crossed(self) -> bool:
+        """A window at the lower end sustained arrivals at least as fast as a window at the upper end did not."""
+        lo, hi = self.agreeing_arrivals("lo"), self.agreeing_arrivals("hi")
+        return bool(lo and hi) and max(lo) >= min(hi)
+
+    def arrival(self, end: str) -> float:
+        """The bracket's end as an actual arrival rate: the fastest sustained window at the lower
+        end, the slowest unsustained window at the upper end; the agreeing repeats' mean where the
+        two cross."""
+        vals = self.agreeing_arrivals(end)
+        if not vals:
+            return math.nan
+        if self.crossed():
+            return sum(vals) / len(vals)
+        return max(vals) if end == "lo" else min(vals)
 
     def width(self) -> float:
         return self.arrival("hi") / self.arrival("lo") if self.lo is not None and self.hi is not None else math.nan
+
+    def ceiling(self, whole: bool = False) -> float:
+        """The most completions per second of a saturated point (summary's achieved_rate); NaN before
+        one.  ``whole``: only points whose every request succeeded, so that no work was lost to
+        requests that timed out in service."""
+        over = [_num(p.get("achieved_rate")) for pts in self.points.values() for p in pts if verdict(p) == SATURATED
+                and not (whole and int(p.get("n_failed") or 0) + int(p.get("n_unfinished") or 0))]
+        return max((v for v in over if math.isfinite(v)), default=math.nan)
 
     def line(self) -> str:
         """This arm's state in a few words (the console's line per round)."""
@@ -122,6 +159,9 @@ def search_arm(arm: str, points: list[dict], spec: CapacitySearchConfig) -> Capa
     s.lo = max(below) if below else None
     s.contradictions = [f"{r:g} sustained above {s.hi:g}" for r, v in sorted(votes.items())
                         if v == SUSTAINED and s.hi is not None and r > s.hi]
+    if s.lo is not None and s.hi is not None and s.crossed():
+        s.contradictions.append(f"a window at {s.lo:g} sustained {max(s.agreeing_arrivals('lo')):.3g} req/s, one at "
+                                f"{s.hi:g} did not sustain {min(s.agreeing_arrivals('hi')):.3g}")
     ties = sorted(r for r, v in votes.items() if v == TIE)
     if ties:  # one more repeat decides
         s.next_points = [(r, _next_repeat(s, r)) for r in ties]
@@ -144,9 +184,15 @@ def search_arm(arm: str, points: list[dict], spec: CapacitySearchConfig) -> Capa
             # noise, which a closer pair of rates would not narrow.
             done = RESOLUTION
         else:
-            nxt = mid
-    # a final bracket's ends are each confirmed by their repeats before the search stops
-    owed = [(r, _next_repeat(s, r)) for r in (s.lo, s.hi) if r is not None and len(s.points[r]) < spec.confirm_repeats]
+            # only overloaded points that lost no work to timed-out requests point at the edge; a
+            # ceiling under a sustained rate does not either, and one above the bracket walks down to it
+            c = s.ceiling(whole=True)
+            near = [r for r in spec.near_ceiling(c) if s.lo < r < s.hi and r not in s.points] if c > s.lo else []
+            nxt = near[0] if near else mid
+    # a final bracket's ends are each confirmed by their repeats before the search stops; ends too
+    # close to bisect but with arrivals too far apart run more repeats
+    need = spec.max_end_repeats if done == RESOLUTION else spec.confirm_repeats
+    owed = [(r, _next_repeat(s, r)) for r in (s.lo, s.hi) if r is not None and len(s.points[r]) < need]
     return next_step(s, done, owed, nxt, spec.max_probes)
 
 
@@ -188,12 +234,10 @@ def capacity_rows(found: dict[str, CapacitySearch], baseline: str | None) -> lis
     rows = []
     for mode, s in found.items():
         lo, hi = s.arrival("lo"), s.arrival("hi")
-        over = [_num(p.get("achieved_rate")) for pts in s.points.values() for p in pts if verdict(p) == SATURATED]
-        over = [v for v in over if math.isfinite(v)]
         lo_pts, hi_pts = (s.points.get(r, []) if r is not None else [] for r in (s.lo, s.hi))
         reasons = dict.fromkeys(_reason(p) for p in hi_pts if verdict(p) != SUSTAINED)
         rows.append({"mode": mode, "sustained_req_s": lo, "saturated_req_s": hi,
-                     "ceiling_req_s": max(over) if over else math.nan, "bracket_width": hi / lo,
+                     "ceiling_req_s": s.ceiling(), "bracket_width": hi / lo,
                      "stopped": s.stopped or "", "sustained_rate_req_s": s.lo if s.lo is not None else math.nan,
                      "saturated_rate_req_s": s.hi if s.hi is not None else math.nan,
                      "sustained_repeats": len(lo_pts),

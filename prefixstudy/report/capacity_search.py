@@ -17,18 +17,19 @@ from prefixstudy.report.tables import fmt
 CAPACITY_CSV = "capacity.csv"
 
 TEXT = ("Each arm's capacity was searched: the rate grew geometrically until a point was not sustained (it "
-        "saturated or a request did not succeed), then was bisected until the bracket was narrow, and each end's "
-        "verdict was confirmed by a repeat. Rates are actual arrival rates: each end's mean over the repeats that "
-        "agree with its verdict. The ceiling is the most completions per second of a "
-        "saturated point: what the engine delivered overloaded, less the work on requests that timed out. "
-        "The ratio's bounds are the two brackets' (arm's sustained over baseline's saturated, and the reverse): "
-        "the search's resolution, not a statistical interval.")
+        "saturated or a request did not succeed). Then rates next to the ceiling, and geometric midpoints, narrowed "
+        "the bracket, and a repeat confirmed each end's verdict. Rates are actual arrival rates: the fastest "
+        "sustained window at the lower end, the slowest unsustained one at the upper end. The ceiling is the most "
+        "completions per second of a saturated point: what the engine delivered overloaded, less the work on "
+        "requests that timed out. The ratio's bounds are the two brackets' (arm's sustained over baseline's "
+        "saturated, and the reverse): the search's resolution, not a statistical interval.")
 
 
 def settings_line(s: CapacitySearchConfig, num_requests: int, cap_s: float) -> str:
     """--dry-run's line: what the search will do."""
     return (f"capacity search: from {s.start_rate:g} req/s x{s.growth:g} (range {s.min_rate:g}-{s.max_rate:g}), "
-            f"bisect to {1 + s.tolerance:.2f}x, {s.confirm_repeats} repeats at each end; windows {s.short_window_s:g} s "
+            f"bisect to {1 + s.tolerance:.2f}x, {s.confirm_repeats} repeats at each end (up to {s.max_end_repeats}); "
+            f"windows {s.short_window_s:g} s "
             f"on the growth grid, {s.edge_window_s:g} s near the edge (>= {num_requests} requests), points capped "
             f"at {cap_s:g} s")
 

@@ -37,12 +37,15 @@ class LocalExecutor:
             if interleaved(cfg):
                 await self._turns(cfg, plan, rows, sink, bar)
                 return
+            last = cfg.sweep.modes[-1]
             for mode in cfg.sweep.modes:
                 bar.set_description(f"starting engine (cache {mode.upper()})")
                 async with ModeSession(cfg, mode, rows, progress=bar.update) as session:
                     engine_started(session, sink)
                     for rate, repeat in plan.of(mode):
                         await self._point(cfg, session, rate, repeat, sink, bar)
+                    if mode == last:  # a search's next rounds that need this arm alone, on its engine
+                        await self._later_rounds({mode: session}, sink, bar)
         finally:
             bar.close()
 
@@ -53,16 +56,20 @@ class LocalExecutor:
                 bar.set_description(f"starting engine (cache {mode.upper()})")
                 sessions[mode] = await stack.enter_async_context(ModeSession(cfg, mode, rows, progress=bar.update))
                 engine_started(sessions[mode], sink)
-            take_round = getattr(sink, "take_round", None)  # an SLO search's rounds, on the engines kept up
-            work = (cfg, plan)
-            while work is not None:
-                cfg, plan = work
-                for mode, rate, repeat in plan.turns(cfg):
-                    await self._point(cfg, sessions[mode], rate, repeat, sink, bar)
-                work = take_round(list(sessions)) if take_round else None
-                if work is not None:
-                    bar.total += work[1].requests(work[0])
-                    bar.refresh()
+            for mode, rate, repeat in plan.turns(cfg):
+                await self._point(cfg, sessions[mode], rate, repeat, sink, bar)
+            await self._later_rounds(sessions, sink, bar)
+
+    async def _later_rounds(self, sessions: dict[str, ModeSession], sink: StudySink, bar) -> None:
+        """A search's next rounds on the engines still up (``sessions``), as long as it needs no other
+        arm: an engine start per round would cost more than its points."""
+        take_round = getattr(sink, "take_round", None)
+        while take_round is not None and (work := take_round(list(sessions))) is not None:
+            cfg, plan = work
+            bar.total += plan.requests(cfg)
+            bar.refresh()
+            for mode, rate, repeat in plan.turns(cfg):
+                await self._point(cfg, sessions[mode], rate, repeat, sink, bar)
 
     @staticmethod
     async def _point(cfg, session: ModeSession, rate: float, repeat: int, sink: StudySink, bar) -> None:

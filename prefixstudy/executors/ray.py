@@ -341,6 +341,8 @@ class RayExecutor:
                 for r in self.runners:
                     try:
                         await r.run_all()
+                        if r is self.runners[-1]:  # a search's next rounds that need this arm alone
+                            await self._later_rounds([r])
                     finally:
                         await r.stop()  # free its resources before the next mode's engine starts
         finally:
@@ -354,14 +356,15 @@ class RayExecutor:
         for mode, rate, repeat in self.plan.turns(self.cfg):
             await runner[mode].run_point(rate, repeat)
 
-    async def _later_rounds(self) -> None:
-        """An SLO search's next rounds on the actors still up (side by side or in turns, every arm's
-        engine is), so that no engine, and no cluster this run started, starts again between rounds.
-        Modes run one after the other stop each engine to free its resources: their rounds start them
-        again."""
+    async def _later_rounds(self, up: list[_ModeRunner] | None = None) -> None:
+        """A search's next rounds on the actors still up (``up``; side by side or in turns, every
+        arm's), so that no engine, and no cluster this run started, starts again between rounds.
+        Modes run one after the other stop each engine to free its resources: only the last one's
+        stays up, for the rounds that need that arm alone; the others' rounds start them again."""
+        up = self.runners if up is None else up
         take_round = getattr(self.sink, "take_round", None)
         while take_round is not None:
-            work = take_round([r.mode for r in self.runners])
+            work = take_round([r.mode for r in up])
             if work is None:
                 return
             self.cfg, self.plan = work
@@ -370,4 +373,4 @@ class RayExecutor:
             if self.turns:
                 await self._take_turns()
             else:
-                await asyncio.gather(*(r.run_points() for r in self.runners if r.mode in self.cfg.sweep.modes))
+                await asyncio.gather(*(r.run_points() for r in up if r.mode in self.cfg.sweep.modes))

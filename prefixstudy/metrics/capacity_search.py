@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 from prefixstudy.config.capacity_search import CapacitySearchConfig
 from prefixstudy.metrics.slo_search import (CONVERGED, FAILURES, MAX_PROBES, MAX_RATE, MIN_RATE, gain_bracket, next_step,
                                             round_rate)
+from prefixstudy.schema import point_key
 
+CAPACITY_CSV = "capacity.csv"  # one row per arm (COLUMNS), in the run folder
 RESOLUTION = "resolution"  # the offered ends are adjacent, or within half the tolerance, yet arrivals are wider apart
 STOP_REASONS = (CONVERGED, MAX_RATE, MIN_RATE, FAILURES, MAX_PROBES, RESOLUTION)
 
@@ -194,6 +196,19 @@ def search_arm(arm: str, points: list[dict], spec: CapacitySearchConfig) -> Capa
     need = spec.max_end_repeats if done == RESOLUTION else spec.confirm_repeats
     owed = [(r, _next_repeat(s, r)) for r in (s.lo, s.hi) if r is not None and len(s.points[r]) < need]
     return next_step(s, done, owed, nxt, spec.max_probes)
+
+
+def search_arms(points: list[dict], rows: dict[tuple, dict], spec: CapacitySearchConfig,
+                modes: list[str]) -> dict[str, CapacitySearch]:
+    """Each arm's search from the run's recorded points (manifest entries, in the order they ran)
+    and their summary rows (by ``schema.point_key``); the manifest entry wins where both say."""
+    merged = [{**rows.get(point_key(p), {}), **p} for p in points]
+    return {m: search_arm(m, [p for p in merged if p["mode"] == m], spec) for m in modes}
+
+
+def manifest_record(spec: CapacitySearchConfig, found: dict[str, CapacitySearch]) -> dict:
+    """The manifest's ``capacity_search``: the search's settings and each arm's state."""
+    return {**spec.model_dump(), "arms": {m: arm_record(s) for m, s in found.items()}}
 
 
 def _next_repeat(s: CapacitySearch, rate: float) -> int:

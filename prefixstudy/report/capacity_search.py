@@ -14,7 +14,7 @@ from prefixstudy.config.arms import arm_label
 from prefixstudy.config.capacity_search import CapacitySearchConfig
 from prefixstudy.report.tables import fmt
 
-CAPACITY_CSV = "capacity.csv"
+from prefixstudy.metrics.capacity_search import CAPACITY_CSV
 
 TEXT = ("Each arm's capacity was searched: the rate grew geometrically until a point was not sustained (it "
         "saturated or a request did not succeed). Then rates next to the ceiling, and geometric midpoints, narrowed "

@@ -1,6 +1,7 @@
 """Re-derive a run folder with today's code: every point's summary.csv row (its latencies, hit rates
 and saturation) from the point's own request and step records, then what needs the whole run
-(``finish_run``: the step-cost fit, headline.csv, arms.csv, the manifest's derived fields).
+(``finish_run``: the step-cost fit, headline.csv, arms.csv, the manifest's derived fields), and a
+capacity search's answer (capacity.csv).
 ``prefixstudy report RUN --rederive`` calls it before it builds the report.
 
 What the run measured is never touched: the records, config.yaml, and each point's status, error,
@@ -17,12 +18,13 @@ from pathlib import Path
 import pandas as pd
 
 from prefixstudy.errors import UserError
+from prefixstudy.metrics import capacity_search as cap
 from prefixstudy.metrics.requests import KEY, with_repeat
 from prefixstudy.metrics.summary import point_rows, summarize_point
 from prefixstudy.results.finish import finish_run
 from prefixstudy.results.machines import recorded_machine
-from prefixstudy.results.store import MANIFEST, REQUESTS, SUMMARY, atomic_write_csv, write_json
-from prefixstudy.schema import MACHINE_COLUMNS, SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS
+from prefixstudy.results.store import CONFIG, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv, write_json
+from prefixstudy.schema import MACHINE_COLUMNS, SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS, point_key
 
 # summary.csv columns that record what the run saw rather than what is derived from the records.
 KEPT = ["status", "error", "n_sent", "duration_s", *SERVER_COLUMNS, *TIER_COLUMNS]
@@ -48,6 +50,23 @@ def recorded_limit(config: dict) -> int | None:
     engines without one) times its replicas."""
     seqs = (config.get("engine") or {}).get("max_num_seqs")
     return int(seqs) * int(config.get("replicas") or 1) if seqs else None
+
+
+def _capacity_search(run_dir: Path, manifest: dict) -> None:
+    """A capacity search's answer from the re-derived verdicts: capacity.csv and the manifest's
+    ``capacity_search``.  The points it ran stay as they are; only what they say is derived again."""
+    if not manifest.get("capacity_search"):
+        return
+    from prefixstudy.config import load_config
+    from prefixstudy.results import read_summary
+
+    cfg = load_config(run_dir / CONFIG)
+    spec = cfg.sweep.capacity_search
+    rows = {point_key(r): r for r in read_summary(run_dir / SUMMARY).to_dict("records")}
+    found = cap.search_arms(manifest.get("points", []), rows, spec, cfg.sweep.modes)
+    manifest["capacity_search"] = cap.manifest_record(spec, found)
+    atomic_write_csv(run_dir / cap.CAPACITY_CSV, pd.DataFrame(cap.capacity_rows(found, cfg.sweep.baseline_arm()),
+                                                             columns=cap.COLUMNS))
 
 
 def _tolerance(config: dict) -> float:
@@ -89,5 +108,6 @@ def rederive(run_dir: Path) -> pd.DataFrame:
     atomic_write_csv(run_dir / SUMMARY, pd.DataFrame(rows, columns=SUMMARY_COLUMNS))
     manifest = study.manifest
     finish_run(run_dir, manifest)
+    _capacity_search(run_dir, manifest)
     write_json(run_dir / MANIFEST, manifest)
     return pd.DataFrame(changed, columns=[*KEY, "saturated_before", "saturated", "saturation_reason"])

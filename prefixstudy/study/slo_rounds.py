@@ -22,7 +22,6 @@ from prefixstudy.metrics import capacity_search as cap
 from prefixstudy.metrics.slo_search import arm_record, objective_values, probe_rows, search_arm
 from prefixstudy.results.store import atomic_write_csv
 from prefixstudy.executors.run_plan import RunPlan
-from prefixstudy.schema import point_key
 
 if TYPE_CHECKING:
     from prefixstudy.config import StudyConfig
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
     from prefixstudy.schema import PointResult
 
 SLO_CSV = "slo.csv"
-CAPACITY_CSV = "capacity.csv"
 
 
 def searching(cfg: "StudyConfig") -> str | None:
@@ -49,9 +47,7 @@ def searches(cfg: "StudyConfig", writer: "ResultsWriter") -> dict:
     """Each arm's search (metrics.slo_search.ArmSearch or metrics.capacity_search.CapacitySearch),
     from the recorded points (a capacity search reads their summary rows too)."""
     if cfg.sweep.capacity_search is not None:
-        points = [{**writer.rows.get(point_key(p), {}), **p} for p in writer.points]
-        return {m: cap.search_arm(m, [p for p in points if p["mode"] == m], cfg.sweep.capacity_search)
-                for m in cfg.sweep.modes}
+        return cap.search_arms(writer.points, writer.rows, cfg.sweep.capacity_search, cfg.sweep.modes)
     spec = cfg.sweep.slo.resolved(cfg.sweep.rates)
     return {m: search_arm(m, [p for p in writer.points if p["mode"] == m], spec, cfg.sweep.repeats)
             for m in cfg.sweep.modes}
@@ -60,9 +56,9 @@ def searches(cfg: "StudyConfig", writer: "ResultsWriter") -> dict:
 def record_capacity(cfg: "StudyConfig", writer: "ResultsWriter", found: dict) -> None:
     """The manifest's ``capacity_search`` and capacity.csv, and one console line for the round."""
     spec = cfg.sweep.capacity_search
-    writer.manifest["capacity_search"] = {**spec.model_dump(), "arms": {m: cap.arm_record(s) for m, s in found.items()}}
+    writer.manifest["capacity_search"] = cap.manifest_record(spec, found)
     rows = cap.capacity_rows(found, cfg.sweep.baseline_arm())
-    atomic_write_csv(writer.dir / CAPACITY_CSV, pd.DataFrame(rows, columns=cap.COLUMNS))
+    atomic_write_csv(writer.dir / cap.CAPACITY_CSV, pd.DataFrame(rows, columns=cap.COLUMNS))
     writer.save_manifest()
     line = f"capacity search after {len(writer.points)} points: " + "; ".join(s.line() for s in found.values())
     if writer.points and line != getattr(writer, "said", None):  # a round is planned once, maybe asked twice

@@ -74,3 +74,24 @@ def test_runs_found():
                     *(f"h200-shared-fraction/shared_fraction-{f}" for f in ("0", "0.5", "0.95")),
                     "h200-tp1", "h200-tp1-async", "h200-tp1-fixed-order", "h200-tp1-gc", "h200-tp1-ray", "h200-tp1-slo",
                     "h200-tp1-sync", "h200-tp2", "h200-vllm-server"]
+
+
+SEARCHED = sorted(p.parent.name for p in RESULTS.glob("*/manifest.json") if "capacity_search" in json.loads(p.read_text()))
+
+
+@pytest.mark.parametrize("run", SEARCHED)
+def test_a_committed_capacity_search_says_what_its_points_say(run):
+    """capacity.csv and the manifest's search state, derived again from the committed points and
+    summary rows by today's search: the brackets the README renders are the code's."""
+    from prefixstudy.config import load_config
+    from prefixstudy.metrics import capacity_search as cap
+    from prefixstudy.schema import point_key
+
+    d = RESULTS / run
+    manifest, cfg = json.loads((d / "manifest.json").read_text()), load_config(d / "config.yaml")
+    rows = {point_key(r): r for r in pd.read_csv(d / "summary.csv").to_dict("records")}
+    found = cap.search_arms(manifest["points"], rows, cfg.sweep.capacity_search, cfg.sweep.modes)
+    assert json.loads(json.dumps(cap.manifest_record(cfg.sweep.capacity_search, found))) == manifest["capacity_search"]
+    got = pd.DataFrame(cap.capacity_rows(found, cfg.sweep.baseline_arm()), columns=cap.COLUMNS)
+    assert_same_table(got, pd.read_csv(d / "capacity.csv"), run)
+    assert set(got["stopped"]) <= set(cap.STOP_REASONS)  # every arm's search finished

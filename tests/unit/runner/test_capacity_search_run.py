@@ -112,6 +112,21 @@ def test_a_resumed_search_goes_on_from_its_recorded_points(free_search, tmp_path
     assert pd.read_csv(run / "capacity.csv")["stopped"].tolist() == ["max rate", "max rate"]
 
 
+@pytest.mark.slow
+def test_rederiving_a_search_rewrites_a_stale_answer_from_its_points(free_search, tmp_path):
+    from prefixstudy.results.rederive import rederive
+
+    run = tmp_path / free_search.name
+    shutil.copytree(free_search, run)
+    good = pd.read_csv(run / "capacity.csv")
+    # wrong data: an answer its points do not give (OFF stopped short of max_rate)
+    (run / "capacity.csv").write_text(good.assign(stopped=["max rate", "converged"], sustained_req_s=[64.0, 30.0])
+                                      .to_csv(index=False))
+    rederive(run)
+    pd.testing.assert_frame_equal(pd.read_csv(run / "capacity.csv"), good)
+    assert manifest(run)["capacity_search"] == manifest(free_search)["capacity_search"]
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--capacity", "--slo", "e2e_p90:100"], "--capacity and --slo"),
     (["--capacity", "--rates", "1,2"], "--capacity searches its own rates"),

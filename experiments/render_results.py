@@ -115,7 +115,8 @@ def capacity(res: Path) -> str:
                    f"{r.sustained_votes} of {r.sustained_repeats} / {r.saturated_votes} of {r.saturated_repeats}", r.stopped]
                   for a, r in c.loc[list(ARMS)].iterrows()],
                  f"ON / OFF: {on.ratio_vs_baseline:.1f} [{on.ratio_lo:.1f}, {on.ratio_hi:.1f}] (the brackets' bounds). One "
-                 f"{m['device']}, the h200-tp1 config, actual arrival rates; ceiling: completions/s while overloaded.")
+                 f"{m['device']}, the h200-tp1 config, {m['capacity_search']['edge_window_s']:g}-s windows next to the edge, "
+                 "actual arrival rates; ceiling: completions/s while overloaded.")
 
 
 def h200_tp1_run(res: Path) -> str:

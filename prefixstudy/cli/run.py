@@ -108,71 +108,86 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
     if resume is not None and (overrides or any(v not in (None, (), False) for v in peer.values())):
         raise UserError("--resume takes the recorded config; drop the other run options")
     if resume is None:
-        from prefixstudy.cli.run_flags import peer_overrides
         from prefixstudy.configs import resolve_config
 
         config = resolve_config(config)
-        flags = peer_overrides(config, rates, **peer)
-        if "sweep.capacity_search" in flags:  # before the --set items, which may set its fields
-            overrides = {"sweep.capacity_search": flags.pop("sweep.capacity_search"), **overrides}
-        if "engine" in flags:  # --target-on/off replace the engine section: the --set engine.* items go into it
-            for key in [k for k in overrides if k.startswith("engine.")]:
-                node = flags["engine"]
-                *path, last = key.split(".")[1:]
-                for part in path:
-                    node = node.setdefault(part, {})
-                node[last] = overrides.pop(key)
-        overrides.update(flags)
+        overrides = _with_peer_flags(config, rates, overrides, peer)
     _console(verbose)
     cfg = load_config(config, overrides) if resume is None else None  # a bad config fails before pandas loads
     if dry_run and cfg is not None:
-        from prefixstudy.engines.registry import capabilities
-        from prefixstudy.executors import resolve_executor
-        from prefixstudy.study.preflight import check_installed, check_offload_device, check_plan, device_problem
-        from prefixstudy.workloads import load_rows
-
-        rows = load_rows(cfg)
-        check_plan(cfg)
-        check_offload_device(cfg)
-        check_installed(cfg)
-        virtual = capabilities(cfg.engine.kind).virtual_time  # no executor, no device of this machine's
-        cannot = device_problem(cfg) if not virtual else ""
-        executor_name = resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address)
-        from prefixstudy.report.capacity_search import settings_line
-
-        search = cfg.sweep.capacity_search
-        click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
-                   + ("capacity search" if search is not None else
-                      f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s" if cfg.sweep.slo is None else
-                      "SLO search " + ",".join(f"{k}:{v:g}" for k, v in cfg.sweep.slo.objectives.items()) + " ms")
-                   + (f" x {cfg.sweep.repeats} repeats" if cfg.sweep.repeats > 1 and search is None else "")
-                   + (f", {cfg.replicas} replicas routed by {','.join(cfg.router.policies)}" if cfg.replicas > 1 else "")
-                   + f", executor {'sim (virtual time)' if virtual else executor_name}; "
-                   "nothing run (--dry-run)")
-        if search is not None:
-            click.echo(settings_line(search, cfg.sweep.num_requests, cfg.sweep.max_point_duration_s))
-        from prefixstudy.sweep.axes import grid_axes
-        from prefixstudy.sweep.run_sweep import cells
-
-        axes = grid_axes(cfg)
-        if axes:  # every cell's config is built and checked as the run would
-            grid = cells(cfg, axes)
-            for cell in grid:
-                check_plan(cell.cfg)
-            click.echo(f"grid: {len(grid)} cells over {', '.join(a.name for a in axes)}, each a run folder under one "
-                       f"parent: {', '.join(c.dir for c in grid)}")
-        if cannot:  # a GPU study checked on a laptop: fine to check, not to run (a Ray cluster's GPUs may do)
-            click.echo(f"note: cannot run here: {cannot}" + ("; a Ray cluster's GPUs would do"
-                                                            if executor_name == "ray" else ""))
-        return
+        return _dry_run(cfg)
     from prefixstudy.results.sweep_folder import is_sweep
 
     run_dir = _run(cfg, resume, config, progress=not quiet)
     if is_sweep(run_dir):
         return _sweep_done(run_dir, report)
-    _bench_table(run_dir)
+    _run_done(run_dir, report)
+
+
+def _with_peer_flags(config, rates, overrides: dict, peer: dict) -> dict:
+    """The --set items with the peer tools' flags (--slo, --capacity, --target-on/off, ...) merged in."""
+    from prefixstudy.cli.run_flags import peer_overrides
+
+    flags = peer_overrides(config, rates, **peer)
+    if "sweep.capacity_search" in flags:  # before the --set items, which may set its fields
+        overrides = {"sweep.capacity_search": flags.pop("sweep.capacity_search"), **overrides}
+    if "engine" in flags:  # --target-on/off replace the engine section: the --set engine.* items go into it
+        for key in [k for k in overrides if k.startswith("engine.")]:
+            node = flags["engine"]
+            *path, last = key.split(".")[1:]
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = overrides.pop(key)
+    overrides.update(flags)
+    return overrides
+
+
+def _dry_run(cfg) -> None:
+    """--dry-run: every check a run makes before its first engine starts, and what it would run."""
+    from prefixstudy.engines.registry import capabilities
+    from prefixstudy.executors import resolve_executor
+    from prefixstudy.report.capacity_search import settings_line
+    from prefixstudy.study.preflight import check_installed, check_offload_device, check_plan, device_problem
+    from prefixstudy.sweep.axes import grid_axes
+    from prefixstudy.sweep.run_sweep import cells
+    from prefixstudy.workloads import load_rows
+
+    rows = load_rows(cfg)
+    check_plan(cfg)
+    check_offload_device(cfg)
+    check_installed(cfg)
+    virtual = capabilities(cfg.engine.kind).virtual_time  # no executor, no device of this machine's
+    cannot = device_problem(cfg) if not virtual else ""
+    executor_name = resolve_executor(cfg.executor, cfg.engine.kind, cfg.ray.address)
+    search = cfg.sweep.capacity_search
+    click.echo(f"ok: study {cfg.study}, {len(rows)} dataset rows, modes {','.join(cfg.sweep.modes)}, "
+               + ("capacity search" if search is not None else
+                  f"rates {','.join(f'{r:g}' for r in cfg.sweep.rates)} req/s" if cfg.sweep.slo is None else
+                  "SLO search " + ",".join(f"{k}:{v:g}" for k, v in cfg.sweep.slo.objectives.items()) + " ms")
+               + (f" x {cfg.sweep.repeats} repeats" if cfg.sweep.repeats > 1 and search is None else "")
+               + (f", {cfg.replicas} replicas routed by {','.join(cfg.router.policies)}" if cfg.replicas > 1 else "")
+               + f", executor {'sim (virtual time)' if virtual else executor_name}; "
+               "nothing run (--dry-run)")
+    if search is not None:
+        click.echo(settings_line(search, cfg.sweep.num_requests, cfg.sweep.max_point_duration_s))
+    axes = grid_axes(cfg)
+    if axes:  # every cell's config is built and checked as the run would
+        grid = cells(cfg, axes)
+        for cell in grid:
+            check_plan(cell.cfg)
+        click.echo(f"grid: {len(grid)} cells over {', '.join(a.name for a in axes)}, each a run folder under one "
+                   f"parent: {', '.join(c.dir for c in grid)}")
+    if cannot:  # a GPU study checked on a laptop: fine to check, not to run (a Ray cluster's GPUs may do)
+        click.echo(f"note: cannot run here: {cannot}" + ("; a Ray cluster's GPUs would do"
+                                                        if executor_name == "ray" else ""))
+
+
+def _run_done(run_dir: Path, report: bool) -> None:
+    """A finished run: its table, a capacity search's answer, its report, and the failed points with
+    the one command that goes on with them (exit 1)."""
     from prefixstudy.report.capacity_search import console_lines
 
+    _bench_table(run_dir)
     for line in console_lines(run_dir):  # a capacity search's answer: each arm's bracket and the ratio
         click.echo(line)
     click.echo(f"results: {run_dir}")

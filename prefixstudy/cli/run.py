@@ -114,6 +114,9 @@ def run(config, out, rates, modes, num_requests, executor, ray_address, parallel
         overrides = _with_peer_flags(config, rates, overrides, peer)
     _console(verbose)
     cfg = load_config(config, overrides) if resume is None else None  # a bad config fails before pandas loads
+    if cfg is not None and cfg.sweep.capacity_search is not None and (rates or peer.get("request_rate")):
+        raise UserError("--rates: a capacity search (sweep.capacity_search) searches its own rates; drop --rates / "
+                        "--request-rate")
     if dry_run and cfg is not None:
         return _dry_run(cfg)
     from prefixstudy.results.sweep_folder import is_sweep

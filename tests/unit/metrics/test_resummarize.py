@@ -76,7 +76,8 @@ def test_runs_found():
                     "h200-tp1-sync", "h200-tp2", "h200-vllm-server"]
 
 
-SEARCHED = sorted(p.parent.name for p in RESULTS.glob("*/manifest.json") if "capacity_search" in json.loads(p.read_text()))
+SEARCHED = sorted(str(p.parent.relative_to(RESULTS)) for p in RESULTS.rglob("manifest.json")
+                  if "capacity_search" in json.loads(p.read_text()))
 
 
 @pytest.mark.parametrize("run", SEARCHED)

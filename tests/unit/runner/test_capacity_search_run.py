@@ -130,6 +130,7 @@ def test_rederiving_a_search_rewrites_a_stale_answer_from_its_points(free_search
 @pytest.mark.parametrize(("args", "says"), [
     (["--capacity", "--slo", "e2e_p90:100"], "--capacity and --slo"),
     (["--capacity", "--rates", "1,2"], "--capacity searches its own rates"),
+    (["--set", "sweep.capacity_search.start_rate=8", "--rates", "1,2"], "--rates: a capacity search"),
     (["--capacity", "--set", "sweep.capacity_search.growth=0.5"], "field 'sweep.capacity_search.growth'"),
     (["--capacity", "--set", "sweep.max_concurrency=2"], "field 'sweep'")])
 def test_the_cli_refuses_a_search_it_cannot_run_in_one_line(tmp_path, args, says):

@@ -23,7 +23,8 @@ from prefixstudy.metrics.requests import KEY, with_repeat
 from prefixstudy.metrics.summary import point_rows, summarize_point
 from prefixstudy.results.finish import finish_run
 from prefixstudy.results.machines import recorded_machine
-from prefixstudy.results.store import CONFIG, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv, write_json
+from prefixstudy.results.store import (CONFIG, MANIFEST, REQUESTS, SUMMARY, atomic_write_csv, write_capacity_search,
+                                       write_json)
 from prefixstudy.schema import MACHINE_COLUMNS, SERVER_COLUMNS, SUMMARY_COLUMNS, TIER_COLUMNS, point_key
 
 # summary.csv columns that record what the run saw rather than what is derived from the records.
@@ -52,21 +53,18 @@ def recorded_limit(config: dict) -> int | None:
     return int(seqs) * int(config.get("replicas") or 1) if seqs else None
 
 
-def _capacity_search(run_dir: Path, manifest: dict) -> None:
-    """A capacity search's answer from the re-derived verdicts: capacity.csv and the manifest's
-    ``capacity_search``.  The points it ran stay as they are; only what they say is derived again."""
+def _capacity_search(run_dir: Path, manifest: dict, rows: list[dict]) -> None:
+    """A capacity search's answer from the re-derived verdicts (``rows``: the new summary rows):
+    capacity.csv and the manifest's ``capacity_search``.  The points it ran stay as they are; only
+    what they say is derived again."""
     if not manifest.get("capacity_search"):
         return
     from prefixstudy.config import load_config
-    from prefixstudy.results import read_summary
 
     cfg = load_config(run_dir / CONFIG)
     spec = cfg.sweep.capacity_search
-    rows = {point_key(r): r for r in read_summary(run_dir / SUMMARY).to_dict("records")}
-    found = cap.search_arms(manifest.get("points", []), rows, spec, cfg.sweep.modes)
-    manifest["capacity_search"] = cap.manifest_record(spec, found)
-    atomic_write_csv(run_dir / cap.CAPACITY_CSV, pd.DataFrame(cap.capacity_rows(found, cfg.sweep.baseline_arm()),
-                                                             columns=cap.COLUMNS))
+    found = cap.search_arms(manifest.get("points", []), {point_key(r): r for r in rows}, spec, cfg.sweep.modes)
+    write_capacity_search(run_dir, manifest, spec, found, cfg.sweep.baseline_arm())
 
 
 def _tolerance(config: dict) -> float:
@@ -108,6 +106,6 @@ def rederive(run_dir: Path) -> pd.DataFrame:
     atomic_write_csv(run_dir / SUMMARY, pd.DataFrame(rows, columns=SUMMARY_COLUMNS))
     manifest = study.manifest
     finish_run(run_dir, manifest)
-    _capacity_search(run_dir, manifest)
+    _capacity_search(run_dir, manifest, rows)
     write_json(run_dir / MANIFEST, manifest)
     return pd.DataFrame(changed, columns=[*KEY, "saturated_before", "saturated", "saturation_reason"])

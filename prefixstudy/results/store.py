@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from prefixstudy.errors import UserError
+from prefixstudy.metrics import capacity_search as cap
 from prefixstudy.shared.files import _temp_beside, atomic_write_bytes, atomic_write_text  # noqa: F401 (the store's names)
 from prefixstudy.schema import ITERATION_COLUMNS, REQUEST_COLUMNS
 
@@ -45,6 +46,13 @@ ENGINE_LOG = "engine-start.log"  # an engine's own output when it did not start 
 
 def atomic_write_csv(path: Path, df: pd.DataFrame) -> None:
     atomic_write_text(path, df.to_csv(index=False))
+
+
+def write_capacity_search(run_dir: Path, manifest: dict, spec, found: dict, baseline: str | None) -> None:
+    """A capacity search's answer from each arm's search (``metrics.capacity_search``): capacity.csv,
+    and the manifest's ``capacity_search`` (the caller saves the manifest)."""
+    manifest["capacity_search"] = cap.manifest_record(spec, found)
+    atomic_write_csv(run_dir / cap.CAPACITY_CSV, pd.DataFrame(cap.capacity_rows(found, baseline), columns=cap.COLUMNS))
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from prefixstudy.metrics import capacity_search as cap
 from prefixstudy.metrics.slo_search import arm_record, objective_values, probe_rows, search_arm
-from prefixstudy.results.store import atomic_write_csv
+from prefixstudy.results.store import atomic_write_csv, write_capacity_search
 from prefixstudy.executors.run_plan import RunPlan
 
 if TYPE_CHECKING:
@@ -55,10 +55,7 @@ def searches(cfg: "StudyConfig", writer: "ResultsWriter") -> dict:
 
 def record_capacity(cfg: "StudyConfig", writer: "ResultsWriter", found: dict) -> None:
     """The manifest's ``capacity_search`` and capacity.csv, and one console line for the round."""
-    spec = cfg.sweep.capacity_search
-    writer.manifest["capacity_search"] = cap.manifest_record(spec, found)
-    rows = cap.capacity_rows(found, cfg.sweep.baseline_arm())
-    atomic_write_csv(writer.dir / cap.CAPACITY_CSV, pd.DataFrame(rows, columns=cap.COLUMNS))
+    write_capacity_search(writer.dir, writer.manifest, cfg.sweep.capacity_search, found, cfg.sweep.baseline_arm())
     writer.save_manifest()
     line = f"capacity search after {len(writer.points)} points: " + "; ".join(s.line() for s in found.values())
     if writer.points and line != getattr(writer, "said", None):  # a round is planned once, maybe asked twice
